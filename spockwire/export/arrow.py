@@ -1,0 +1,65 @@
+"""Assembling Arrow record batches from decoder column data.
+
+Both decoder implementations end a batch here: the Cython hot path hands over its preallocated buffers (validity
+bitmap, offsets, data) and they are wrapped without copying; the pure-Python twin hands over Python lists.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import pyarrow as pa
+
+from ..model import CHANGE_TYPES, Relation
+
+__all__ = ["CHANGE_COLUMNS", "change_fields", "schema_metadata", "finish_batch"]
+
+CHANGE_COLUMNS = ("_change_type", "_commit_lsn", "_commit_ts", "_xid", "_seq", "_origin", "_unchanged_toast")
+
+_CHANGE_TYPE_NAMES = pa.array(CHANGE_TYPES, pa.string())
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def change_fields() -> list[pa.Field]:
+    """The change columns that precede a table's columns in every batch."""
+    return [
+        pa.field("_change_type", pa.string(), nullable=False),
+        pa.field("_commit_lsn", pa.uint64(), nullable=False),
+        pa.field("_commit_ts", _TS, nullable=False),
+        pa.field("_xid", pa.uint32(), nullable=False),
+        pa.field("_seq", pa.int64(), nullable=False),
+        pa.field("_origin", pa.string()),
+        pa.field("_unchanged_toast", pa.list_(pa.string())),
+    ]
+
+
+def schema_metadata(relation: Relation) -> dict[bytes, bytes]:
+    return {
+        b"spockwire.relation": relation.qualified_name.encode(),
+        b"spockwire.relid": str(relation.relid).encode(),
+        b"spockwire.relation_version": str(relation.version).encode(),
+    }
+
+
+def finish_batch(relation: Relation, change_type_codes: pa.Array, commit_lsn: pa.Array, commit_ts: pa.Array,
+                 xid: pa.Array, seq: pa.Array, origin: pa.Array, toast_offsets: pa.Array | None,
+                 toast_indices: pa.Array | None, toast_mask: pa.Array | None,
+                 values: Sequence[pa.Array]) -> pa.RecordBatch:
+    """One record batch: change columns built from compact per-row arrays, then the value arrays.
+
+    `change_type_codes` is int8 indices into CHANGE_TYPES; `_unchanged_toast` comes as list offsets, uint16
+    column indices and a null mask (True = the row has no unchanged-TOAST column), or all None when no row has one.
+    """
+    n = len(change_type_codes)
+    change_type = _CHANGE_TYPE_NAMES.take(change_type_codes)
+    if toast_offsets is None:
+        toast = pa.nulls(n, pa.list_(pa.string()))
+    else:
+        names = pa.array(relation.column_names, pa.string())
+        toast = pa.ListArray.from_arrays(toast_offsets, names.take(toast_indices), mask=toast_mask)
+    arrays = [change_type, commit_lsn, commit_ts.cast(_TS) if commit_ts.type != _TS else commit_ts,
+              xid, seq, origin, toast, *values]
+    fields = change_fields()
+    for column, array in zip(relation.columns, values):
+        fields.append(pa.field(column.name, array.type))
+    schema = pa.schema(fields, metadata=schema_metadata(relation))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

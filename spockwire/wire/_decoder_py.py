@@ -1,0 +1,899 @@
+"""Pure-Python twin of the Cython decoder (spockwire.wire._decoder).
+
+Same classes, same behaviour, same errors (class, text and byte offset) as the hot path; slower. It is the
+readable reference of the three protocol state machines: spock native (proto 4/5), pglogical native (proto 1)
+and pgoutput (proto 1-4). Every read is bounds-checked before it happens.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pyarrow as pa
+
+from ..errors import FrameError, ProtocolError, protocol_error, truncated
+from ..export.arrow import finish_batch
+from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_EPOCH_OFFSET_US, \
+    pg_timestamp_to_datetime
+
+__all__ = ["Decoder", "IMPLEMENTATION"]
+
+IMPLEMENTATION = "python"
+
+PROTOCOLS = ("pgoutput", "pglogical", "spock")
+_PGOUTPUT, _PGLOGICAL, _SPOCK = 0, 1, 2
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_I32 = struct.Struct(">i")
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
+_FRAME_HEAD = struct.Struct(">IQ")
+
+INSERT, UPDATE_PRE, UPDATE_POST, DELETE = 0, 1, 2, 3
+
+# transaction kinds
+_PLAIN, _STREAM, _PREPARED = 0, 1, 2
+
+# "what came just before" markers for ORIGIN / LAST-COMMIT placement rules
+_AFTER_NOTHING, _AFTER_BEGIN, _AFTER_ORIGIN = 0, 1, 2
+
+
+def _type_name(code: int) -> str:
+    return chr(code) if 32 <= code < 127 else f"\\x{code:02x}"
+
+
+class _Reader:
+    """A bounds-checked cursor over one message. Offsets are relative to the message start."""
+
+    __slots__ = ("buf", "pos", "end", "mtype")
+
+    def __init__(self, buf: memoryview, pos: int, end: int) -> None:
+        self.buf = buf
+        self.pos = pos
+        self.end = end
+        self.mtype: str | None = None
+
+    def need(self, n: int, what: str, column: int | None = None, name: str | None = None) -> None:
+        remaining = self.end - self.pos
+        if remaining < n:
+            raise truncated(self.mtype, self.pos, n, remaining, what, column, name)
+
+    def u8(self, what: str, column: int | None = None, name: str | None = None) -> int:
+        self.need(1, what, column, name)
+        v = self.buf[self.pos]
+        self.pos += 1
+        return v
+
+    def u16(self, what: str, column: int | None = None, name: str | None = None) -> int:
+        self.need(2, what, column, name)
+        v = _U16.unpack_from(self.buf, self.pos)[0]
+        self.pos += 2
+        return v
+
+    def u32(self, what: str, column: int | None = None, name: str | None = None) -> int:
+        self.need(4, what, column, name)
+        v = _U32.unpack_from(self.buf, self.pos)[0]
+        self.pos += 4
+        return v
+
+    def i32(self, what: str, column: int | None = None, name: str | None = None) -> int:
+        self.need(4, what, column, name)
+        v = _I32.unpack_from(self.buf, self.pos)[0]
+        self.pos += 4
+        return v
+
+    def u64(self, what: str) -> int:
+        self.need(8, what)
+        v = _U64.unpack_from(self.buf, self.pos)[0]
+        self.pos += 8
+        return v
+
+    def i64(self, what: str) -> int:
+        self.need(8, what)
+        v = _I64.unpack_from(self.buf, self.pos)[0]
+        self.pos += 8
+        return v
+
+    def take(self, n: int, what: str, column: int | None = None, name: str | None = None) -> bytes:
+        self.need(n, what, column, name)
+        v = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return v
+
+    def cstring(self, what: str, column: int | None = None, name: str | None = None) -> str:
+        start = self.pos
+        buf = self.buf
+        i = start
+        end = self.end
+        while i < end and buf[i] != 0:
+            i += 1
+        if i >= end:
+            raise truncated(self.mtype, start, end - start + 1, end - start, what + " (no terminating NUL)",
+                            column, name)
+        self.pos = i + 1
+        return _text(bytes(buf[start:i]))
+
+    def expect(self, byte: int, what: str) -> None:
+        got = self.u8(what)
+        if got != byte:
+            raise protocol_error(self.mtype, self.pos - 1,
+                                 f"expected {chr(byte)!r} for {what}, got {_type_name(got)!r}")
+
+    def flags(self, allowed: int, what: str = "the flags") -> int:
+        v = self.u8(what)
+        if v & ~allowed:
+            raise protocol_error(self.mtype, self.pos - 1, f"reserved bits 0x{v & ~allowed:02x} set in {what}")
+        return v
+
+    def done(self) -> None:
+        if self.pos != self.end:
+            raise protocol_error(self.mtype, self.pos, f"{self.end - self.pos} trailing bytes after the message")
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+class _Builder:
+    """Rows of one relation version, column by column (the twin keeps Python lists; C keeps Arrow buffers)."""
+
+    __slots__ = ("relation", "ncols", "change", "lsn", "ts", "xid", "seq", "origin", "toast", "subxid",
+                 "values", "nontext", "committed", "any_toast")
+
+    def __init__(self, relation: Relation) -> None:
+        self.relation = relation
+        self.ncols = len(relation.columns)
+        self.change: list[int] = []
+        self.lsn: list[int] = []
+        self.ts: list[int] = []
+        self.xid: list[int] = []
+        self.seq: list[int] = []
+        self.origin: list[str | None] = []
+        self.toast: list[list[int] | None] = []
+        self.subxid: list[int] = []
+        self.values: list[list[bytes | None]] = [[] for _ in range(self.ncols)]
+        self.nontext = [False] * self.ncols
+        self.committed = 0
+        self.any_toast = False
+
+    @property
+    def nrows(self) -> int:
+        return len(self.change)
+
+    def truncate_to(self, n: int) -> None:
+        for lst in (self.change, self.lsn, self.ts, self.xid, self.seq, self.origin, self.toast, self.subxid):
+            del lst[n:]
+        for col in self.values:
+            del col[n:]
+
+    def fill_commit(self, start: int, lsn: int, ts: int) -> None:
+        for i in range(start, self.nrows):
+            self.lsn[i] = lsn
+            self.ts[i] = ts
+
+    def take_rows(self, start: int, stop: int, keep: list[bool] | None = None) -> ChangeBatch | None:
+        """Rows [start, stop) (optionally filtered) as a ChangeBatch."""
+        idx = range(start, stop) if keep is None else [i for i in range(start, stop) if keep[i - start]]
+        if len(idx) == 0:
+            return None
+        pick = (lambda lst: lst[start:stop]) if keep is None else (lambda lst: [lst[i] for i in idx])
+        toast_rows = pick(self.toast)
+        if any(t is not None for t in toast_rows):
+            offsets = [0]
+            indices: list[int] = []
+            for t in toast_rows:
+                if t is not None:
+                    indices.extend(t)
+                offsets.append(len(indices))
+            toast_offsets = pa.array(offsets, pa.int32())
+            toast_indices = pa.array(indices, pa.uint16())
+            toast_mask = pa.array([t is None for t in toast_rows], pa.bool_())
+        else:
+            toast_offsets = toast_indices = toast_mask = None
+        values = []
+        for c in range(self.ncols):
+            col = pick(self.values[c])
+            if self.nontext[c]:
+                values.append(pa.array(col, pa.binary()))
+            else:
+                values.append(pa.array([None if v is None else v.decode("utf-8") for v in col], pa.string()))
+        batch = finish_batch(
+            self.relation,
+            pa.array(pick(self.change), pa.int8()),
+            pa.array(pick(self.lsn), pa.uint64()),
+            pa.array([t + PG_EPOCH_OFFSET_US for t in pick(self.ts)], pa.int64()).cast(
+                pa.timestamp("us", tz="UTC")),
+            pa.array(pick(self.xid), pa.uint32()),
+            pa.array(pick(self.seq), pa.int64()),
+            pa.array(pick(self.origin), pa.string()),
+            toast_offsets, toast_indices, toast_mask, values)
+        return ChangeBatch(self.relation, batch)
+
+
+class _Txn:
+    """An open transaction: plain (rows go to the shared builders), streamed or prepared (rows kept apart)."""
+
+    __slots__ = ("kind", "xid", "final_lsn", "commit_ts", "origin", "seq", "pending", "builders", "aborted",
+                 "floor", "gid")
+
+    def __init__(self, kind: int, xid: int, final_lsn: int, commit_ts: int, floor: int) -> None:
+        self.kind = kind
+        self.xid = xid
+        self.final_lsn = final_lsn
+        self.commit_ts = commit_ts
+        self.origin: str | None = None
+        self.seq = 0
+        # pending events in order: ("rows", builder, start, stop) | ("truncate", ...) | ("message", ...)
+        self.pending: list[tuple] = []
+        self.builders: dict[int, _Builder] = {}   # id(relation) -> builder, for streamed/prepared transactions
+        self.aborted: set[int] = set()
+        self.floor = floor
+        self.gid: str | None = None
+
+
+class Decoder:
+    """Decodes one logical-replication stream (pgoutput, pglogical or spock) into committed change events."""
+
+    def __init__(self, protocol: str = "pgoutput", *, proto_version: int | None = None) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+        if proto_version is not None and protocol == "spock" and proto_version not in (2, 3, 4, 5):
+            raise ValueError(f"unsupported spock proto_version {proto_version}: expected 2, 3, 4 or 5")
+        self.protocol = protocol
+        self._proto = PROTOCOLS.index(protocol)
+        self._spock_version: int | None = proto_version if protocol == "spock" else None
+        self.startup_params: dict[str, str] = {}
+        self.relations: dict[int, Relation] = {}
+        self.types: dict[int, tuple[str, str]] = {}
+        self.remote_insert_lsn = 0
+        self._versions: dict[int, int] = {}
+        self._shared: dict[int, _Builder] = {}     # id(relation) -> builder for plain transactions
+        self._events: list[Any] = []
+        self._txn: _Txn | None = None              # open plain B..C or b..P transaction
+        self._stream: _Txn | None = None           # stream block in progress (S..E)
+        self._streams: dict[int, _Txn] = {}        # open streamed transactions by top xid
+        self._prepared: dict[str, _Txn] = {}       # prepared, unresolved transactions by gid
+        self._last_commit_end = 0
+        self._after = _AFTER_NOTHING
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def committed_lsn(self) -> int:
+        lsn = self._last_commit_end
+        for t in self._streams.values():
+            lsn = min(lsn, t.floor)
+        for t in self._prepared.values():
+            lsn = min(lsn, t.floor)
+        if self._txn is not None and self._txn.kind == _PREPARED:
+            lsn = min(lsn, self._txn.floor)
+        return lsn
+
+    def feed(self, payload: Any, lsn: int | None = None) -> None:
+        buf = memoryview(payload).cast("B")
+        self._message(buf, 0, len(buf))
+
+    def feed_frames(self, buffer: Any, *, partial_ok: bool = False) -> int:
+        buf = memoryview(buffer).cast("B")
+        n = len(buf)
+        pos = 0
+        while pos < n:
+            if n - pos < 12:
+                if partial_ok:
+                    break
+                raise FrameError(f"truncated frame record at byte {pos}: need 12 bytes for the record header, "
+                                 f"{n - pos} remaining", offset=pos, needed=12, remaining=n - pos)
+            length, _lsn = _FRAME_HEAD.unpack_from(buf, pos)
+            if n - pos - 12 < length:
+                if partial_ok:
+                    break
+                raise FrameError(f"truncated frame record at byte {pos}: need {length} bytes for the payload, "
+                                 f"{n - pos - 12} remaining", offset=pos, needed=length, remaining=n - pos - 12)
+            try:
+                self._message(buf, pos + 12, pos + 12 + length)
+            except ProtocolError as exc:
+                exc.frame_offset = pos
+                raise
+            pos += 12 + length
+        return pos
+
+    def drain(self) -> list[Any]:
+        self._flush_shared()
+        events = self._events
+        self._events = []
+        return events
+
+    # ------------------------------------------------------------------ dispatch
+    def _message(self, buf: memoryview, start: int, end: int) -> None:
+        # offsets are reported relative to the message start
+        r = _Reader(buf[start:end], 0, end - start)
+        if self._proto == _SPOCK and self._spock_version == 5 and not (r.end and r.buf[0] == 0x53):
+            # every v5 message but the startup 'S' carries the publisher's insert LSN first
+            self.remote_insert_lsn = r.u64("the remote_insert_lsn prefix")
+        t = r.u8("the message type")
+        r.mtype = _type_name(t)
+        after = self._after
+        self._after = _AFTER_NOTHING
+        if self._proto == _PGOUTPUT:
+            self._pgoutput(t, r, after)
+        else:
+            self._native(t, r, after)
+
+    def _pgoutput(self, t: int, r: _Reader, after: int) -> None:
+        if t == 0x42:  # B
+            final_lsn = r.u64("the final LSN")
+            ts = r.i64("the commit timestamp")
+            xid = r.u32("the xid")
+            r.done()
+            self._begin(r, _PLAIN, xid, final_lsn, ts)
+        elif t == 0x43:  # C
+            r.flags(0)
+            commit_lsn = r.u64("the commit LSN")
+            end_lsn = r.u64("the end LSN")
+            ts = r.i64("the commit timestamp")
+            r.done()
+            self._commit_plain(r, commit_lsn, end_lsn, ts)
+        elif t == 0x4F:  # O
+            origin_lsn = r.u64("the origin LSN")
+            name = r.cstring("the origin name")
+            r.done()
+            self._origin(r, after, name)
+        elif t == 0x59:  # Y
+            self._stream_xid(r)
+            oid = r.u32("the type OID")
+            nsp = r.cstring("the type namespace")
+            name = r.cstring("the type name")
+            r.done()
+            self.types[oid] = (nsp, name)
+        elif t == 0x52:  # R
+            self._stream_xid(r)
+            relid = r.u32("the relation id")
+            nsp = r.cstring("the namespace")
+            name = r.cstring("the relation name")
+            ident = r.u8("the replica identity")
+            natts = r.u16("the column count")
+            cols = []
+            for i in range(natts):
+                flags = r.u8("the flags", i)
+                if flags & ~1:
+                    raise protocol_error(r.mtype, r.pos - 1, f"reserved bits 0x{flags & ~1:02x} set in the flags", i)
+                cname = r.cstring("the column name", i)
+                typoid = r.u32("the type OID", i, cname)
+                typmod = r.i32("the type modifier", i, cname)
+                cols.append(Column(cname, typoid, typmod, bool(flags & 1)))
+            r.done()
+            self._relation(relid, nsp, name, tuple(cols), chr(ident) if 32 <= ident < 127 else str(ident))
+        elif t in (0x49, 0x55, 0x44):  # I U D
+            sub = self._stream_xid(r)
+            self._row_message(r, t, sub)
+        elif t == 0x54:  # T
+            sub = self._stream_xid(r)
+            nrels = r.u32("the relation count")
+            flags = r.flags(3)
+            self._truncate(r, nrels, flags, sub)
+        elif t == 0x4D:  # M
+            sub = self._stream_xid(r)
+            flags = r.flags(1)
+            lsn = r.u64("the message LSN")
+            prefix = r.cstring("the message prefix")
+            size = r.u32("the content length")
+            content = r.take(size, "the content")
+            r.done()
+            self._logical_message(r, bool(flags & 1), lsn, prefix, content, sub)
+        elif t == 0x53:  # S stream start
+            xid = r.u32("the xid")
+            first = r.u8("the first-segment flag")
+            r.done()
+            self._stream_start(r, xid, first)
+        elif t == 0x45:  # E stream stop
+            r.done()
+            if self._stream is None:
+                raise protocol_error(r.mtype, 0, "stream stop without a stream start")
+            self._stream = None
+        elif t == 0x63:  # c stream commit
+            xid = r.u32("the xid")
+            r.flags(0)
+            commit_lsn = r.u64("the commit LSN")
+            end_lsn = r.u64("the end LSN")
+            ts = r.i64("the commit timestamp")
+            r.done()
+            self._stream_commit(r, xid, commit_lsn, end_lsn, ts)
+        elif t == 0x41:  # A stream abort
+            xid = r.u32("the xid")
+            subxid = r.u32("the subtransaction xid")
+            if r.end - r.pos:
+                r.u64("the abort LSN")
+                r.i64("the abort timestamp")
+            r.done()
+            self._stream_abort(r, xid, subxid)
+        elif t == 0x62:  # b begin prepare
+            prepare_lsn = r.u64("the prepare LSN")
+            r.u64("the end LSN")
+            ts = r.i64("the prepare timestamp")
+            xid = r.u32("the xid")
+            gid = r.cstring("the gid")
+            r.done()
+            txn = self._begin(r, _PREPARED, xid, prepare_lsn, ts)
+            txn.gid = gid
+        elif t == 0x50:  # P prepare
+            r.flags(0)
+            r.u64("the prepare LSN")
+            r.u64("the end LSN")
+            r.i64("the prepare timestamp")
+            xid = r.u32("the xid")
+            gid = r.cstring("the gid")
+            r.done()
+            self._prepare(r, xid, gid)
+        elif t == 0x4B:  # K commit prepared
+            r.flags(0)
+            commit_lsn = r.u64("the commit LSN")
+            end_lsn = r.u64("the end LSN")
+            ts = r.i64("the commit timestamp")
+            xid = r.u32("the xid")
+            gid = r.cstring("the gid")
+            r.done()
+            self._commit_prepared(r, xid, gid, commit_lsn, end_lsn, ts)
+        elif t == 0x72:  # r rollback prepared
+            r.flags(0)
+            r.u64("the prepare end LSN")
+            end_lsn = r.u64("the rollback end LSN")
+            r.i64("the prepare timestamp")
+            r.i64("the rollback timestamp")
+            r.u32("the xid")
+            gid = r.cstring("the gid")
+            r.done()
+            self._rollback_prepared(r, gid, end_lsn)
+        elif t == 0x70:  # p stream prepare
+            r.flags(0)
+            r.u64("the prepare LSN")
+            r.u64("the end LSN")
+            r.i64("the prepare timestamp")
+            xid = r.u32("the xid")
+            gid = r.cstring("the gid")
+            r.done()
+            self._stream_prepare(r, xid, gid)
+        else:
+            raise protocol_error(r.mtype, 0, "unknown pgoutput message type")
+
+    def _native(self, t: int, r: _Reader, after: int) -> None:
+        spock = self._proto == _SPOCK
+        if t == 0x53:  # S startup
+            fmt = r.u8("the startup format")
+            if fmt != 1:
+                raise protocol_error(r.mtype, r.pos - 1, f"unsupported startup message format {fmt}")
+            params: dict[str, str] = {}
+            while r.pos < r.end:
+                key = r.cstring("a startup parameter name")
+                params[key] = r.cstring(f"the value of startup parameter {key!r}")
+            self.startup_params = params
+            if spock:
+                self._spock_version = _negotiated_spock_version(r, params)
+            return
+        if spock and self._spock_version is None:
+            raise protocol_error(r.mtype, 0, "spock stream must begin with the startup message 'S' "
+                                             "(or build the Decoder with proto_version=4 or 5)")
+        if t == 0x42:  # B
+            r.flags(0)
+            final_lsn = r.u64("the final LSN")
+            ts = r.i64("the commit timestamp")
+            xid = r.u32("the xid")
+            r.done()
+            self._begin(r, _PLAIN, xid, final_lsn, ts)
+        elif t == 0x43:  # C
+            r.flags(0)
+            commit_lsn = r.u64("the commit LSN")
+            end_lsn = r.u64("the end LSN")
+            ts = r.i64("the commit timestamp")
+            if spock and self._spock_version in (3, 4):
+                self.remote_insert_lsn = r.u64("the remote_insert_lsn")
+            r.done()
+            self._commit_plain(r, commit_lsn, end_lsn, ts)
+        elif t == 0x4F:  # O
+            if spock:
+                flags = r.flags(1)
+                origin_lsn = r.u64("the origin LSN")
+                node = r.u16("the origin node id")
+                name = r.cstring("the origin name") if flags & 1 else None
+                r.done()
+                if origin_lsn == 0:
+                    name = None  # a local transaction
+                elif name is None:
+                    name = str(node)
+            else:
+                r.flags(0)
+                r.u64("the origin LSN")
+                n = r.u8("the origin name length")
+                raw = r.take(n, "the origin name")
+                r.done()
+                if n == 0 or raw[-1] != 0:
+                    raise protocol_error(r.mtype, r.pos - 1 if n else r.pos,
+                                         "origin name is not NUL-terminated")
+                name = _text(raw[:-1])
+            self._origin(r, after, name)
+            if spock:
+                self._after = _AFTER_ORIGIN
+        elif t == 0x4C and spock:  # L last commit ts
+            r.flags(0)
+            r.i64("the last commit timestamp")
+            r.done()
+            if after != _AFTER_ORIGIN:
+                raise protocol_error(r.mtype, 0, "LAST-COMMIT message not right after ORIGIN")
+        elif t == 0x52:  # R
+            r.flags(0)
+            relid = r.u32("the relation id")
+            nsp = self._native_name(r, "the namespace")
+            name = self._native_name(r, "the relation name")
+            r.expect(0x41, "the attributes block")
+            natts = r.u16("the column count")
+            cols = []
+            for i in range(natts):
+                r.expect(0x43, "the column block")
+                flags = r.u8("the flags", i)
+                if flags & ~1:
+                    raise protocol_error(r.mtype, r.pos - 1, f"reserved bits 0x{flags & ~1:02x} set in the flags", i)
+                r.expect(0x4E, "the column name block")
+                n = r.u16("the column name length")
+                raw = r.take(n, "the column name", i)
+                if n == 0 or raw[-1] != 0:
+                    raise protocol_error(r.mtype, r.pos - 1 if n else r.pos, "column name is not NUL-terminated", i)
+                cname = _text(raw[:-1])
+                if spock:
+                    typoid = r.u32("the type OID", i, cname)
+                    typmod = r.i32("the type modifier", i, cname)
+                    cols.append(Column(cname, typoid, typmod, bool(flags & 1)))
+                else:
+                    cols.append(Column(cname, None, None, bool(flags & 1)))
+            r.done()
+            self._relation(relid, nsp, name, tuple(cols), None)
+        elif t in (0x49, 0x55, 0x44):  # I U D
+            r.flags(0)
+            self._row_message(r, t, 0)
+        elif t == 0x54 and spock:  # T truncate: no flags byte first
+            nrels = r.u32("the relation count")
+            flags = r.flags(3)
+            self._truncate(r, nrels, flags, 0)
+        elif t == 0x4D and spock:  # M sync event message: no flags byte
+            xid = r.u32("the xid")
+            lsn = r.u64("the message LSN")
+            transactional = r.u8("the transactional flag")
+            if transactional > 1:
+                raise protocol_error(r.mtype, r.pos - 1, f"transactional flag must be 0 or 1, got {transactional}")
+            prefix = r.cstring("the message prefix")
+            size = r.u32("the content length")
+            content = r.take(size, "the content")
+            r.done()
+            self._logical_message(r, bool(transactional), lsn, prefix, content, 0)
+        else:
+            raise protocol_error(r.mtype, 0, f"unknown {self.protocol} message type")
+
+    @staticmethod
+    def _native_name(r: _Reader, what: str) -> str:
+        n = r.u8(what + " length")
+        raw = r.take(n, what)
+        if n == 0 or raw[-1] != 0:
+            raise protocol_error(r.mtype, r.pos - 1 if n else r.pos, f"{what} is not NUL-terminated")
+        return _text(raw[:-1])
+
+    # ------------------------------------------------------------------ relations
+    def _stream_xid(self, r: _Reader) -> int:
+        if self._stream is not None:
+            return r.u32("the subtransaction xid")
+        return 0
+
+    def _relation(self, relid: int, nsp: str, name: str, cols: tuple, ident: str | None) -> None:
+        version = self._versions.get(relid, 0) + 1
+        self._versions[relid] = version
+        self.relations[relid] = Relation(relid, nsp, name, cols, ident, version)
+
+    # ------------------------------------------------------------------ transactions
+    def _begin(self, r: _Reader, kind: int, xid: int, final_lsn: int, ts: int) -> _Txn:
+        if self._txn is not None:
+            raise protocol_error(r.mtype, 0, f"BEGIN while transaction {self._txn.xid} is still open")
+        if self._stream is not None:
+            raise protocol_error(r.mtype, 0, "BEGIN inside a stream block")
+        txn = _Txn(kind, xid, final_lsn, ts, self.committed_lsn)
+        self._txn = txn
+        self._after = _AFTER_BEGIN
+        return txn
+
+    def _origin(self, r: _Reader, after: int, name: str | None) -> None:
+        if after != _AFTER_BEGIN:
+            raise protocol_error(r.mtype, 0, "ORIGIN message not right after BEGIN")
+        txn = self._stream if self._stream is not None else self._txn
+        txn.origin = name
+
+    def _current(self, r: _Reader) -> _Txn:
+        txn = self._stream if self._stream is not None else self._txn
+        if txn is None:
+            raise protocol_error(r.mtype, 0, "change outside a transaction")
+        return txn
+
+    def _builder(self, txn: _Txn, rel: Relation) -> _Builder:
+        if txn.kind == _PLAIN:
+            b = self._shared.get(id(rel))
+            if b is None:
+                b = self._shared[id(rel)] = _Builder(rel)
+        else:
+            b = txn.builders.get(id(rel))
+            if b is None:
+                b = txn.builders[id(rel)] = _Builder(rel)
+        return b
+
+    def _row_message(self, r: _Reader, t: int, sub: int) -> None:
+        txn = self._current(r)
+        relid = r.u32("the relation id")
+        rel = self.relations.get(relid)
+        if rel is None:
+            raise protocol_error(r.mtype, r.pos - 4, f"row for relation {relid}, which was never described")
+        b = self._builder(txn, rel)
+        mark = b.nrows
+        try:
+            if t == 0x49:
+                r.expect(0x4E, "the new tuple marker")
+                self._tuple(r, b, txn, INSERT, sub, txn.seq)
+            elif t == 0x55:
+                kind = r.u8("the tuple marker")
+                if kind in (0x4B, 0x4F):
+                    self._tuple(r, b, txn, UPDATE_PRE, sub, txn.seq)
+                    r.expect(0x4E, "the new tuple marker")
+                elif kind != 0x4E:
+                    raise protocol_error(r.mtype, r.pos - 1,
+                                         f"expected 'K', 'O' or 'N' tuple marker, got {_type_name(kind)!r}")
+                self._tuple(r, b, txn, UPDATE_POST, sub, txn.seq + b.nrows - mark)
+            else:
+                kind = r.u8("the tuple marker")
+                if kind not in (0x4B, 0x4F):
+                    raise protocol_error(r.mtype, r.pos - 1,
+                                         f"expected 'K' or 'O' tuple marker, got {_type_name(kind)!r}")
+                self._tuple(r, b, txn, DELETE, sub, txn.seq)
+            r.done()
+        except ProtocolError:
+            b.truncate_to(mark)
+            raise
+        txn.seq += b.nrows - mark
+
+    def _tuple(self, r: _Reader, b: _Builder, txn: _Txn, change: int, sub: int, seq: int) -> None:
+        native = self._proto != _PGOUTPUT
+        if native:
+            r.expect(0x54, "the tuple block")
+        natts = r.u16("the tuple column count")
+        if natts != b.ncols:
+            raise protocol_error(r.mtype, r.pos - 2, f"tuple has {natts} columns but relation "
+                                 f"{b.relation.qualified_name} has {b.ncols}")
+        cols = b.relation.columns
+        toast: list[int] | None = None
+        values = b.values
+        for i in range(natts):
+            name = cols[i].name
+            kind = r.u8("the value kind", i, name)
+            if kind == 0x6E:  # n
+                values[i].append(None)
+            elif kind == 0x75:  # u
+                values[i].append(None)
+                if toast is None:
+                    toast = []
+                toast.append(i)
+            elif kind == 0x74:  # t
+                n = r.u32("the value length", i, name)
+                v = r.take(n, "the value", i, name)
+                if native:
+                    if n == 0 or v[-1] != 0:
+                        raise protocol_error(r.mtype, r.pos - 1 if n else r.pos,
+                                             "text value is not NUL-terminated", i, name)
+                    v = v[:-1]
+                if not b.nontext[i]:
+                    try:
+                        v.decode("utf-8")
+                    except UnicodeDecodeError:
+                        b.nontext[i] = True
+                values[i].append(v)
+            elif kind == 0x62 or (kind == 0x69 and native):  # b, i
+                n = r.u32("the value length", i, name)
+                values[i].append(r.take(n, "the value", i, name))
+                b.nontext[i] = True
+            else:
+                raise protocol_error(r.mtype, r.pos - 1, f"unknown value kind {_type_name(kind)!r}", i, name)
+        b.change.append(change)
+        b.lsn.append(txn.final_lsn)
+        b.ts.append(txn.commit_ts)
+        b.xid.append(txn.xid)
+        b.seq.append(seq)
+        b.origin.append(txn.origin)
+        b.toast.append(toast)
+        b.subxid.append(sub)
+
+    def _truncate(self, r: _Reader, nrels: int, flags: int, sub: int) -> None:
+        txn = self._current(r)
+        r.need(4 * nrels, "the relation ids")  # bounds the count by the bytes present before any allocation
+        rels = []
+        for _ in range(nrels):
+            relid = r.u32("a relation id")
+            rel = self.relations.get(relid)
+            if rel is None:
+                raise protocol_error(r.mtype, r.pos - 4, f"TRUNCATE of relation {relid}, which was never described")
+            rels.append(rel)
+        r.done()
+        self._cut(txn)
+        txn.pending.append(("truncate", tuple(rels), bool(flags & 1), bool(flags & 2), txn.seq, sub))
+        txn.seq += 1
+
+    def _logical_message(self, r: _Reader, transactional: bool, lsn: int, prefix: str, content: bytes,
+                         sub: int) -> None:
+        if not transactional:
+            self._flush_shared()
+            xid = sub if sub else None
+            self._events.append(LogicalMessage(prefix, content, False, lsn, xid, None, None, None, None))
+            return
+        txn = self._current(r)
+        self._cut(txn)
+        txn.pending.append(("message", prefix, content, lsn, txn.seq, sub))
+        txn.seq += 1
+
+    def _cut(self, txn: _Txn) -> None:
+        """Close the rows written so far so that a truncate/message that follows keeps its place in order."""
+        if txn.kind == _PLAIN:
+            self._flush_shared(txn)
+        else:
+            for b in txn.builders.values():
+                if b.nrows:
+                    txn.pending.append(("rows", b, 0, b.nrows))
+            txn.builders = {}
+
+    def _flush_shared(self, txn: _Txn | None = None) -> None:
+        """Emit the committed rows of the shared builders; move the open transaction's rows to its pending list."""
+        for key, b in list(self._shared.items()):
+            if b.committed:
+                batch = b.take_rows(0, b.committed)
+                if batch is not None:
+                    self._events.append(batch)
+            if b.nrows > b.committed:
+                open_txn = self._txn
+                if txn is not None and open_txn is txn:
+                    txn.pending.append(("rows", b, b.committed, b.nrows))
+                    del self._shared[key]
+                    continue
+                # rows of a still-open transaction stay; keep only them
+                nb = _Builder(b.relation)
+                for name in ("change", "lsn", "ts", "xid", "seq", "origin", "toast", "subxid"):
+                    getattr(nb, name).extend(getattr(b, name)[b.committed:])
+                for c in range(b.ncols):
+                    nb.values[c].extend(b.values[c][b.committed:])
+                nb.nontext = list(b.nontext)
+                self._shared[key] = nb
+            else:
+                del self._shared[key]
+
+    def _release(self, txn: _Txn, commit_lsn: int, ts: int) -> None:
+        """A streamed or prepared transaction committed: emit its rows, truncates and messages in order."""
+        self._flush_shared()
+        self._cut(txn)
+        self._emit_pending(txn, commit_lsn, ts)
+
+    def _emit_pending(self, txn: _Txn, commit_lsn: int, ts: int) -> None:
+        aborted = txn.aborted
+        when = pg_timestamp_to_datetime(ts)
+        for item in txn.pending:
+            kind = item[0]
+            if kind == "rows":
+                _, b, start, stop = item
+                if txn.kind != _PLAIN:
+                    b.fill_commit(start, commit_lsn, ts)
+                keep = [b.subxid[i] not in aborted for i in range(start, stop)] if aborted else None
+                batch = b.take_rows(start, stop, keep)
+                if batch is not None:
+                    self._events.append(batch)
+            elif item[-1] not in aborted:
+                if kind == "truncate":
+                    _, rels, cascade, restart, seq, _sub = item
+                    self._events.append(Truncate(rels, cascade, restart, commit_lsn, when, txn.xid, seq, txn.origin))
+                else:
+                    _, prefix, content, lsn, seq, _sub = item
+                    self._events.append(LogicalMessage(prefix, content, True, lsn, txn.xid, commit_lsn, when, seq,
+                                                       txn.origin))
+
+    def _commit_plain(self, r: _Reader, commit_lsn: int, end_lsn: int, ts: int) -> None:
+        txn = self._txn
+        if txn is None or txn.kind != _PLAIN:
+            raise protocol_error(r.mtype, 0, "COMMIT outside a transaction")
+        if commit_lsn != txn.final_lsn:
+            raise protocol_error(r.mtype, 1, f"commit LSN {_lsn(commit_lsn)} does not match the BEGIN's final "
+                                             f"LSN {_lsn(txn.final_lsn)}")
+        self._txn = None
+        # rows before its last truncate/message were cut into pending; later rows stay in the shared builders
+        self._emit_pending(txn, commit_lsn, ts)
+        for b in self._shared.values():
+            b.committed = b.nrows
+        self._last_commit_end = end_lsn
+
+    def _stream_start(self, r: _Reader, xid: int, first: int) -> None:
+        if self._stream is not None:
+            raise protocol_error(r.mtype, 0, "stream start inside a stream block")
+        if self._txn is not None:
+            raise protocol_error(r.mtype, 0, f"stream start while transaction {self._txn.xid} is open")
+        if first > 1:
+            raise protocol_error(r.mtype, 5, f"first-segment flag must be 0 or 1, got {first}")
+        txn = self._streams.get(xid)
+        if first:
+            if txn is not None:
+                raise protocol_error(r.mtype, 1, f"first stream segment for transaction {xid}, which is already open")
+            txn = self._streams[xid] = _Txn(_STREAM, xid, 0, 0, self.committed_lsn)
+            self._after = _AFTER_BEGIN
+        elif txn is None:
+            raise protocol_error(r.mtype, 1, f"stream segment for transaction {xid}, which never started")
+        self._stream = txn
+
+    def _stream_commit(self, r: _Reader, xid: int, commit_lsn: int, end_lsn: int, ts: int) -> None:
+        self._outside_stream(r)
+        txn = self._streams.pop(xid, None)
+        if txn is None:
+            raise protocol_error(r.mtype, 1, f"stream commit of transaction {xid}, which was never streamed")
+        self._release(txn, commit_lsn, ts)
+        self._last_commit_end = end_lsn
+
+    def _stream_abort(self, r: _Reader, xid: int, subxid: int) -> None:
+        self._outside_stream(r)
+        txn = self._streams.get(xid)
+        if txn is None:
+            return
+        if subxid == xid:
+            del self._streams[xid]
+        else:
+            txn.aborted.add(subxid)
+
+    def _stream_prepare(self, r: _Reader, xid: int, gid: str) -> None:
+        self._outside_stream(r)
+        txn = self._streams.pop(xid, None)
+        if txn is None:
+            raise protocol_error(r.mtype, 1, f"stream prepare of transaction {xid}, which was never streamed")
+        txn.kind = _PREPARED
+        txn.gid = gid
+        self._prepared[gid] = txn
+
+    def _outside_stream(self, r: _Reader) -> None:
+        if self._stream is not None:
+            raise protocol_error(r.mtype, 0, "message not allowed inside a stream block")
+        if self._txn is not None:
+            raise protocol_error(r.mtype, 0, f"message not allowed while transaction {self._txn.xid} is open")
+
+    def _prepare(self, r: _Reader, xid: int, gid: str) -> None:
+        txn = self._txn
+        if txn is None or txn.kind != _PREPARED:
+            raise protocol_error(r.mtype, 0, "PREPARE without BEGIN PREPARE")
+        if txn.xid != xid or txn.gid != gid:
+            raise protocol_error(r.mtype, 0, f"PREPARE of transaction {xid} ({gid!r}) inside transaction "
+                                             f"{txn.xid} ({txn.gid!r})")
+        self._txn = None
+        self._prepared[gid] = txn
+
+    def _commit_prepared(self, r: _Reader, xid: int, gid: str, commit_lsn: int, end_lsn: int, ts: int) -> None:
+        self._outside_stream(r)
+        txn = self._prepared.pop(gid, None)
+        if txn is None:
+            raise protocol_error(r.mtype, 0, f"COMMIT PREPARED of {gid!r}, which was never prepared in this stream")
+        self._release(txn, commit_lsn, ts)
+        self._last_commit_end = end_lsn
+
+    def _rollback_prepared(self, r: _Reader, gid: str, end_lsn: int) -> None:
+        self._outside_stream(r)
+        self._prepared.pop(gid, None)
+
+
+def _lsn(v: int) -> str:
+    return f"{v >> 32:X}/{v & 0xFFFFFFFF:X}"
+
+
+def _negotiated_spock_version(r: _Reader, params: dict[str, str]) -> int:
+    text = params.get("proto_version")
+    if text is None:
+        try:
+            num = int(params.get("spock_version_num", "50000"))
+        except ValueError:
+            num = 50000
+        return 4 if num >= 50000 else 2
+    try:
+        version = int(text)
+    except ValueError:
+        version = -1
+    if version not in (2, 3, 4, 5):
+        raise protocol_error(r.mtype, 0, f"unsupported spock proto_version {text!r} in the startup message")
+    return version
