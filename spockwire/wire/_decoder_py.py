@@ -32,6 +32,11 @@ _FRAME_HEAD = struct.Struct(">IQ")
 
 INSERT, UPDATE_PRE, UPDATE_POST, DELETE = 0, 1, 2, 3
 
+#: rows in one batch at most (a batch is closed and a new one started beyond it)
+DEFAULT_BATCH_ROWS = 1 << 18
+#: value bytes in one batch at most (keeps Arrow's 32-bit offsets safe: a PostgreSQL value is at most 1 GiB)
+MAX_BATCH_BYTES = 1 << 30
+
 # transaction kinds
 _PLAIN, _STREAM, _PREPARED = 0, 1, 2
 
@@ -139,7 +144,7 @@ class _Builder:
     """Rows of one relation version, column by column (the twin keeps Python lists; C keeps Arrow buffers)."""
 
     __slots__ = ("relation", "ncols", "change", "lsn", "ts", "xid", "seq", "origin", "toast", "subxid",
-                 "values", "nontext", "committed", "any_toast")
+                 "values", "nontext", "committed", "nbytes")
 
     def __init__(self, relation: Relation) -> None:
         self.relation = relation
@@ -155,7 +160,7 @@ class _Builder:
         self.values: list[list[bytes | None]] = [[] for _ in range(self.ncols)]
         self.nontext = [False] * self.ncols
         self.committed = 0
-        self.any_toast = False
+        self.nbytes = 0
 
     @property
     def nrows(self) -> int:
@@ -235,7 +240,11 @@ class _Txn:
 class Decoder:
     """Decodes one logical-replication stream (pgoutput, pglogical or spock) into committed change events."""
 
-    def __init__(self, protocol: str = "pgoutput", *, proto_version: int | None = None) -> None:
+    def __init__(self, protocol: str = "pgoutput", *, proto_version: int | None = None,
+                 batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
+        self._batch_rows = batch_rows
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
         if proto_version is not None and protocol == "spock" and proto_version not in (2, 3, 4, 5):
@@ -611,10 +620,16 @@ class Decoder:
     def _builder(self, txn: _Txn, rel: Relation) -> _Builder:
         if txn.kind == _PLAIN:
             b = self._shared.get(id(rel))
+            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES):
+                self._flush_shared()
+                b = None
             if b is None:
                 b = self._shared[id(rel)] = _Builder(rel)
         else:
             b = txn.builders.get(id(rel))
+            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES):
+                txn.pending.append(("rows", b, 0, b.nrows))
+                b = None
             if b is None:
                 b = txn.builders[id(rel)] = _Builder(rel)
         return b
@@ -687,10 +702,12 @@ class Decoder:
                     except UnicodeDecodeError:
                         b.nontext[i] = True
                 values[i].append(v)
+                b.nbytes += n
             elif kind == 0x62 or (kind == 0x69 and native):  # b, i
                 n = r.u32("the value length", i, name)
                 values[i].append(r.take(n, "the value", i, name))
                 b.nontext[i] = True
+                b.nbytes += n
             else:
                 raise protocol_error(r.mtype, r.pos - 1, f"unknown value kind {_type_name(kind)!r}", i, name)
         b.change.append(change)
@@ -732,36 +749,24 @@ class Decoder:
     def _cut(self, txn: _Txn) -> None:
         """Close the rows written so far so that a truncate/message that follows keeps its place in order."""
         if txn.kind == _PLAIN:
-            self._flush_shared(txn)
+            self._flush_shared()
         else:
             for b in txn.builders.values():
-                if b.nrows:
-                    txn.pending.append(("rows", b, 0, b.nrows))
+                txn.pending.append(("rows", b, 0, b.nrows))
             txn.builders = {}
 
-    def _flush_shared(self, txn: _Txn | None = None) -> None:
-        """Emit the committed rows of the shared builders; move the open transaction's rows to its pending list."""
-        for key, b in list(self._shared.items()):
+    def _flush_shared(self) -> None:
+        """Emit the committed rows of the shared builders and retire them.
+
+        Rows of a still-open plain transaction become a pending slice of it (they come out at its COMMIT, before
+        its later rows), so no row is ever copied.
+        """
+        for b in self._shared.values():
             if b.committed:
-                batch = b.take_rows(0, b.committed)
-                if batch is not None:
-                    self._events.append(batch)
+                self._events.append(b.take_rows(0, b.committed))
             if b.nrows > b.committed:
-                open_txn = self._txn
-                if txn is not None and open_txn is txn:
-                    txn.pending.append(("rows", b, b.committed, b.nrows))
-                    del self._shared[key]
-                    continue
-                # rows of a still-open transaction stay; keep only them
-                nb = _Builder(b.relation)
-                for name in ("change", "lsn", "ts", "xid", "seq", "origin", "toast", "subxid"):
-                    getattr(nb, name).extend(getattr(b, name)[b.committed:])
-                for c in range(b.ncols):
-                    nb.values[c].extend(b.values[c][b.committed:])
-                nb.nontext = list(b.nontext)
-                self._shared[key] = nb
-            else:
-                del self._shared[key]
+                self._txn.pending.append(("rows", b, b.committed, b.nrows))
+        self._shared = {}
 
     def _release(self, txn: _Txn, commit_lsn: int, ts: int) -> None:
         """A streamed or prepared transaction committed: emit its rows, truncates and messages in order."""

@@ -1,0 +1,25 @@
+"""spockwire: PostgreSQL logical-replication streams (spock, pglogical, pgoutput) decoded into Arrow batches.
+
+    dec = spockwire.Decoder(protocol="pgoutput")
+    dec.feed(payload)                 # one replication message
+    for event in dec.drain():         # committed ChangeBatch | Truncate | LogicalMessage, in commit order
+        ...
+    dec.committed_lsn                 # acknowledge this once everything drained is persisted
+
+`spockwire.__impl__` says which decoder is loaded: "c" (the Cython hot path) or "python" (the pure-Python twin).
+"""
+from __future__ import annotations
+
+from .errors import FrameError, ProtocolError, SpockwireError, TruncatedMessage
+from .model import ChangeBatch, Column, LogicalMessage, Relation, Truncate
+from .wire import load_implementation as _load_implementation
+
+_impl = _load_implementation()
+Decoder = _impl.Decoder
+__impl__: str = _impl.IMPLEMENTATION
+__version__ = "0.1.0"
+
+__all__ = [
+    "Decoder", "ChangeBatch", "Truncate", "LogicalMessage", "Relation", "Column",
+    "SpockwireError", "ProtocolError", "TruncatedMessage", "FrameError", "__impl__", "__version__",
+]

@@ -1,0 +1,1092 @@
+# cython: language_level=3
+"""Cython hot path of the spockwire decoder (twin: spockwire.wire._decoder_py).
+
+Byte-level work only: the read cursor, message dispatch, the tuple loop and appends into preallocated column
+buffers laid out as Arrow arrays (validity bitmap, offsets, data). Relation metadata, event objects and the
+final Arrow assembly are made in Python once per relation / per batch, never per field.
+"""
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memchr
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import FrameError, ProtocolError, protocol_error, truncated
+from ..export.arrow import finish_batch
+from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_EPOCH_OFFSET_US, \
+    pg_timestamp_to_datetime
+
+include "_cursor.pxi"
+include "_buffers.pxi"
+
+__all__ = ["Decoder", "IMPLEMENTATION"]
+
+IMPLEMENTATION = "c"
+
+PROTOCOLS = ("pgoutput", "pglogical", "spock")
+cdef enum:
+    PGOUTPUT = 0
+    PGLOGICAL = 1
+    SPOCK = 2
+
+cdef enum:
+    INSERT = 0
+    UPDATE_PRE = 1
+    UPDATE_POST = 2
+    DELETE = 3
+
+cdef enum:
+    PLAIN = 0       # B..C: rows go straight into the shared builders
+    STREAM = 1      # pgoutput streamed transaction: rows kept apart until 'c'
+    PREPARED = 2    # two-phase: rows kept apart until COMMIT PREPARED
+
+cdef enum:
+    AFTER_NOTHING = 0
+    AFTER_BEGIN = 1
+    AFTER_ORIGIN = 2
+
+DEFAULT_BATCH_ROWS = 1 << 18
+MAX_BATCH_BYTES = 1 << 30
+cdef int64_t _MAX_BATCH_BYTES = MAX_BATCH_BYTES
+cdef int64_t _EPOCH = PG_EPOCH_OFFSET_US
+
+_TS_TYPE = pa.timestamp("us", tz="UTC")
+
+
+cdef struct ColBuf:
+    Buf validity          # 1 bit per row
+    Buf offsets           # int32 per row + 1
+    Buf data              # value bytes
+    int nontext           # a value arrived in binary/internal form, or text that is not UTF-8
+
+
+# ---------------------------------------------------------------------------------------------- builder
+cdef class _Builder:
+    """Rows of one relation version in Arrow-layout buffers, reserved ahead and grown geometrically."""
+    cdef readonly object relation
+    cdef object names
+    cdef public Py_ssize_t ncols
+    cdef public Py_ssize_t nrows
+    cdef public Py_ssize_t committed
+    cdef Py_ssize_t cap_rows
+    cdef int64_t nbytes
+    cdef ColBuf* cols
+    cdef Buf change, lsn, ts, xid, seq, origin, subxid, toast_valid, toast_off, toast_idx
+    cdef list origins          # distinct origin names seen; per row an int32 index, -1 = none
+    cdef object last_origin
+    cdef int32_t last_origin_idx
+    cdef bint any_toast
+    cdef object frozen         # pa.RecordBatch of all rows once frozen
+
+    def __cinit__(self, relation):
+        self.relation = relation
+        self.names = relation.column_names
+        self.ncols = len(relation.columns)
+        self.cols = <ColBuf*>malloc(max(self.ncols, 1) * sizeof(ColBuf))
+        if self.cols == NULL:
+            raise MemoryError()
+        memset(self.cols, 0, max(self.ncols, 1) * sizeof(ColBuf))
+        self.origins = []
+        self.last_origin = None
+        self.last_origin_idx = -1
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.cols != NULL:
+            for i in range(self.ncols):
+                buf_free(&self.cols[i].validity)
+                buf_free(&self.cols[i].offsets)
+                buf_free(&self.cols[i].data)
+            free(self.cols)
+            self.cols = NULL
+        buf_free(&self.change)
+        buf_free(&self.lsn)
+        buf_free(&self.ts)
+        buf_free(&self.xid)
+        buf_free(&self.seq)
+        buf_free(&self.origin)
+        buf_free(&self.subxid)
+        buf_free(&self.toast_valid)
+        buf_free(&self.toast_off)
+        buf_free(&self.toast_idx)
+
+    cdef int reserve_rows(self, Py_ssize_t rows) except -1:
+        """Room for `rows` rows in every per-row buffer."""
+        cdef Py_ssize_t i, cap = self.cap_rows * 2
+        if rows <= self.cap_rows:
+            return 0
+        if cap < rows:
+            cap = rows
+        if cap < 256:
+            cap = 256
+        buf_grow(&self.change, cap)
+        buf_grow(&self.lsn, cap * 8)
+        buf_grow(&self.ts, cap * 8)
+        buf_grow(&self.xid, cap * 4)
+        buf_grow(&self.seq, cap * 8)
+        buf_grow(&self.origin, cap * 4)
+        buf_grow(&self.subxid, cap * 4)
+        buf_grow(&self.toast_valid, (cap + 7) >> 3)
+        buf_grow(&self.toast_off, (cap + 1) * 4)
+        for i in range(self.ncols):
+            buf_grow(&self.cols[i].validity, (cap + 7) >> 3)
+            buf_grow(&self.cols[i].offsets, (cap + 1) * 4)
+        self.cap_rows = cap
+        return 0
+
+    cdef int32_t origin_index(self, object origin) except -2:
+        if origin is None:
+            return -1
+        if origin is self.last_origin:
+            return self.last_origin_idx
+        try:
+            idx = self.origins.index(origin)
+        except ValueError:
+            idx = len(self.origins)
+            self.origins.append(origin)
+        self.last_origin = origin
+        self.last_origin_idx = idx
+        return idx
+
+    cdef void fill_commit(self, Py_ssize_t start, uint64_t lsn, int64_t ts) noexcept:
+        cdef Py_ssize_t i
+        cdef uint64_t* l = <uint64_t*>self.lsn.data
+        cdef int64_t* t = <int64_t*>self.ts.data
+        for i in range(start, self.nrows):
+            l[i] = lsn
+            t[i] = ts + _EPOCH
+
+    cdef object freeze(self):
+        """All rows as one pa.RecordBatch; the buffers move to pyarrow and the builder takes no more rows."""
+        cdef Py_ssize_t i, n = self.nrows, nulls
+        cdef int32_t* off
+        cdef int32_t* oi
+        if self.frozen is not None:
+            return self.frozen
+        if self.cap_rows == 0:
+            self.reserve_rows(1)
+        values = []
+        for i in range(self.ncols):
+            col = &self.cols[i]
+            nulls = count_nulls(col.validity.data, n)
+            off = <int32_t*>col.offsets.data
+            typ = pa.binary() if col.nontext else pa.string()
+            validity = own(&col.validity, (n + 7) >> 3) if nulls else None
+            if not nulls:
+                buf_free(&col.validity)
+            offsets = own(&col.offsets, (n + 1) * 4)
+            data = own(&col.data, off[n]) if n else own(&col.data, 0)
+            values.append(pa.Array.from_buffers(typ, n, [validity, offsets, data], null_count=nulls))
+        if self.any_toast:
+            nidx = (<int32_t*>self.toast_off.data)[n]
+            toast_off = pa.Array.from_buffers(pa.int32(), n + 1, [None, own(&self.toast_off, (n + 1) * 4)])
+            toast_idx = pa.Array.from_buffers(pa.uint16(), nidx, [None, own(&self.toast_idx, nidx * 2)])
+            valid = pa.Array.from_buffers(pa.bool_(), n, [None, own(&self.toast_valid, (n + 7) >> 3)])
+            toast_mask = pc.invert(valid)
+        else:
+            toast_off = toast_idx = toast_mask = None
+        if self.origins:
+            idx = pa.Array.from_buffers(pa.int32(), n, [None, own(&self.origin, n * 4)])
+            origin = pa.array(self.origins, pa.string()).take(
+                pc.if_else(pc.less(idx, 0), pa.scalar(None, pa.int32()), idx))
+        else:
+            origin = pa.nulls(n, pa.string())
+        ts = pa.Array.from_buffers(pa.int64(), n, [None, own(&self.ts, n * 8)]).view(_TS_TYPE)
+        self.frozen = finish_batch(
+            self.relation,
+            pa.Array.from_buffers(pa.int8(), n, [None, own(&self.change, n)]),
+            pa.Array.from_buffers(pa.uint64(), n, [None, own(&self.lsn, n * 8)]),
+            ts,
+            pa.Array.from_buffers(pa.uint32(), n, [None, own(&self.xid, n * 4)]),
+            pa.Array.from_buffers(pa.int64(), n, [None, own(&self.seq, n * 8)]),
+            origin, toast_off, toast_idx, toast_mask, values)
+        return self.frozen
+
+    cdef object take_rows(self, Py_ssize_t start, Py_ssize_t stop, object keep=None):
+        if stop <= start:
+            return None
+        batch = self.freeze()
+        if start != 0 or stop != self.nrows:
+            batch = batch.slice(start, stop - start)
+        if keep is not None:
+            batch = batch.filter(pa.array(keep, pa.bool_()))
+            if batch.num_rows == 0:
+                return None
+        return ChangeBatch(self.relation, batch)
+
+    cdef list subxids(self, Py_ssize_t start, Py_ssize_t stop):
+        cdef uint32_t* s = <uint32_t*>self.subxid.data
+        return [s[i] for i in range(start, stop)]
+
+
+# ---------------------------------------------------------------------------------------------- state
+cdef class _RelInfo:
+    cdef object relation
+    cdef Py_ssize_t ncols
+    cdef _Builder builder      # shared builder for plain transactions, or None
+
+
+cdef class _Txn:
+    cdef int kind
+    cdef uint32_t xid
+    cdef uint64_t final_lsn
+    cdef int64_t commit_ts
+    cdef object origin
+    cdef int64_t seq
+    cdef list pending          # ("rows", builder, start, stop) | ("truncate", ...) | ("message", ...)
+    cdef dict builders         # relid -> _Builder, streamed/prepared transactions only
+    cdef set aborted
+    cdef uint64_t floor
+    cdef object gid
+
+    def __cinit__(self, int kind, uint32_t xid, uint64_t final_lsn, int64_t commit_ts, uint64_t floor):
+        self.kind = kind
+        self.xid = xid
+        self.final_lsn = final_lsn
+        self.commit_ts = commit_ts
+        self.origin = None
+        self.seq = 0
+        self.pending = []
+        self.builders = {}
+        self.aborted = set()
+        self.floor = floor
+        self.gid = None
+
+
+cdef str _lsn(uint64_t v):
+    return f"{v >> 32:X}/{v & 0xFFFFFFFF:X}"
+
+
+# ---------------------------------------------------------------------------------------------- decoder
+cdef class Decoder:
+    """Decodes one logical-replication stream (pgoutput, pglogical or spock) into committed change events."""
+    cdef readonly str protocol
+    cdef int proto
+    cdef int spock_version            # -1 until known
+    cdef public dict startup_params
+    cdef readonly dict relations
+    cdef readonly dict types
+    cdef readonly uint64_t remote_insert_lsn
+    cdef dict versions
+    cdef dict infos
+    cdef list shared                  # builders in use by plain transactions, in creation order
+    cdef list events
+    cdef _Txn txn                     # open plain B..C or b..P transaction
+    cdef _Txn stream                  # stream block in progress
+    cdef dict streams                 # top xid -> streamed transaction
+    cdef dict prepared                # gid -> prepared transaction
+    cdef uint64_t last_commit_end
+    cdef int after
+    cdef Py_ssize_t batch_rows
+    cdef uint32_t last_relid
+    cdef _RelInfo last_info
+
+    def __init__(self, str protocol="pgoutput", *, proto_version=None, Py_ssize_t batch_rows=DEFAULT_BATCH_ROWS):
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+        if proto_version is not None and protocol == "spock" and proto_version not in (2, 3, 4, 5):
+            raise ValueError(f"unsupported spock proto_version {proto_version}: expected 2, 3, 4 or 5")
+        self.batch_rows = batch_rows
+        self.protocol = protocol
+        self.proto = PROTOCOLS.index(protocol)
+        self.spock_version = proto_version if (protocol == "spock" and proto_version is not None) else -1
+        self.startup_params = {}
+        self.relations = {}
+        self.types = {}
+        self.remote_insert_lsn = 0
+        self.versions = {}
+        self.infos = {}
+        self.shared = []
+        self.events = []
+        self.txn = None
+        self.stream = None
+        self.streams = {}
+        self.prepared = {}
+        self.last_commit_end = 0
+        self.after = AFTER_NOTHING
+        self.last_relid = 0
+        self.last_info = None
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def committed_lsn(self):
+        cdef uint64_t lsn = self.last_commit_end
+        cdef _Txn t
+        for t in self.streams.values():
+            if t.floor < lsn:
+                lsn = t.floor
+        for t in self.prepared.values():
+            if t.floor < lsn:
+                lsn = t.floor
+        if self.txn is not None and self.txn.kind == PREPARED and self.txn.floor < lsn:
+            lsn = self.txn.floor
+        return lsn
+
+    def feed(self, payload, lsn=None):
+        cdef Py_buffer view
+        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+        try:
+            self._message(<const char*>view.buf, view.len)
+        finally:
+            PyBuffer_Release(&view)
+
+    def feed_frames(self, buffer, *, bint partial_ok=False):
+        cdef Py_buffer view
+        cdef const char* p
+        cdef Py_ssize_t n, pos = 0
+        cdef uint32_t length
+        PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
+        try:
+            p = <const char*>view.buf
+            n = view.len
+            while pos < n:
+                if n - pos < 12:
+                    if partial_ok:
+                        break
+                    raise FrameError(f"truncated frame record at byte {pos}: need 12 bytes for the record header, "
+                                     f"{n - pos} remaining", offset=pos, needed=12, remaining=n - pos)
+                length = sw_load_u32(p + pos)
+                if n - pos - 12 < <Py_ssize_t>length:
+                    if partial_ok:
+                        break
+                    raise FrameError(f"truncated frame record at byte {pos}: need {length} bytes for the payload, "
+                                     f"{n - pos - 12} remaining", offset=pos, needed=length, remaining=n - pos - 12)
+                try:
+                    self._message(p + pos + 12, length)
+                except ProtocolError as exc:
+                    exc.frame_offset = pos
+                    raise
+                pos += 12 + length
+        finally:
+            PyBuffer_Release(&view)
+        return pos
+
+    def drain(self):
+        self._flush_shared()
+        events = self.events
+        self.events = []
+        return events
+
+    # ------------------------------------------------------------------ dispatch
+    cdef int _message(self, const char* base, Py_ssize_t length) except -1:
+        cdef Cur c
+        cdef uint8_t t
+        cdef int after
+        c.base = base
+        c.pos = 0
+        c.end = length
+        c.mtype = -1
+        if self.proto == SPOCK and self.spock_version == 5 and not (length and base[0] == 0x53):
+            # every v5 message but the startup 'S' carries the publisher's insert LSN first
+            get_u64(&c, &self.remote_insert_lsn, "the remote_insert_lsn prefix")
+        get_u8(&c, &t, "the message type")
+        c.mtype = t
+        after = self.after
+        self.after = AFTER_NOTHING
+        if self.proto == PGOUTPUT:
+            return self._pgoutput(&c, t, after)
+        return self._native(&c, t, after)
+
+    cdef int _pgoutput(self, Cur* c, uint8_t t, int after) except -1:
+        cdef uint64_t a, b
+        cdef int64_t ts
+        cdef uint32_t xid, subxid, oid, relid, nrels, size
+        cdef uint8_t flags, ident, first
+        cdef uint16_t natts, i
+        cdef int32_t typmod
+        if t == 0x49 or t == 0x55 or t == 0x44:  # I U D: the hot path
+            subxid = 0
+            if self.stream is not None:
+                get_u32(c, &subxid, "the subtransaction xid")
+            return self._row_message(c, t, subxid)
+        elif t == 0x42:  # B
+            get_u64(c, &a, "the final LSN")
+            get_i64(c, &ts, "the commit timestamp")
+            get_u32(c, &xid, "the xid")
+            done(c)
+            self._begin(c, PLAIN, xid, a, ts)
+        elif t == 0x43:  # C
+            get_flags(c, 0, &flags)
+            get_u64(c, &a, "the commit LSN")
+            get_u64(c, &b, "the end LSN")
+            get_i64(c, &ts, "the commit timestamp")
+            done(c)
+            self._commit_plain(c, a, b, ts)
+        elif t == 0x4F:  # O
+            get_u64(c, &a, "the origin LSN")
+            name = get_cstring(c, "the origin name")
+            done(c)
+            self._origin(c, after, name)
+        elif t == 0x59:  # Y
+            self._stream_xid(c)
+            get_u32(c, &oid, "the type OID")
+            nsp = get_cstring(c, "the type namespace")
+            name = get_cstring(c, "the type name")
+            done(c)
+            self.types[oid] = (nsp, name)
+        elif t == 0x52:  # R
+            self._stream_xid(c)
+            get_u32(c, &relid, "the relation id")
+            nsp = get_cstring(c, "the namespace")
+            name = get_cstring(c, "the relation name")
+            get_u8(c, &ident, "the replica identity")
+            get_u16(c, &natts, "the column count")
+            cols = []
+            for i in range(natts):
+                if c.pos >= c.end:
+                    raise_truncated(c, c.pos, 1, "the flags", i)
+                flags = <uint8_t>c.base[c.pos]
+                c.pos += 1
+                if flags & ~1:
+                    raise_bad(c, c.pos - 1, f"reserved bits 0x{flags & ~1 & 0xff:02x} set in the flags", i)
+                cname = get_cstring(c, "the column name", i)
+                if c.end - c.pos < 4:
+                    raise_truncated(c, c.pos, 4, "the type OID", i, cname)
+                oid = sw_load_u32(c.base + c.pos)
+                c.pos += 4
+                if c.end - c.pos < 4:
+                    raise_truncated(c, c.pos, 4, "the type modifier", i, cname)
+                typmod = sw_load_i32(c.base + c.pos)
+                c.pos += 4
+                cols.append(Column(cname, oid, typmod, bool(flags & 1)))
+            done(c)
+            self._relation(relid, nsp, name, tuple(cols), chr(ident) if 32 <= ident < 127 else str(ident))
+        elif t == 0x54:  # T
+            subxid = self._stream_xid(c)
+            get_u32(c, &nrels, "the relation count")
+            get_flags(c, 3, &flags)
+            self._truncate(c, nrels, flags, subxid)
+        elif t == 0x4D:  # M
+            subxid = self._stream_xid(c)
+            get_flags(c, 1, &flags)
+            get_u64(c, &a, "the message LSN")
+            prefix = get_cstring(c, "the message prefix")
+            get_u32(c, &size, "the content length")
+            need(c, size, "the content")
+            content = c.base[c.pos:c.pos + size]
+            c.pos += size
+            done(c)
+            self._logical_message(c, flags & 1, a, prefix, content, subxid)
+        elif t == 0x53:  # S stream start
+            get_u32(c, &xid, "the xid")
+            get_u8(c, &first, "the first-segment flag")
+            done(c)
+            self._stream_start(c, xid, first)
+        elif t == 0x45:  # E stream stop
+            done(c)
+            if self.stream is None:
+                raise_bad(c, 0, "stream stop without a stream start")
+            self.stream = None
+        elif t == 0x63:  # c stream commit
+            get_u32(c, &xid, "the xid")
+            get_flags(c, 0, &flags)
+            get_u64(c, &a, "the commit LSN")
+            get_u64(c, &b, "the end LSN")
+            get_i64(c, &ts, "the commit timestamp")
+            done(c)
+            self._stream_commit(c, xid, a, b, ts)
+        elif t == 0x41:  # A stream abort
+            get_u32(c, &xid, "the xid")
+            get_u32(c, &subxid, "the subtransaction xid")
+            if c.end - c.pos:
+                skip(c, 8, "the abort LSN")
+                skip(c, 8, "the abort timestamp")
+            done(c)
+            self._stream_abort(c, xid, subxid)
+        elif t == 0x62:  # b begin prepare
+            get_u64(c, &a, "the prepare LSN")
+            skip(c, 8, "the end LSN")
+            get_i64(c, &ts, "the prepare timestamp")
+            get_u32(c, &xid, "the xid")
+            gid = get_cstring(c, "the gid")
+            done(c)
+            txn = self._begin(c, PREPARED, xid, a, ts)
+            (<_Txn>txn).gid = gid
+        elif t == 0x50 or t == 0x70:  # P prepare, p stream prepare
+            get_flags(c, 0, &flags)
+            skip(c, 8, "the prepare LSN")
+            skip(c, 8, "the end LSN")
+            skip(c, 8, "the prepare timestamp")
+            get_u32(c, &xid, "the xid")
+            gid = get_cstring(c, "the gid")
+            done(c)
+            if t == 0x50:
+                self._prepare(c, xid, gid)
+            else:
+                self._stream_prepare(c, xid, gid)
+        elif t == 0x4B:  # K commit prepared
+            get_flags(c, 0, &flags)
+            get_u64(c, &a, "the commit LSN")
+            get_u64(c, &b, "the end LSN")
+            get_i64(c, &ts, "the commit timestamp")
+            get_u32(c, &xid, "the xid")
+            gid = get_cstring(c, "the gid")
+            done(c)
+            self._commit_prepared(c, xid, gid, a, b, ts)
+        elif t == 0x72:  # r rollback prepared
+            get_flags(c, 0, &flags)
+            skip(c, 8, "the prepare end LSN")
+            get_u64(c, &b, "the rollback end LSN")
+            skip(c, 8, "the prepare timestamp")
+            skip(c, 8, "the rollback timestamp")
+            skip(c, 4, "the xid")
+            gid = get_cstring(c, "the gid")
+            done(c)
+            self._rollback_prepared(c, gid, b)
+        else:
+            raise_bad(c, 0, "unknown pgoutput message type")
+        return 0
+
+    cdef int _native(self, Cur* c, uint8_t t, int after) except -1:
+        cdef bint spock = self.proto == SPOCK
+        cdef uint64_t a, b
+        cdef int64_t ts
+        cdef uint32_t xid, relid, nrels, size, oid
+        cdef uint16_t natts, i, n16, node
+        cdef uint8_t flags, fmt, n8, transactional
+        cdef int32_t typmod
+        if t == 0x49 or t == 0x55 or t == 0x44:  # I U D: the hot path
+            if spock and self.spock_version < 0:
+                self._need_startup(c)
+            get_flags(c, 0, &flags)
+            return self._row_message(c, t, 0)
+        if t == 0x53:  # S startup
+            get_u8(c, &fmt, "the startup format")
+            if fmt != 1:
+                raise_bad(c, c.pos - 1, f"unsupported startup message format {fmt}")
+            params = {}
+            while c.pos < c.end:
+                key = get_cstring(c, "a startup parameter name")
+                params[key] = get_cstring(c, f"the value of startup parameter {key!r}")
+            self.startup_params = params
+            if spock:
+                self.spock_version = _negotiated_spock_version(type_name(c.mtype), params)
+            return 0
+        if spock and self.spock_version < 0:
+            self._need_startup(c)
+        if t == 0x42:  # B
+            get_flags(c, 0, &flags)
+            get_u64(c, &a, "the final LSN")
+            get_i64(c, &ts, "the commit timestamp")
+            get_u32(c, &xid, "the xid")
+            done(c)
+            self._begin(c, PLAIN, xid, a, ts)
+        elif t == 0x43:  # C
+            get_flags(c, 0, &flags)
+            get_u64(c, &a, "the commit LSN")
+            get_u64(c, &b, "the end LSN")
+            get_i64(c, &ts, "the commit timestamp")
+            if spock and (self.spock_version == 3 or self.spock_version == 4):
+                get_u64(c, &self.remote_insert_lsn, "the remote_insert_lsn")
+            done(c)
+            self._commit_plain(c, a, b, ts)
+        elif t == 0x4F:  # O
+            if spock:
+                get_flags(c, 1, &flags)
+                get_u64(c, &a, "the origin LSN")
+                get_u16(c, &node, "the origin node id")
+                name = get_cstring(c, "the origin name") if flags & 1 else None
+                done(c)
+                if a == 0:
+                    name = None  # a local transaction
+                elif name is None:
+                    name = str(node)
+            else:
+                get_flags(c, 0, &flags)
+                skip(c, 8, "the origin LSN")
+                get_u8(c, &n8, "the origin name length")
+                need(c, n8, "the origin name")
+                raw = c.base[c.pos:c.pos + n8]
+                c.pos += n8
+                done(c)
+                if n8 == 0 or c.base[c.pos - 1] != 0:
+                    raise_bad(c, c.pos - 1 if n8 else c.pos, "origin name is not NUL-terminated")
+                name = raw[:n8 - 1].decode("utf-8", "surrogateescape")
+            self._origin(c, after, name)
+            if spock:
+                self.after = AFTER_ORIGIN
+        elif t == 0x4C and spock:  # L last commit ts
+            get_flags(c, 0, &flags)
+            skip(c, 8, "the last commit timestamp")
+            done(c)
+            if after != AFTER_ORIGIN:
+                raise_bad(c, 0, "LAST-COMMIT message not right after ORIGIN")
+        elif t == 0x52:  # R
+            get_flags(c, 0, &flags)
+            get_u32(c, &relid, "the relation id")
+            nsp = _native_name(c, "the namespace")
+            name = _native_name(c, "the relation name")
+            expect(c, 0x41, "the attributes block")
+            get_u16(c, &natts, "the column count")
+            cols = []
+            for i in range(natts):
+                expect(c, 0x43, "the column block")
+                if c.pos >= c.end:
+                    raise_truncated(c, c.pos, 1, "the flags", i)
+                flags = <uint8_t>c.base[c.pos]
+                c.pos += 1
+                if flags & ~1:
+                    raise_bad(c, c.pos - 1, f"reserved bits 0x{flags & ~1 & 0xff:02x} set in the flags", i)
+                expect(c, 0x4E, "the column name block")
+                get_u16(c, &n16, "the column name length")
+                if c.end - c.pos < n16:
+                    raise_truncated(c, c.pos, n16, "the column name", i)
+                c.pos += n16
+                if n16 == 0 or c.base[c.pos - 1] != 0:
+                    raise_bad(c, c.pos - 1 if n16 else c.pos, "column name is not NUL-terminated", i)
+                cname = c.base[c.pos - n16:c.pos - 1].decode("utf-8", "surrogateescape")
+                if spock:
+                    if c.end - c.pos < 4:
+                        raise_truncated(c, c.pos, 4, "the type OID", i, cname)
+                    oid = sw_load_u32(c.base + c.pos)
+                    c.pos += 4
+                    if c.end - c.pos < 4:
+                        raise_truncated(c, c.pos, 4, "the type modifier", i, cname)
+                    typmod = sw_load_i32(c.base + c.pos)
+                    c.pos += 4
+                    cols.append(Column(cname, oid, typmod, bool(flags & 1)))
+                else:
+                    cols.append(Column(cname, None, None, bool(flags & 1)))
+            done(c)
+            self._relation(relid, nsp, name, tuple(cols), None)
+        elif t == 0x54 and spock:  # T truncate: no flags byte first
+            get_u32(c, &nrels, "the relation count")
+            get_flags(c, 3, &flags)
+            self._truncate(c, nrels, flags, 0)
+        elif t == 0x4D and spock:  # M sync event message: no flags byte
+            get_u32(c, &xid, "the xid")
+            get_u64(c, &a, "the message LSN")
+            get_u8(c, &transactional, "the transactional flag")
+            if transactional > 1:
+                raise_bad(c, c.pos - 1, f"transactional flag must be 0 or 1, got {transactional}")
+            prefix = get_cstring(c, "the message prefix")
+            get_u32(c, &size, "the content length")
+            need(c, size, "the content")
+            content = c.base[c.pos:c.pos + size]
+            c.pos += size
+            done(c)
+            self._logical_message(c, transactional, a, prefix, content, 0)
+        else:
+            raise_bad(c, 0, f"unknown {self.protocol} message type")
+        return 0
+
+    cdef int _need_startup(self, Cur* c) except -1:
+        raise_bad(c, 0, "spock stream must begin with the startup message 'S' "
+                        "(or build the Decoder with proto_version=4 or 5)")
+
+    # ------------------------------------------------------------------ relations
+    cdef uint32_t _stream_xid(self, Cur* c) except? 0xFFFFFFFF:
+        cdef uint32_t sub = 0
+        if self.stream is not None:
+            get_u32(c, &sub, "the subtransaction xid")
+        return sub
+
+    cdef _relation(self, uint32_t relid, nsp, name, tuple cols, ident):
+        version = self.versions.get(relid, 0) + 1
+        self.versions[relid] = version
+        rel = Relation(relid, nsp, name, cols, ident, version)
+        self.relations[relid] = rel
+        cdef _RelInfo info = _RelInfo.__new__(_RelInfo)
+        info.relation = rel
+        info.ncols = len(cols)
+        info.builder = None
+        self.infos[relid] = info
+        if self.last_info is not None and self.last_relid == relid:
+            self.last_info = None
+
+    # ------------------------------------------------------------------ transactions
+    cdef _Txn _begin(self, Cur* c, int kind, uint32_t xid, uint64_t final_lsn, int64_t ts):
+        if self.txn is not None:
+            raise_bad(c, 0, f"BEGIN while transaction {self.txn.xid} is still open")
+        if self.stream is not None:
+            raise_bad(c, 0, "BEGIN inside a stream block")
+        txn = _Txn(kind, xid, final_lsn, ts, self.committed_lsn)
+        self.txn = txn
+        self.after = AFTER_BEGIN
+        return txn
+
+    cdef int _origin(self, Cur* c, int after, name) except -1:
+        if after != AFTER_BEGIN:
+            raise_bad(c, 0, "ORIGIN message not right after BEGIN")
+        txn = self.stream if self.stream is not None else self.txn
+        (<_Txn>txn).origin = name
+        return 0
+
+    cdef _Txn _current(self, Cur* c):
+        cdef _Txn txn = self.stream if self.stream is not None else self.txn
+        if txn is None:
+            raise_bad(c, 0, "change outside a transaction")
+        return txn
+
+    cdef _Builder _builder(self, _Txn txn, _RelInfo info):
+        cdef _Builder b
+        if txn.kind == PLAIN:
+            b = info.builder
+            if b is not None and (b.nrows >= self.batch_rows or b.nbytes >= _MAX_BATCH_BYTES):
+                self._flush_shared()
+                b = None
+            if b is None:
+                b = _Builder(info.relation)
+                info.builder = b
+                self.shared.append(b)
+        else:
+            key = id(info)
+            b = txn.builders.get(key)
+            if b is not None and (b.nrows >= self.batch_rows or b.nbytes >= _MAX_BATCH_BYTES):
+                txn.pending.append(("rows", b, 0, b.nrows))
+                b = None
+            if b is None:
+                b = _Builder(info.relation)
+                txn.builders[key] = b
+        return b
+
+    cdef int _row_message(self, Cur* c, uint8_t t, uint32_t sub) except -1:
+        cdef _Txn txn = self._current(c)
+        cdef uint32_t relid
+        cdef _RelInfo info
+        cdef _Builder b
+        cdef Py_ssize_t mark
+        cdef uint8_t kind
+        get_u32(c, &relid, "the relation id")
+        if self.last_info is not None and relid == self.last_relid:
+            info = self.last_info
+        else:
+            info = self.infos.get(relid)
+            if info is None:
+                raise_bad(c, c.pos - 4, f"row for relation {relid}, which was never described")
+            self.last_info = info
+            self.last_relid = relid
+        b = self._builder(txn, info)
+        mark = b.nrows
+        try:
+            if t == 0x49:
+                expect(c, 0x4E, "the new tuple marker")
+                self._tuple(c, b, txn, INSERT, sub, txn.seq)
+            elif t == 0x55:
+                get_u8(c, &kind, "the tuple marker")
+                if kind == 0x4B or kind == 0x4F:
+                    self._tuple(c, b, txn, UPDATE_PRE, sub, txn.seq)
+                    expect(c, 0x4E, "the new tuple marker")
+                elif kind != 0x4E:
+                    raise_bad(c, c.pos - 1, f"expected 'K', 'O' or 'N' tuple marker, got {type_name(kind)!r}")
+                self._tuple(c, b, txn, UPDATE_POST, sub, txn.seq + b.nrows - mark)
+            else:
+                get_u8(c, &kind, "the tuple marker")
+                if kind != 0x4B and kind != 0x4F:
+                    raise_bad(c, c.pos - 1, f"expected 'K' or 'O' tuple marker, got {type_name(kind)!r}")
+                self._tuple(c, b, txn, DELETE, sub, txn.seq)
+            done(c)
+        except ProtocolError:
+            b.nrows = mark
+            raise
+        txn.seq += b.nrows - mark
+        return 0
+
+    cdef int _tuple(self, Cur* c, _Builder b, _Txn txn, int8_t change, uint32_t sub, int64_t seq) except -1:
+        cdef bint native = self.proto != PGOUTPUT
+        cdef uint16_t natts, i
+        cdef Py_ssize_t row = b.nrows, pos
+        cdef uint8_t kind
+        cdef uint32_t n
+        cdef ColBuf* col
+        cdef int32_t* off
+        cdef const char* p
+        cdef int32_t ntoast = 0
+        cdef int32_t toast_at
+        cdef unsigned char bit = 1 << (row & 7)
+        cdef Py_ssize_t byte = row >> 3
+        if native:
+            expect(c, 0x54, "the tuple block")
+        get_u16(c, &natts, "the tuple column count")
+        if natts != b.ncols:
+            raise_bad(c, c.pos - 2, f"tuple has {natts} columns but relation "
+                                    f"{b.relation.qualified_name} has {b.ncols}")
+        if row + 1 > b.cap_rows:
+            b.reserve_rows(row + 1)
+        toast_at = (<int32_t*>b.toast_off.data)[row]
+        for i in range(natts):
+            col = &b.cols[i]
+            off = <int32_t*>col.offsets.data
+            if c.pos >= c.end:
+                raise_truncated(c, c.pos, 1, "the value kind", i, b.names[i])
+            kind = <uint8_t>c.base[c.pos]
+            c.pos += 1
+            if kind == 0x74 or kind == 0x62 or (kind == 0x69 and native):  # t b i
+                if c.end - c.pos < 4:
+                    raise_truncated(c, c.pos, 4, "the value length", i, b.names[i])
+                n = sw_load_u32(c.base + c.pos)
+                c.pos += 4
+                if <size_t>(c.end - c.pos) < n:
+                    raise_truncated(c, c.pos, n, "the value", i, b.names[i])
+                p = c.base + c.pos
+                c.pos += n
+                if kind == 0x74:
+                    if native:
+                        if n == 0 or p[n - 1] != 0:
+                            raise_bad(c, c.pos - 1 if n else c.pos, "text value is not NUL-terminated", i,
+                                      b.names[i])
+                        n -= 1
+                    if not col.nontext and not sw_utf8_valid(<const unsigned char*>p, n):
+                        col.nontext = 1
+                else:
+                    col.nontext = 1
+                pos = off[row]
+                if pos + <Py_ssize_t>n > col.data.cap:
+                    buf_grow(&col.data, pos + n)
+                memcpy(col.data.data + pos, p, n)
+                off[row + 1] = <int32_t>(pos + n)
+                col.validity.data[byte] |= bit
+                b.nbytes += n
+            elif kind == 0x6E or kind == 0x75:  # n u
+                off[row + 1] = off[row]
+                col.validity.data[byte] &= ~bit
+                if kind == 0x75:
+                    if (toast_at + ntoast + 1) * 2 > b.toast_idx.cap:
+                        buf_grow(&b.toast_idx, (toast_at + ntoast + 1) * 2)
+                    (<uint16_t*>b.toast_idx.data)[toast_at + ntoast] = i
+                    ntoast += 1
+            else:
+                raise_bad(c, c.pos - 1, f"unknown value kind {type_name(kind)!r}", i, b.names[i])
+        (<int8_t*>b.change.data)[row] = change
+        (<uint64_t*>b.lsn.data)[row] = txn.final_lsn
+        (<int64_t*>b.ts.data)[row] = txn.commit_ts + _EPOCH
+        (<uint32_t*>b.xid.data)[row] = txn.xid
+        (<int64_t*>b.seq.data)[row] = seq
+        (<int32_t*>b.origin.data)[row] = b.origin_index(txn.origin)
+        (<uint32_t*>b.subxid.data)[row] = sub
+        (<int32_t*>b.toast_off.data)[row + 1] = toast_at + ntoast
+        if ntoast:
+            b.toast_valid.data[byte] |= bit
+            b.any_toast = True
+        else:
+            b.toast_valid.data[byte] &= ~bit
+        b.nrows = row + 1
+        return 0
+
+    cdef int _truncate(self, Cur* c, uint32_t nrels, uint8_t flags, uint32_t sub) except -1:
+        cdef _Txn txn = self._current(c)
+        cdef uint32_t k, relid
+        need(c, 4 * <Py_ssize_t>nrels, "the relation ids")  # bounds the count before any allocation
+        rels = []
+        for k in range(nrels):
+            relid = sw_load_u32(c.base + c.pos)
+            c.pos += 4
+            rel = self.relations.get(relid)
+            if rel is None:
+                raise_bad(c, c.pos - 4, f"TRUNCATE of relation {relid}, which was never described")
+            rels.append(rel)
+        done(c)
+        self._cut(txn)
+        txn.pending.append(("truncate", tuple(rels), bool(flags & 1), bool(flags & 2), txn.seq, sub))
+        txn.seq += 1
+        return 0
+
+    cdef int _logical_message(self, Cur* c, bint transactional, uint64_t lsn, prefix, content,
+                              uint32_t sub) except -1:
+        cdef _Txn txn
+        if not transactional:
+            self._flush_shared()
+            self.events.append(LogicalMessage(prefix, content, False, lsn, sub if sub else None, None, None, None,
+                                              None))
+            return 0
+        txn = self._current(c)
+        self._cut(txn)
+        txn.pending.append(("message", prefix, content, lsn, txn.seq, sub))
+        txn.seq += 1
+        return 0
+
+    cdef int _cut(self, _Txn txn) except -1:
+        """Close the rows written so far so that a truncate/message that follows keeps its place in order."""
+        cdef _Builder b
+        if txn.kind == PLAIN:
+            self._flush_shared()
+        else:
+            for b in txn.builders.values():
+                txn.pending.append(("rows", b, 0, b.nrows))
+            txn.builders = {}
+        return 0
+
+    cdef int _flush_shared(self) except -1:
+        """Emit the committed rows of the shared builders and retire them.
+
+        Rows of a still-open plain transaction become a pending slice of it (they come out at its COMMIT,
+        before its later rows), so no row is ever copied.
+        """
+        cdef _Builder b
+        cdef _RelInfo info
+        if not self.shared:
+            return 0
+        for b in self.shared:
+            if b.committed:
+                self.events.append(b.take_rows(0, b.committed))
+            if b.nrows > b.committed:
+                self.txn.pending.append(("rows", b, b.committed, b.nrows))
+        self.shared = []
+        for info in self.infos.values():
+            info.builder = None
+        return 0
+
+    cdef int _emit_pending(self, _Txn txn, uint64_t commit_lsn, int64_t ts) except -1:
+        cdef _Builder b
+        cdef Py_ssize_t start, stop
+        aborted = txn.aborted
+        when = pg_timestamp_to_datetime(ts)
+        for item in txn.pending:
+            kind = item[0]
+            if kind == "rows":
+                b = item[1]
+                start = item[2]
+                stop = item[3]
+                if txn.kind != PLAIN:
+                    b.fill_commit(start, commit_lsn, ts)
+                keep = [s not in aborted for s in b.subxids(start, stop)] if aborted else None
+                batch = b.take_rows(start, stop, keep)
+                if batch is not None:
+                    self.events.append(batch)
+            elif item[5] not in aborted:
+                if kind == "truncate":
+                    _, rels, cascade, restart, seq, _sub = item
+                    self.events.append(Truncate(rels, cascade, restart, commit_lsn, when, txn.xid, seq, txn.origin))
+                else:
+                    _, prefix, content, lsn, seq, _sub = item
+                    self.events.append(LogicalMessage(prefix, content, True, lsn, txn.xid, commit_lsn, when, seq,
+                                                      txn.origin))
+        return 0
+
+    cdef int _release(self, _Txn txn, uint64_t commit_lsn, int64_t ts) except -1:
+        """A streamed or prepared transaction committed: emit its rows, truncates and messages in order."""
+        self._flush_shared()
+        self._cut(txn)
+        return self._emit_pending(txn, commit_lsn, ts)
+
+    cdef int _commit_plain(self, Cur* c, uint64_t commit_lsn, uint64_t end_lsn, int64_t ts) except -1:
+        cdef _Txn txn = self.txn
+        cdef _Builder b
+        if txn is None or txn.kind != PLAIN:
+            raise_bad(c, 0, "COMMIT outside a transaction")
+        if commit_lsn != txn.final_lsn:
+            raise_bad(c, 1, f"commit LSN {_lsn(commit_lsn)} does not match the BEGIN's final "
+                            f"LSN {_lsn(txn.final_lsn)}")
+        self.txn = None
+        # rows before its last truncate/message were cut into pending; later rows stay in the shared builders
+        if txn.pending:
+            self._emit_pending(txn, commit_lsn, ts)
+        for b in self.shared:
+            b.committed = b.nrows
+        self.last_commit_end = end_lsn
+        return 0
+
+    cdef int _stream_start(self, Cur* c, uint32_t xid, uint8_t first) except -1:
+        cdef _Txn txn
+        if self.stream is not None:
+            raise_bad(c, 0, "stream start inside a stream block")
+        if self.txn is not None:
+            raise_bad(c, 0, f"stream start while transaction {self.txn.xid} is open")
+        if first > 1:
+            raise_bad(c, 5, f"first-segment flag must be 0 or 1, got {first}")
+        txn = self.streams.get(xid)
+        if first:
+            if txn is not None:
+                raise_bad(c, 1, f"first stream segment for transaction {xid}, which is already open")
+            txn = _Txn(STREAM, xid, 0, 0, self.committed_lsn)
+            self.streams[xid] = txn
+            self.after = AFTER_BEGIN
+        elif txn is None:
+            raise_bad(c, 1, f"stream segment for transaction {xid}, which never started")
+        self.stream = txn
+        return 0
+
+    cdef int _outside_stream(self, Cur* c) except -1:
+        if self.stream is not None:
+            raise_bad(c, 0, "message not allowed inside a stream block")
+        if self.txn is not None:
+            raise_bad(c, 0, f"message not allowed while transaction {self.txn.xid} is open")
+        return 0
+
+    cdef int _stream_commit(self, Cur* c, uint32_t xid, uint64_t commit_lsn, uint64_t end_lsn,
+                            int64_t ts) except -1:
+        self._outside_stream(c)
+        txn = self.streams.pop(xid, None)
+        if txn is None:
+            raise_bad(c, 1, f"stream commit of transaction {xid}, which was never streamed")
+        self._release(txn, commit_lsn, ts)
+        self.last_commit_end = end_lsn
+        return 0
+
+    cdef int _stream_abort(self, Cur* c, uint32_t xid, uint32_t subxid) except -1:
+        self._outside_stream(c)
+        txn = self.streams.get(xid)
+        if txn is None:
+            return 0
+        if subxid == xid:
+            del self.streams[xid]
+        else:
+            (<_Txn>txn).aborted.add(subxid)
+        return 0
+
+    cdef int _stream_prepare(self, Cur* c, uint32_t xid, gid) except -1:
+        cdef _Txn txn
+        self._outside_stream(c)
+        txn = self.streams.pop(xid, None)
+        if txn is None:
+            raise_bad(c, 1, f"stream prepare of transaction {xid}, which was never streamed")
+        txn.kind = PREPARED
+        txn.gid = gid
+        self.prepared[gid] = txn
+        return 0
+
+    cdef int _prepare(self, Cur* c, uint32_t xid, gid) except -1:
+        cdef _Txn txn = self.txn
+        if txn is None or txn.kind != PREPARED:
+            raise_bad(c, 0, "PREPARE without BEGIN PREPARE")
+        if txn.xid != xid or txn.gid != gid:
+            raise_bad(c, 0, f"PREPARE of transaction {xid} ({gid!r}) inside transaction {txn.xid} ({txn.gid!r})")
+        self.txn = None
+        self.prepared[gid] = txn
+        return 0
+
+    cdef int _commit_prepared(self, Cur* c, uint32_t xid, gid, uint64_t commit_lsn, uint64_t end_lsn,
+                              int64_t ts) except -1:
+        self._outside_stream(c)
+        txn = self.prepared.pop(gid, None)
+        if txn is None:
+            raise_bad(c, 0, f"COMMIT PREPARED of {gid!r}, which was never prepared in this stream")
+        self._release(txn, commit_lsn, ts)
+        self.last_commit_end = end_lsn
+        return 0
+
+    cdef int _rollback_prepared(self, Cur* c, gid, uint64_t end_lsn) except -1:
+        self._outside_stream(c)
+        self.prepared.pop(gid, None)
+        return 0
+
+
+cdef object _native_name(Cur* c, str what):
+    cdef uint8_t n
+    get_u8(c, &n, what + " length")
+    if c.end - c.pos < n:
+        raise_truncated(c, c.pos, n, what)
+    c.pos += n
+    if n == 0 or c.base[c.pos - 1] != 0:
+        raise_bad(c, c.pos - 1 if n else c.pos, f"{what} is not NUL-terminated")
+    return c.base[c.pos - n:c.pos - 1].decode("utf-8", "surrogateescape")
+
+
+def _negotiated_spock_version(mtype, dict params):
+    text = params.get("proto_version")
+    if text is None:
+        try:
+            num = int(params.get("spock_version_num", "50000"))
+        except ValueError:
+            num = 50000
+        return 4 if num >= 50000 else 2
+    try:
+        version = int(text)
+    except ValueError:
+        version = -1
+    if version not in (2, 3, 4, 5):
+        raise protocol_error(mtype, 0, f"unsupported spock proto_version {text!r} in the startup message")
+    return version
