@@ -16,6 +16,7 @@ cdef struct Cur:
     Py_ssize_t pos        # offset of the next unread byte
     Py_ssize_t end        # message length
     int mtype             # message type byte, -1 before it is read
+    Py_ssize_t start      # offset of the message type byte (8 after a spock v5 prefix)
 
 
 cdef str type_name(int code):
@@ -95,7 +96,10 @@ cdef object get_cstring(Cur* c, str what, int column=-1, object name=None):
     if z == NULL:
         raise_truncated(c, start, c.end - start + 1, what + " (no terminating NUL)", column, name)
     c.pos = start + (z - p) + 1
-    return p[:z - p].decode("utf-8", "surrogateescape")
+    try:
+        return p[:z - p].decode("utf-8")
+    except UnicodeDecodeError:
+        raise_bad(c, start, f"{what} is not valid UTF-8", column, name)
 
 
 cdef int expect(Cur* c, uint8_t byte, str what) except -1:

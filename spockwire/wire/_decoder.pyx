@@ -1,12 +1,12 @@
-# cython: language_level=3
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Cython hot path of the spockwire decoder (twin: spockwire.wire._decoder_py).
 
 Byte-level work only: the read cursor, message dispatch, the tuple loop and appends into preallocated column
 buffers laid out as Arrow arrays (validity bitmap, offsets, data). Relation metadata, event objects and the
 final Arrow assembly are made in Python once per relation / per batch, never per field.
 """
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memchr
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memchr, memcmp
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 
 import pyarrow as pa
@@ -16,9 +16,12 @@ from ..errors import FrameError, ProtocolError, protocol_error, truncated
 from ..export.arrow import finish_batch
 from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_EPOCH_OFFSET_US, \
     pg_timestamp_to_datetime
+from ..values.catalog import column_specs
+from ..values.failures import value_problem
 
 include "_cursor.pxi"
 include "_buffers.pxi"
+include "_values.pxi"
 
 __all__ = ["Decoder", "IMPLEMENTATION"]
 
@@ -54,18 +57,12 @@ cdef int64_t _EPOCH = PG_EPOCH_OFFSET_US
 _TS_TYPE = pa.timestamp("us", tz="UTC")
 
 
-cdef struct ColBuf:
-    Buf validity          # 1 bit per row
-    Buf offsets           # int32 per row + 1
-    Buf data              # value bytes
-    int nontext           # a value arrived in binary/internal form, or text that is not UTF-8
-
-
 # ---------------------------------------------------------------------------------------------- builder
 cdef class _Builder:
     """Rows of one relation version in Arrow-layout buffers, reserved ahead and grown geometrically."""
     cdef readonly object relation
     cdef object names
+    cdef tuple specs
     cdef public Py_ssize_t ncols
     cdef public Py_ssize_t nrows
     cdef public Py_ssize_t committed
@@ -79,14 +76,18 @@ cdef class _Builder:
     cdef bint any_toast
     cdef object frozen         # pa.RecordBatch of all rows once frozen
 
-    def __cinit__(self, relation):
+    def __cinit__(self, relation, tuple specs):
+        cdef Py_ssize_t i
         self.relation = relation
         self.names = relation.column_names
+        self.specs = specs
         self.ncols = len(relation.columns)
         self.cols = <ColBuf*>malloc(max(self.ncols, 1) * sizeof(ColBuf))
         if self.cols == NULL:
             raise MemoryError()
         memset(self.cols, 0, max(self.ncols, 1) * sizeof(ColBuf))
+        for i in range(self.ncols):
+            col_init(&self.cols[i], specs[i])
         self.origins = []
         self.last_origin = None
         self.last_origin_idx = -1
@@ -95,9 +96,7 @@ cdef class _Builder:
         cdef Py_ssize_t i
         if self.cols != NULL:
             for i in range(self.ncols):
-                buf_free(&self.cols[i].validity)
-                buf_free(&self.cols[i].offsets)
-                buf_free(&self.cols[i].data)
+                col_free(&self.cols[i])
             free(self.cols)
             self.cols = NULL
         buf_free(&self.change)
@@ -130,8 +129,7 @@ cdef class _Builder:
         buf_grow(&self.toast_valid, (cap + 7) >> 3)
         buf_grow(&self.toast_off, (cap + 1) * 4)
         for i in range(self.ncols):
-            buf_grow(&self.cols[i].validity, (cap + 7) >> 3)
-            buf_grow(&self.cols[i].offsets, (cap + 1) * 4)
+            col_reserve(&self.cols[i], cap)
         self.cap_rows = cap
         return 0
 
@@ -159,25 +157,12 @@ cdef class _Builder:
 
     cdef object freeze(self):
         """All rows as one pa.RecordBatch; the buffers move to pyarrow and the builder takes no more rows."""
-        cdef Py_ssize_t i, n = self.nrows, nulls
-        cdef int32_t* off
-        cdef int32_t* oi
+        cdef Py_ssize_t i, n = self.nrows
         if self.frozen is not None:
             return self.frozen
         if self.cap_rows == 0:
             self.reserve_rows(1)
-        values = []
-        for i in range(self.ncols):
-            col = &self.cols[i]
-            nulls = count_nulls(col.validity.data, n)
-            off = <int32_t*>col.offsets.data
-            typ = pa.binary() if col.nontext else pa.string()
-            validity = own(&col.validity, (n + 7) >> 3) if nulls else None
-            if not nulls:
-                buf_free(&col.validity)
-            offsets = own(&col.offsets, (n + 1) * 4)
-            data = own(&col.data, off[n]) if n else own(&col.data, 0)
-            values.append(pa.Array.from_buffers(typ, n, [validity, offsets, data], null_count=nulls))
+        values = [storage_array(&self.cols[i], self.specs[i], n) for i in range(self.ncols)]
         if self.any_toast:
             nidx = (<int32_t*>self.toast_off.data)[n]
             toast_off = pa.Array.from_buffers(pa.int32(), n + 1, [None, own(&self.toast_off, (n + 1) * 4)])
@@ -206,6 +191,7 @@ cdef class _Builder:
     cdef object take_rows(self, Py_ssize_t start, Py_ssize_t stop, object keep=None):
         if stop <= start:
             return None
+        cdef Py_ssize_t i
         batch = self.freeze()
         if start != 0 or stop != self.nrows:
             batch = batch.slice(start, stop - start)
@@ -213,6 +199,13 @@ cdef class _Builder:
             batch = batch.filter(pa.array(keep, pa.bool_()))
             if batch.num_rows == 0:
                 return None
+        for i in range(self.ncols):
+            # an untyped column is binary in a batch only when one of the batch's own values was not text
+            if (self.cols[i].kind == K_RAW or self.cols[i].kind == K_OTHER) and self.cols[i].nontext \
+                    and not marks_any(&self.cols[i], start, stop, keep):
+                pos = 7 + i
+                batch = batch.set_column(pos, batch.schema.field(pos).with_type(pa.string()),
+                                         batch.column(pos).cast(pa.string()))
         return ChangeBatch(self.relation, batch)
 
     cdef list subxids(self, Py_ssize_t start, Py_ssize_t stop):
@@ -223,6 +216,7 @@ cdef class _Builder:
 # ---------------------------------------------------------------------------------------------- state
 cdef class _RelInfo:
     cdef object relation
+    cdef tuple specs
     cdef Py_ssize_t ncols
     cdef _Builder builder      # shared builder for plain transactions, or None
 
@@ -254,6 +248,22 @@ cdef class _Txn:
         self.gid = None
 
 
+cdef bint marks_any(ColBuf* col, Py_ssize_t start, Py_ssize_t stop, object keep):
+    cdef Py_ssize_t r
+    for r in range(start, stop):
+        if col.marks.data[r >> 3] & (1 << (r & 7)):
+            if keep is None or keep[r - start]:
+                return True
+    return False
+
+
+cdef object utf8_text_of(Cur* c, bytes raw, Py_ssize_t at, str what, int column=-1):
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise_bad(c, at, f"{what} is not valid UTF-8", column)
+
+
 cdef str _lsn(uint64_t v):
     return f"{v >> 32:X}/{v & 0xFFFFFFFF:X}"
 
@@ -281,8 +291,17 @@ cdef class Decoder:
     cdef Py_ssize_t batch_rows
     cdef uint32_t last_relid
     cdef _RelInfo last_info
+    cdef bint typed
+    cdef readonly object type_catalog
+    cdef int internal_order           # server byte order of 'i' datums: 1 big, 0 little, -1 not announced
 
-    def __init__(self, str protocol="pgoutput", *, proto_version=None, Py_ssize_t batch_rows=DEFAULT_BATCH_ROWS):
+    def __init__(self, str protocol="pgoutput", *, proto_version=None, Py_ssize_t batch_rows=DEFAULT_BATCH_ROWS,
+                 str types="typed", type_catalog=None):
+        if types not in ("typed", "raw"):
+            raise ValueError(f"types must be 'typed' or 'raw', got {types!r}")
+        self.typed = types == "typed"
+        self.type_catalog = type_catalog
+        self.internal_order = -1
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
         if protocol not in PROTOCOLS:
@@ -379,9 +398,11 @@ cdef class Decoder:
         c.pos = 0
         c.end = length
         c.mtype = -1
+        c.start = 0
         if self.proto == SPOCK and self.spock_version == 5 and not (length and base[0] == 0x53):
             # every v5 message but the startup 'S' carries the publisher's insert LSN first
             get_u64(&c, &self.remote_insert_lsn, "the remote_insert_lsn prefix")
+        c.start = c.pos
         get_u8(&c, &t, "the message type")
         c.mtype = t
         after = self.after
@@ -478,7 +499,7 @@ cdef class Decoder:
         elif t == 0x45:  # E stream stop
             done(c)
             if self.stream is None:
-                raise_bad(c, 0, "stream stop without a stream start")
+                raise_bad(c, c.start, "stream stop without a stream start")
             self.stream = None
         elif t == 0x63:  # c stream commit
             get_u32(c, &xid, "the xid")
@@ -537,7 +558,7 @@ cdef class Decoder:
             done(c)
             self._rollback_prepared(c, gid, b)
         else:
-            raise_bad(c, 0, "unknown pgoutput message type")
+            raise_bad(c, c.start, "unknown pgoutput message type")
         return 0
 
     cdef int _native(self, Cur* c, uint8_t t, int after) except -1:
@@ -562,6 +583,7 @@ cdef class Decoder:
                 key = get_cstring(c, "a startup parameter name")
                 params[key] = get_cstring(c, f"the value of startup parameter {key!r}")
             self.startup_params = params
+            self.internal_order = _byte_order(params)
             if spock:
                 self.spock_version = _negotiated_spock_version(type_name(c.mtype), params)
             return 0
@@ -604,7 +626,7 @@ cdef class Decoder:
                 done(c)
                 if n8 == 0 or c.base[c.pos - 1] != 0:
                     raise_bad(c, c.pos - 1 if n8 else c.pos, "origin name is not NUL-terminated")
-                name = raw[:n8 - 1].decode("utf-8", "surrogateescape")
+                name = utf8_text_of(c, raw[:n8 - 1], c.pos - n8, "the origin name")
             self._origin(c, after, name)
             if spock:
                 self.after = AFTER_ORIGIN
@@ -613,7 +635,7 @@ cdef class Decoder:
             skip(c, 8, "the last commit timestamp")
             done(c)
             if after != AFTER_ORIGIN:
-                raise_bad(c, 0, "LAST-COMMIT message not right after ORIGIN")
+                raise_bad(c, c.start, "LAST-COMMIT message not right after ORIGIN")
         elif t == 0x52:  # R
             get_flags(c, 0, &flags)
             get_u32(c, &relid, "the relation id")
@@ -637,7 +659,7 @@ cdef class Decoder:
                 c.pos += n16
                 if n16 == 0 or c.base[c.pos - 1] != 0:
                     raise_bad(c, c.pos - 1 if n16 else c.pos, "column name is not NUL-terminated", i)
-                cname = c.base[c.pos - n16:c.pos - 1].decode("utf-8", "surrogateescape")
+                cname = utf8_text_of(c, c.base[c.pos - n16:c.pos - 1], c.pos - n16, "the column name", i)
                 if spock:
                     if c.end - c.pos < 4:
                         raise_truncated(c, c.pos, 4, "the type OID", i, cname)
@@ -670,11 +692,11 @@ cdef class Decoder:
             done(c)
             self._logical_message(c, transactional, a, prefix, content, 0)
         else:
-            raise_bad(c, 0, f"unknown {self.protocol} message type")
+            raise_bad(c, c.start, f"unknown {self.protocol} message type")
         return 0
 
     cdef int _need_startup(self, Cur* c) except -1:
-        raise_bad(c, 0, "spock stream must begin with the startup message 'S' "
+        raise_bad(c, c.start, "spock stream must begin with the startup message 'S' "
                         "(or build the Decoder with proto_version=4 or 5)")
 
     # ------------------------------------------------------------------ relations
@@ -688,8 +710,9 @@ cdef class Decoder:
         version = self.versions.get(relid, 0) + 1
         self.versions[relid] = version
         rel = Relation(relid, nsp, name, cols, ident, version)
-        self.relations[relid] = rel
         cdef _RelInfo info = _RelInfo.__new__(_RelInfo)
+        info.specs = column_specs(rel, self.types, self.type_catalog, self.typed)
+        self.relations[relid] = rel
         info.relation = rel
         info.ncols = len(cols)
         info.builder = None
@@ -700,9 +723,9 @@ cdef class Decoder:
     # ------------------------------------------------------------------ transactions
     cdef _Txn _begin(self, Cur* c, int kind, uint32_t xid, uint64_t final_lsn, int64_t ts):
         if self.txn is not None:
-            raise_bad(c, 0, f"BEGIN while transaction {self.txn.xid} is still open")
+            raise_bad(c, c.start, f"BEGIN while transaction {self.txn.xid} is still open")
         if self.stream is not None:
-            raise_bad(c, 0, "BEGIN inside a stream block")
+            raise_bad(c, c.start, "BEGIN inside a stream block")
         txn = _Txn(kind, xid, final_lsn, ts, self.committed_lsn)
         self.txn = txn
         self.after = AFTER_BEGIN
@@ -710,7 +733,7 @@ cdef class Decoder:
 
     cdef int _origin(self, Cur* c, int after, name) except -1:
         if after != AFTER_BEGIN:
-            raise_bad(c, 0, "ORIGIN message not right after BEGIN")
+            raise_bad(c, c.start, "ORIGIN message not right after BEGIN")
         txn = self.stream if self.stream is not None else self.txn
         (<_Txn>txn).origin = name
         return 0
@@ -718,7 +741,7 @@ cdef class Decoder:
     cdef _Txn _current(self, Cur* c):
         cdef _Txn txn = self.stream if self.stream is not None else self.txn
         if txn is None:
-            raise_bad(c, 0, "change outside a transaction")
+            raise_bad(c, c.start, "change outside a transaction")
         return txn
 
     cdef _Builder _builder(self, _Txn txn, _RelInfo info):
@@ -729,7 +752,7 @@ cdef class Decoder:
                 self._flush_shared()
                 b = None
             if b is None:
-                b = _Builder(info.relation)
+                b = _Builder(info.relation, info.specs)
                 info.builder = b
                 self.shared.append(b)
         else:
@@ -739,7 +762,7 @@ cdef class Decoder:
                 txn.pending.append(("rows", b, 0, b.nrows))
                 b = None
             if b is None:
-                b = _Builder(info.relation)
+                b = _Builder(info.relation, info.specs)
                 txn.builders[key] = b
         return b
 
@@ -795,6 +818,7 @@ cdef class Decoder:
         cdef int32_t* off
         cdef const char* p
         cdef int32_t ntoast = 0
+        cdef int rc
         cdef int32_t toast_at
         cdef unsigned char bit = 1 << (row & 7)
         cdef Py_ssize_t byte = row >> 3
@@ -809,7 +833,6 @@ cdef class Decoder:
         toast_at = (<int32_t*>b.toast_off.data)[row]
         for i in range(natts):
             col = &b.cols[i]
-            off = <int32_t*>col.offsets.data
             if c.pos >= c.end:
                 raise_truncated(c, c.pos, 1, "the value kind", i, b.names[i])
             kind = <uint8_t>c.base[c.pos]
@@ -823,26 +846,31 @@ cdef class Decoder:
                     raise_truncated(c, c.pos, n, "the value", i, b.names[i])
                 p = c.base + c.pos
                 c.pos += n
-                if kind == 0x74:
-                    if native:
-                        if n == 0 or p[n - 1] != 0:
-                            raise_bad(c, c.pos - 1 if n else c.pos, "text value is not NUL-terminated", i,
-                                      b.names[i])
-                        n -= 1
-                    if not col.nontext and not sw_utf8_valid(<const unsigned char*>p, n):
-                        col.nontext = 1
-                else:
-                    col.nontext = 1
-                pos = off[row]
-                if pos + <Py_ssize_t>n > col.data.cap:
-                    buf_grow(&col.data, pos + n)
-                memcpy(col.data.data + pos, p, n)
-                off[row + 1] = <int32_t>(pos + n)
-                col.validity.data[byte] |= bit
+                if kind == 0x74 and native:
+                    if n == 0 or p[n - 1] != 0:
+                        raise_bad(c, c.pos - 1 if n else c.pos, "text value is not NUL-terminated", i,
+                                  b.names[i])
+                    n -= 1
                 b.nbytes += n
+                if col.kind == K_RAW or col.kind == K_OTHER:
+                    if kind != 0x74 or not sw_utf8_valid(<const unsigned char*>p, n):
+                        col.marks.data[byte] |= bit
+                    else:
+                        col.marks.data[byte] &= ~bit
+                    off = <int32_t*>col.offsets.data
+                    pos = off[row]
+                    if pos + <Py_ssize_t>n > col.data.cap:
+                        buf_grow(&col.data, pos + n)
+                    memcpy(col.data.data + pos, p, n)
+                    off[row + 1] = <int32_t>(pos + n)
+                    col.validity.data[byte] |= bit
+                else:
+                    rc = append_value(col, row, kind, p, n, self.internal_order)
+                    if rc:
+                        raise_bad(c, p - c.base, value_problem(rc, kind, p[:n], b.specs[i].type_name), i,
+                                  b.names[i])
             elif kind == 0x6E or kind == 0x75:  # n u
-                off[row + 1] = off[row]
-                col.validity.data[byte] &= ~bit
+                set_null(col, row)
                 if kind == 0x75:
                     if (toast_at + ntoast + 1) * 2 > b.toast_idx.cap:
                         buf_grow(&b.toast_idx, (toast_at + ntoast + 1) * 2)
@@ -966,9 +994,9 @@ cdef class Decoder:
         cdef _Txn txn = self.txn
         cdef _Builder b
         if txn is None or txn.kind != PLAIN:
-            raise_bad(c, 0, "COMMIT outside a transaction")
+            raise_bad(c, c.start, "COMMIT outside a transaction")
         if commit_lsn != txn.final_lsn:
-            raise_bad(c, 1, f"commit LSN {_lsn(commit_lsn)} does not match the BEGIN's final "
+            raise_bad(c, c.start + 2, f"commit LSN {_lsn(commit_lsn)} does not match the BEGIN's final "
                             f"LSN {_lsn(txn.final_lsn)}")
         self.txn = None
         # rows before its last truncate/message were cut into pending; later rows stay in the shared builders
@@ -982,28 +1010,28 @@ cdef class Decoder:
     cdef int _stream_start(self, Cur* c, uint32_t xid, uint8_t first) except -1:
         cdef _Txn txn
         if self.stream is not None:
-            raise_bad(c, 0, "stream start inside a stream block")
+            raise_bad(c, c.start, "stream start inside a stream block")
         if self.txn is not None:
-            raise_bad(c, 0, f"stream start while transaction {self.txn.xid} is open")
+            raise_bad(c, c.start, f"stream start while transaction {self.txn.xid} is open")
         if first > 1:
-            raise_bad(c, 5, f"first-segment flag must be 0 or 1, got {first}")
+            raise_bad(c, c.start + 5, f"first-segment flag must be 0 or 1, got {first}")
         txn = self.streams.get(xid)
         if first:
             if txn is not None:
-                raise_bad(c, 1, f"first stream segment for transaction {xid}, which is already open")
+                raise_bad(c, c.start + 1, f"first stream segment for transaction {xid}, which is already open")
             txn = _Txn(STREAM, xid, 0, 0, self.committed_lsn)
             self.streams[xid] = txn
             self.after = AFTER_BEGIN
         elif txn is None:
-            raise_bad(c, 1, f"stream segment for transaction {xid}, which never started")
+            raise_bad(c, c.start + 1, f"stream segment for transaction {xid}, which never started")
         self.stream = txn
         return 0
 
     cdef int _outside_stream(self, Cur* c) except -1:
         if self.stream is not None:
-            raise_bad(c, 0, "message not allowed inside a stream block")
+            raise_bad(c, c.start, "message not allowed inside a stream block")
         if self.txn is not None:
-            raise_bad(c, 0, f"message not allowed while transaction {self.txn.xid} is open")
+            raise_bad(c, c.start, f"message not allowed while transaction {self.txn.xid} is open")
         return 0
 
     cdef int _stream_commit(self, Cur* c, uint32_t xid, uint64_t commit_lsn, uint64_t end_lsn,
@@ -1011,7 +1039,7 @@ cdef class Decoder:
         self._outside_stream(c)
         txn = self.streams.pop(xid, None)
         if txn is None:
-            raise_bad(c, 1, f"stream commit of transaction {xid}, which was never streamed")
+            raise_bad(c, c.start + 1, f"stream commit of transaction {xid}, which was never streamed")
         self._release(txn, commit_lsn, ts)
         self.last_commit_end = end_lsn
         return 0
@@ -1032,7 +1060,7 @@ cdef class Decoder:
         self._outside_stream(c)
         txn = self.streams.pop(xid, None)
         if txn is None:
-            raise_bad(c, 1, f"stream prepare of transaction {xid}, which was never streamed")
+            raise_bad(c, c.start + 25, f"stream prepare of transaction {xid}, which was never streamed")
         txn.kind = PREPARED
         txn.gid = gid
         self.prepared[gid] = txn
@@ -1041,9 +1069,9 @@ cdef class Decoder:
     cdef int _prepare(self, Cur* c, uint32_t xid, gid) except -1:
         cdef _Txn txn = self.txn
         if txn is None or txn.kind != PREPARED:
-            raise_bad(c, 0, "PREPARE without BEGIN PREPARE")
+            raise_bad(c, c.start, "PREPARE without BEGIN PREPARE")
         if txn.xid != xid or txn.gid != gid:
-            raise_bad(c, 0, f"PREPARE of transaction {xid} ({gid!r}) inside transaction {txn.xid} ({txn.gid!r})")
+            raise_bad(c, c.start, f"PREPARE of transaction {xid} ({gid!r}) inside transaction {txn.xid} ({txn.gid!r})")
         self.txn = None
         self.prepared[gid] = txn
         return 0
@@ -1053,7 +1081,7 @@ cdef class Decoder:
         self._outside_stream(c)
         txn = self.prepared.pop(gid, None)
         if txn is None:
-            raise_bad(c, 0, f"COMMIT PREPARED of {gid!r}, which was never prepared in this stream")
+            raise_bad(c, c.start, f"COMMIT PREPARED of {gid!r}, which was never prepared in this stream")
         self._release(txn, commit_lsn, ts)
         self.last_commit_end = end_lsn
         return 0
@@ -1072,7 +1100,7 @@ cdef object _native_name(Cur* c, str what):
     c.pos += n
     if n == 0 or c.base[c.pos - 1] != 0:
         raise_bad(c, c.pos - 1 if n else c.pos, f"{what} is not NUL-terminated")
-    return c.base[c.pos - n:c.pos - 1].decode("utf-8", "surrogateescape")
+    return utf8_text_of(c, c.base[c.pos - n:c.pos - 1], c.pos - n, what)
 
 
 def _negotiated_spock_version(mtype, dict params):
@@ -1090,3 +1118,11 @@ def _negotiated_spock_version(mtype, dict params):
     if version not in (2, 3, 4, 5):
         raise protocol_error(mtype, 0, f"unsupported spock proto_version {text!r} in the startup message")
     return version
+
+
+def _byte_order(dict params):
+    """1 when the startup message says the server is big-endian, 0 little-endian, -1 when it does not say."""
+    value = params.get("binary.bigendian")
+    if value is None:
+        return -1
+    return 1 if value.strip().lower() in ("t", "true", "1", "on", "yes") else 0

@@ -15,6 +15,9 @@ from ..errors import FrameError, ProtocolError, protocol_error, truncated
 from ..export.arrow import finish_batch
 from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_EPOCH_OFFSET_US, \
     pg_timestamp_to_datetime
+from ..values._convert_py import ValueFailure, build_array, decode_value
+from ..values.catalog import ColumnSpec, column_specs
+from ..values.failures import value_problem
 
 __all__ = ["Decoder", "IMPLEMENTATION"]
 
@@ -51,13 +54,14 @@ def _type_name(code: int) -> str:
 class _Reader:
     """A bounds-checked cursor over one message. Offsets are relative to the message start."""
 
-    __slots__ = ("buf", "pos", "end", "mtype")
+    __slots__ = ("buf", "pos", "end", "mtype", "start")
 
     def __init__(self, buf: memoryview, pos: int, end: int) -> None:
         self.buf = buf
         self.pos = pos
         self.end = end
         self.mtype: str | None = None
+        self.start = 0          # offset of the message type byte (8 after a spock v5 prefix)
 
     def need(self, n: int, what: str, column: int | None = None, name: str | None = None) -> None:
         remaining = self.end - self.pos
@@ -117,7 +121,13 @@ class _Reader:
             raise truncated(self.mtype, start, end - start + 1, end - start, what + " (no terminating NUL)",
                             column, name)
         self.pos = i + 1
-        return _text(bytes(buf[start:i]))
+        return self.utf8(bytes(buf[start:i]), start, what, column, name)
+
+    def utf8(self, raw: bytes, at: int, what: str, column: int | None = None, name: str | None = None) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise protocol_error(self.mtype, at, f"{what} is not valid UTF-8", column, name) from None
 
     def expect(self, byte: int, what: str) -> None:
         got = self.u8(what)
@@ -136,18 +146,15 @@ class _Reader:
             raise protocol_error(self.mtype, self.pos, f"{self.end - self.pos} trailing bytes after the message")
 
 
-def _text(raw: bytes) -> str:
-    return raw.decode("utf-8", "surrogateescape")
-
-
 class _Builder:
     """Rows of one relation version, column by column (the twin keeps Python lists; C keeps Arrow buffers)."""
 
-    __slots__ = ("relation", "ncols", "change", "lsn", "ts", "xid", "seq", "origin", "toast", "subxid",
-                 "values", "nontext", "committed", "nbytes")
+    __slots__ = ("relation", "specs", "ncols", "change", "lsn", "ts", "xid", "seq", "origin", "toast", "subxid",
+                 "values", "marks", "committed", "nbytes")
 
-    def __init__(self, relation: Relation) -> None:
+    def __init__(self, relation: Relation, specs: tuple[ColumnSpec, ...]) -> None:
         self.relation = relation
+        self.specs = specs
         self.ncols = len(relation.columns)
         self.change: list[int] = []
         self.lsn: list[int] = []
@@ -157,8 +164,9 @@ class _Builder:
         self.origin: list[str | None] = []
         self.toast: list[list[int] | None] = []
         self.subxid: list[int] = []
-        self.values: list[list[bytes | None]] = [[] for _ in range(self.ncols)]
-        self.nontext = [False] * self.ncols
+        self.values: list[list[Any]] = [[] for _ in range(self.ncols)]
+        # untyped columns: per row, True when the value did not arrive as UTF-8 text (decides string vs binary)
+        self.marks: list[list[bool] | None] = [[] if spec.is_raw else None for spec in specs]
         self.committed = 0
         self.nbytes = 0
 
@@ -171,6 +179,9 @@ class _Builder:
             del lst[n:]
         for col in self.values:
             del col[n:]
+        for marks in self.marks:
+            if marks is not None:
+                del marks[n:]
 
     def fill_commit(self, start: int, lsn: int, ts: int) -> None:
         for i in range(start, self.nrows):
@@ -199,7 +210,10 @@ class _Builder:
         values = []
         for c in range(self.ncols):
             col = pick(self.values[c])
-            if self.nontext[c]:
+            marks = self.marks[c]
+            if marks is None:
+                values.append(build_array(self.specs[c], col))
+            elif any(pick(marks)):
                 values.append(pa.array(col, pa.binary()))
             else:
                 values.append(pa.array([None if v is None else v.decode("utf-8") for v in col], pa.string()))
@@ -241,7 +255,13 @@ class Decoder:
     """Decodes one logical-replication stream (pgoutput, pglogical or spock) into committed change events."""
 
     def __init__(self, protocol: str = "pgoutput", *, proto_version: int | None = None,
-                 batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
+                 batch_rows: int = DEFAULT_BATCH_ROWS, types: str = "typed", type_catalog: Any = None) -> None:
+        if types not in ("typed", "raw"):
+            raise ValueError(f"types must be 'typed' or 'raw', got {types!r}")
+        self._typed = types == "typed"
+        self.type_catalog = type_catalog
+        self._big_endian: bool | None = None
+        self._specs: dict[int, tuple[ColumnSpec, ...]] = {}
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
         self._batch_rows = batch_rows
@@ -319,6 +339,7 @@ class Decoder:
         if self._proto == _SPOCK and self._spock_version == 5 and not (r.end and r.buf[0] == 0x53):
             # every v5 message but the startup 'S' carries the publisher's insert LSN first
             self.remote_insert_lsn = r.u64("the remote_insert_lsn prefix")
+        r.start = r.pos
         t = r.u8("the message type")
         r.mtype = _type_name(t)
         after = self._after
@@ -397,7 +418,7 @@ class Decoder:
         elif t == 0x45:  # E stream stop
             r.done()
             if self._stream is None:
-                raise protocol_error(r.mtype, 0, "stream stop without a stream start")
+                raise protocol_error(r.mtype, r.start, "stream stop without a stream start")
             self._stream = None
         elif t == 0x63:  # c stream commit
             xid = r.u32("the xid")
@@ -462,7 +483,7 @@ class Decoder:
             r.done()
             self._stream_prepare(r, xid, gid)
         else:
-            raise protocol_error(r.mtype, 0, "unknown pgoutput message type")
+            raise protocol_error(r.mtype, r.start, "unknown pgoutput message type")
 
     def _native(self, t: int, r: _Reader, after: int) -> None:
         spock = self._proto == _SPOCK
@@ -475,11 +496,12 @@ class Decoder:
                 key = r.cstring("a startup parameter name")
                 params[key] = r.cstring(f"the value of startup parameter {key!r}")
             self.startup_params = params
+            self._big_endian = _byte_order(params)
             if spock:
                 self._spock_version = _negotiated_spock_version(r, params)
             return
         if spock and self._spock_version is None:
-            raise protocol_error(r.mtype, 0, "spock stream must begin with the startup message 'S' "
+            raise protocol_error(r.mtype, r.start, "spock stream must begin with the startup message 'S' "
                                              "(or build the Decoder with proto_version=4 or 5)")
         if t == 0x42:  # B
             r.flags(0)
@@ -517,7 +539,7 @@ class Decoder:
                 if n == 0 or raw[-1] != 0:
                     raise protocol_error(r.mtype, r.pos - 1 if n else r.pos,
                                          "origin name is not NUL-terminated")
-                name = _text(raw[:-1])
+                name = r.utf8(raw[:-1], r.pos - n, "the origin name")
             self._origin(r, after, name)
             if spock:
                 self._after = _AFTER_ORIGIN
@@ -526,7 +548,7 @@ class Decoder:
             r.i64("the last commit timestamp")
             r.done()
             if after != _AFTER_ORIGIN:
-                raise protocol_error(r.mtype, 0, "LAST-COMMIT message not right after ORIGIN")
+                raise protocol_error(r.mtype, r.start, "LAST-COMMIT message not right after ORIGIN")
         elif t == 0x52:  # R
             r.flags(0)
             relid = r.u32("the relation id")
@@ -545,7 +567,7 @@ class Decoder:
                 raw = r.take(n, "the column name", i)
                 if n == 0 or raw[-1] != 0:
                     raise protocol_error(r.mtype, r.pos - 1 if n else r.pos, "column name is not NUL-terminated", i)
-                cname = _text(raw[:-1])
+                cname = r.utf8(raw[:-1], r.pos - n, "the column name", i)
                 if spock:
                     typoid = r.u32("the type OID", i, cname)
                     typmod = r.i32("the type modifier", i, cname)
@@ -573,7 +595,7 @@ class Decoder:
             r.done()
             self._logical_message(r, bool(transactional), lsn, prefix, content, 0)
         else:
-            raise protocol_error(r.mtype, 0, f"unknown {self.protocol} message type")
+            raise protocol_error(r.mtype, r.start, f"unknown {self.protocol} message type")
 
     @staticmethod
     def _native_name(r: _Reader, what: str) -> str:
@@ -581,7 +603,7 @@ class Decoder:
         raw = r.take(n, what)
         if n == 0 or raw[-1] != 0:
             raise protocol_error(r.mtype, r.pos - 1 if n else r.pos, f"{what} is not NUL-terminated")
-        return _text(raw[:-1])
+        return r.utf8(raw[:-1], r.pos - n, what)
 
     # ------------------------------------------------------------------ relations
     def _stream_xid(self, r: _Reader) -> int:
@@ -592,14 +614,16 @@ class Decoder:
     def _relation(self, relid: int, nsp: str, name: str, cols: tuple, ident: str | None) -> None:
         version = self._versions.get(relid, 0) + 1
         self._versions[relid] = version
-        self.relations[relid] = Relation(relid, nsp, name, cols, ident, version)
+        rel = Relation(relid, nsp, name, cols, ident, version)
+        self._specs[id(rel)] = column_specs(rel, self.types, self.type_catalog, self._typed)
+        self.relations[relid] = rel
 
     # ------------------------------------------------------------------ transactions
     def _begin(self, r: _Reader, kind: int, xid: int, final_lsn: int, ts: int) -> _Txn:
         if self._txn is not None:
-            raise protocol_error(r.mtype, 0, f"BEGIN while transaction {self._txn.xid} is still open")
+            raise protocol_error(r.mtype, r.start, f"BEGIN while transaction {self._txn.xid} is still open")
         if self._stream is not None:
-            raise protocol_error(r.mtype, 0, "BEGIN inside a stream block")
+            raise protocol_error(r.mtype, r.start, "BEGIN inside a stream block")
         txn = _Txn(kind, xid, final_lsn, ts, self.committed_lsn)
         self._txn = txn
         self._after = _AFTER_BEGIN
@@ -607,14 +631,14 @@ class Decoder:
 
     def _origin(self, r: _Reader, after: int, name: str | None) -> None:
         if after != _AFTER_BEGIN:
-            raise protocol_error(r.mtype, 0, "ORIGIN message not right after BEGIN")
+            raise protocol_error(r.mtype, r.start, "ORIGIN message not right after BEGIN")
         txn = self._stream if self._stream is not None else self._txn
         txn.origin = name
 
     def _current(self, r: _Reader) -> _Txn:
         txn = self._stream if self._stream is not None else self._txn
         if txn is None:
-            raise protocol_error(r.mtype, 0, "change outside a transaction")
+            raise protocol_error(r.mtype, r.start, "change outside a transaction")
         return txn
 
     def _builder(self, txn: _Txn, rel: Relation) -> _Builder:
@@ -624,14 +648,14 @@ class Decoder:
                 self._flush_shared()
                 b = None
             if b is None:
-                b = self._shared[id(rel)] = _Builder(rel)
+                b = self._shared[id(rel)] = _Builder(rel, self._specs[id(rel)])
         else:
             b = txn.builders.get(id(rel))
             if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES):
                 txn.pending.append(("rows", b, 0, b.nrows))
                 b = None
             if b is None:
-                b = txn.builders[id(rel)] = _Builder(rel)
+                b = txn.builders[id(rel)] = _Builder(rel, self._specs[id(rel)])
         return b
 
     def _row_message(self, r: _Reader, t: int, sub: int) -> None:
@@ -678,36 +702,38 @@ class Decoder:
         cols = b.relation.columns
         toast: list[int] | None = None
         values = b.values
+        specs = b.specs
         for i in range(natts):
             name = cols[i].name
             kind = r.u8("the value kind", i, name)
-            if kind == 0x6E:  # n
+            if kind == 0x6E or kind == 0x75:  # n, u
                 values[i].append(None)
-            elif kind == 0x75:  # u
-                values[i].append(None)
-                if toast is None:
-                    toast = []
-                toast.append(i)
-            elif kind == 0x74:  # t
+                if b.marks[i] is not None:
+                    b.marks[i].append(False)
+                if kind == 0x75:
+                    if toast is None:
+                        toast = []
+                    toast.append(i)
+            elif kind == 0x74 or kind == 0x62 or (kind == 0x69 and native):  # t, b, i
                 n = r.u32("the value length", i, name)
                 v = r.take(n, "the value", i, name)
-                if native:
+                start = r.pos - n
+                if kind == 0x74 and native:
                     if n == 0 or v[-1] != 0:
                         raise protocol_error(r.mtype, r.pos - 1 if n else r.pos,
                                              "text value is not NUL-terminated", i, name)
                     v = v[:-1]
-                if not b.nontext[i]:
+                b.nbytes += len(v)
+                spec = specs[i]
+                if b.marks[i] is not None:
+                    values[i].append(v)
+                    b.marks[i].append(kind != 0x74 or not _is_utf8(v))
+                else:
                     try:
-                        v.decode("utf-8")
-                    except UnicodeDecodeError:
-                        b.nontext[i] = True
-                values[i].append(v)
-                b.nbytes += n
-            elif kind == 0x62 or (kind == 0x69 and native):  # b, i
-                n = r.u32("the value length", i, name)
-                values[i].append(r.take(n, "the value", i, name))
-                b.nontext[i] = True
-                b.nbytes += n
+                        values[i].append(decode_value(spec, kind, v, self._big_endian))
+                    except ValueFailure as failure:
+                        raise protocol_error(r.mtype, start, value_problem(failure.code, kind, v, spec.type_name),
+                                             i, name) from None
             else:
                 raise protocol_error(r.mtype, r.pos - 1, f"unknown value kind {_type_name(kind)!r}", i, name)
         b.change.append(change)
@@ -799,9 +825,9 @@ class Decoder:
     def _commit_plain(self, r: _Reader, commit_lsn: int, end_lsn: int, ts: int) -> None:
         txn = self._txn
         if txn is None or txn.kind != _PLAIN:
-            raise protocol_error(r.mtype, 0, "COMMIT outside a transaction")
+            raise protocol_error(r.mtype, r.start, "COMMIT outside a transaction")
         if commit_lsn != txn.final_lsn:
-            raise protocol_error(r.mtype, 1, f"commit LSN {_lsn(commit_lsn)} does not match the BEGIN's final "
+            raise protocol_error(r.mtype, r.start + 2, f"commit LSN {_lsn(commit_lsn)} does not match the BEGIN's final "
                                              f"LSN {_lsn(txn.final_lsn)}")
         self._txn = None
         # rows before its last truncate/message were cut into pending; later rows stay in the shared builders
@@ -812,26 +838,26 @@ class Decoder:
 
     def _stream_start(self, r: _Reader, xid: int, first: int) -> None:
         if self._stream is not None:
-            raise protocol_error(r.mtype, 0, "stream start inside a stream block")
+            raise protocol_error(r.mtype, r.start, "stream start inside a stream block")
         if self._txn is not None:
-            raise protocol_error(r.mtype, 0, f"stream start while transaction {self._txn.xid} is open")
+            raise protocol_error(r.mtype, r.start, f"stream start while transaction {self._txn.xid} is open")
         if first > 1:
-            raise protocol_error(r.mtype, 5, f"first-segment flag must be 0 or 1, got {first}")
+            raise protocol_error(r.mtype, r.start + 5, f"first-segment flag must be 0 or 1, got {first}")
         txn = self._streams.get(xid)
         if first:
             if txn is not None:
-                raise protocol_error(r.mtype, 1, f"first stream segment for transaction {xid}, which is already open")
+                raise protocol_error(r.mtype, r.start + 1, f"first stream segment for transaction {xid}, which is already open")
             txn = self._streams[xid] = _Txn(_STREAM, xid, 0, 0, self.committed_lsn)
             self._after = _AFTER_BEGIN
         elif txn is None:
-            raise protocol_error(r.mtype, 1, f"stream segment for transaction {xid}, which never started")
+            raise protocol_error(r.mtype, r.start + 1, f"stream segment for transaction {xid}, which never started")
         self._stream = txn
 
     def _stream_commit(self, r: _Reader, xid: int, commit_lsn: int, end_lsn: int, ts: int) -> None:
         self._outside_stream(r)
         txn = self._streams.pop(xid, None)
         if txn is None:
-            raise protocol_error(r.mtype, 1, f"stream commit of transaction {xid}, which was never streamed")
+            raise protocol_error(r.mtype, r.start + 1, f"stream commit of transaction {xid}, which was never streamed")
         self._release(txn, commit_lsn, ts)
         self._last_commit_end = end_lsn
 
@@ -849,23 +875,23 @@ class Decoder:
         self._outside_stream(r)
         txn = self._streams.pop(xid, None)
         if txn is None:
-            raise protocol_error(r.mtype, 1, f"stream prepare of transaction {xid}, which was never streamed")
+            raise protocol_error(r.mtype, r.start + 25, f"stream prepare of transaction {xid}, which was never streamed")
         txn.kind = _PREPARED
         txn.gid = gid
         self._prepared[gid] = txn
 
     def _outside_stream(self, r: _Reader) -> None:
         if self._stream is not None:
-            raise protocol_error(r.mtype, 0, "message not allowed inside a stream block")
+            raise protocol_error(r.mtype, r.start, "message not allowed inside a stream block")
         if self._txn is not None:
-            raise protocol_error(r.mtype, 0, f"message not allowed while transaction {self._txn.xid} is open")
+            raise protocol_error(r.mtype, r.start, f"message not allowed while transaction {self._txn.xid} is open")
 
     def _prepare(self, r: _Reader, xid: int, gid: str) -> None:
         txn = self._txn
         if txn is None or txn.kind != _PREPARED:
-            raise protocol_error(r.mtype, 0, "PREPARE without BEGIN PREPARE")
+            raise protocol_error(r.mtype, r.start, "PREPARE without BEGIN PREPARE")
         if txn.xid != xid or txn.gid != gid:
-            raise protocol_error(r.mtype, 0, f"PREPARE of transaction {xid} ({gid!r}) inside transaction "
+            raise protocol_error(r.mtype, r.start, f"PREPARE of transaction {xid} ({gid!r}) inside transaction "
                                              f"{txn.xid} ({txn.gid!r})")
         self._txn = None
         self._prepared[gid] = txn
@@ -874,7 +900,7 @@ class Decoder:
         self._outside_stream(r)
         txn = self._prepared.pop(gid, None)
         if txn is None:
-            raise protocol_error(r.mtype, 0, f"COMMIT PREPARED of {gid!r}, which was never prepared in this stream")
+            raise protocol_error(r.mtype, r.start, f"COMMIT PREPARED of {gid!r}, which was never prepared in this stream")
         self._release(txn, commit_lsn, ts)
         self._last_commit_end = end_lsn
 
@@ -900,5 +926,21 @@ def _negotiated_spock_version(r: _Reader, params: dict[str, str]) -> int:
     except ValueError:
         version = -1
     if version not in (2, 3, 4, 5):
-        raise protocol_error(r.mtype, 0, f"unsupported spock proto_version {text!r} in the startup message")
+        raise protocol_error(r.mtype, r.start, f"unsupported spock proto_version {text!r} in the startup message")
     return version
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _byte_order(params: dict[str, str]) -> bool | None:
+    """True when the startup message says the server is big-endian, False little-endian, None when it does not."""
+    value = params.get("binary.bigendian")
+    if value is None:
+        return None
+    return value.strip().lower() in ("t", "true", "1", "on", "yes")

@@ -4,6 +4,8 @@
 #include <stdint.h>
 #include <string.h>
 
+typedef __int128 sw_int128;
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
 #define SW_BE16(x) (x)
 #define SW_BE32(x) (x)

@@ -1,0 +1,322 @@
+"""Column types: from a PostgreSQL type OID (and type modifier) to a value kind and its Arrow type.
+
+Both decoder implementations ask `column_specs()` once per relation version and then decode every value of a
+column with the kind it returns. The mapping:
+
+| PostgreSQL | kind | Arrow |
+|---|---|---|
+| bool | BOOL | bool |
+| int2, int4, int8, oid | INT2, INT4, INT8, OID | int16, int32, int64, uint32 |
+| float4, float8 | FLOAT4, FLOAT8 | float32, float64 (NaN, ±Infinity kept) |
+| numeric(p,s), p <= 38 | DECIMAL | decimal128(p, s) (negative scale s: decimal128(p-s, 0); s > p: decimal128(s, s)) |
+| numeric without typmod, or p > 38 | NUMERIC_TEXT | string, PostgreSQL's exact text (NaN, Infinity, -Infinity kept as text) |
+| text, varchar, bpchar, name, char, citext, xml | TEXT | string |
+| json, jsonb | JSON, JSONB | string (jsonb binary format: version byte 1 dropped) |
+| bytea | BYTEA | binary |
+| date | DATE | date32 (±infinity: int32 max/min) |
+| timestamp, timestamptz | TIMESTAMP, TIMESTAMPTZ | timestamp[us], timestamp[us, UTC] (±infinity: int64 max/min) |
+| time | TIME | time64[us] |
+| timetz | TIMETZ | string, PostgreSQL's exact text form (e.g. `04:05:06.5+05:30`) |
+| interval | INTERVAL | month_day_nano_interval |
+| uuid | UUID | fixed_size_binary(16) |
+| enums | ENUM | dictionary<int32, string> |
+| domains | their base type | |
+| 1-D arrays of the above | ARRAY | list<element type> (lower bounds are not kept) |
+| anything else | OTHER | string from the text form; binary from the binary form |
+
+Without type information (pglogical sends none and no catalog was given) columns are RAW: string when every
+value arrived as valid UTF-8 text, binary otherwise — never guessed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import pyarrow as pa
+
+from ..errors import SpockwireError
+from ..model import Relation
+
+__all__ = [
+    "ColumnSpec", "column_specs", "TypeInfo", "TypeCatalog", "StaticTypeCatalog", "PostgresTypeCatalog",
+    "BUILTIN_TYPES", "KIND_NAMES", "TypeCatalogError",
+]
+
+# value kinds (the Cython decoder uses the same numbers)
+RAW, BOOL, INT2, INT4, INT8, OID, FLOAT4, FLOAT8, DECIMAL, NUMERIC_TEXT, TEXT, JSON, JSONB, BYTEA, DATE, \
+    TIMESTAMP, TIMESTAMPTZ, TIME, TIMETZ, INTERVAL, UUID, ENUM, ARRAY, OTHER = range(24)
+
+KIND_NAMES = ("raw", "bool", "int2", "int4", "int8", "oid", "float4", "float8", "numeric", "numeric", "text",
+              "json", "jsonb", "bytea", "date", "timestamp", "timestamptz", "time", "timetz", "interval", "uuid",
+              "enum", "array", "other")
+
+# builtin type OID -> (name, kind); array type OID -> element OID
+BUILTIN_TYPES: dict[int, tuple[str, int]] = {
+    16: ("bool", BOOL), 17: ("bytea", BYTEA), 18: ("char", TEXT), 19: ("name", TEXT), 20: ("int8", INT8),
+    21: ("int2", INT2), 23: ("int4", INT4), 25: ("text", TEXT), 26: ("oid", OID), 114: ("json", JSON),
+    142: ("xml", TEXT), 700: ("float4", FLOAT4), 701: ("float8", FLOAT8), 1042: ("bpchar", TEXT),
+    1043: ("varchar", TEXT), 1082: ("date", DATE), 1083: ("time", TIME), 1114: ("timestamp", TIMESTAMP),
+    1184: ("timestamptz", TIMESTAMPTZ), 1186: ("interval", INTERVAL), 1266: ("timetz", TIMETZ),
+    1700: ("numeric", DECIMAL), 2950: ("uuid", UUID), 3802: ("jsonb", JSONB),
+}
+ARRAY_TYPES: dict[int, int] = {
+    1000: 16, 1001: 17, 1002: 18, 1003: 19, 1016: 20, 1005: 21, 1007: 23, 1009: 25, 1028: 26, 199: 114,
+    143: 142, 1021: 700, 1022: 701, 1014: 1042, 1015: 1043, 1182: 1082, 1183: 1083, 1115: 1114, 1185: 1184,
+    1187: 1186, 1270: 1266, 1231: 1700, 2951: 2950, 3807: 3802,
+}
+_BY_NAME = {name: oid for oid, (name, _kind) in BUILTIN_TYPES.items()}
+_BY_NAME.update({"_" + BUILTIN_TYPES[elem][0]: arr for arr, elem in ARRAY_TYPES.items()})
+_BY_NAME.update({"boolean": 16, "smallint": 21, "integer": 23, "bigint": 20, "real": 700,
+                 "double precision": 701, "character varying": 1043, "character": 1042,
+                 "timestamp without time zone": 1114, "timestamp with time zone": 1184,
+                 "time without time zone": 1083, "time with time zone": 1266, "decimal": 1700})
+
+# bytes of the internal ('i') representation of by-value / fixed-length types that can be read safely
+INTERNAL_SIZES = {BOOL: 1, INT2: 2, INT4: 4, INT8: 8, OID: 4, FLOAT4: 4, FLOAT8: 8, DATE: 4, TIMESTAMP: 8,
+                  TIMESTAMPTZ: 8, TIME: 8, UUID: 16}
+
+
+class TypeCatalogError(SpockwireError):
+    """The upstream catalog could not be read, or does not describe a replicated relation."""
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """How one column's values are decoded: kind, Arrow type and the parameters the kind needs."""
+
+    kind: int
+    type_name: str
+    arrow_type: pa.DataType | None          # None for RAW/OTHER: string or binary depending on what arrives
+    precision: int = 0
+    scale: int = 0
+    element: "ColumnSpec | None" = None
+
+    @property
+    def is_raw(self) -> bool:
+        return self.kind in (RAW, OTHER)
+
+
+@dataclass(frozen=True)
+class TypeInfo:
+    """What a catalog knows of one type: enough to resolve domains, enums and arrays."""
+
+    oid: int
+    name: str
+    typtype: str = "b"            # b base, d domain, e enum, c composite, r range, m multirange, p pseudo
+    base_oid: int = 0             # domains: the underlying type
+    base_typmod: int = -1         # domains: the underlying type's modifier
+    element_oid: int = 0          # arrays: the element type
+    category: str = ""            # pg_type.typcategory ('A' for arrays)
+
+
+class TypeCatalog(Protocol):
+    """Where column types come from when the stream does not carry them (pglogical) or to resolve user types."""
+
+    def type_info(self, oid: int) -> TypeInfo | None: ...
+
+    def column_types(self, relation: Relation) -> Sequence[tuple[int, int]] | None: ...
+
+
+@dataclass
+class StaticTypeCatalog:
+    """Column types given by the user: `{"public.orders": {"id": "int8", "total": "numeric(12,2)"}}`.
+
+    Type names are builtin names (`int4`, `numeric(12,2)`, `timestamptz`, `text[]`, ...); also accepted are
+    `(oid, typmod)` pairs. Columns not listed stay untyped (RAW).
+    """
+
+    tables: Mapping[str, Mapping[str, Any]]
+    types: Mapping[int, TypeInfo] = field(default_factory=dict)
+
+    def type_info(self, oid: int) -> TypeInfo | None:
+        return self.types.get(oid)
+
+    def column_types(self, relation: Relation) -> Sequence[tuple[int, int]] | None:
+        table = self.tables.get(relation.qualified_name)
+        if table is None:
+            return None
+        return [parse_type_name(table[c.name]) if c.name in table else (0, -1) for c in relation.columns]
+
+
+def parse_type_name(spec: Any) -> tuple[int, int]:
+    """`"numeric(12,2)"` -> (1700, typmod); `"int4[]"` -> (1007, -1); `(oid, typmod)` passes through."""
+    if isinstance(spec, tuple):
+        return int(spec[0]), int(spec[1])
+    if isinstance(spec, int):
+        return spec, -1
+    text = str(spec).strip().lower()
+    is_array = text.endswith("[]")
+    if is_array:
+        text = text[:-2].strip()
+    typmod = -1
+    if "(" in text and text.endswith(")"):
+        base, args = text[:-1].split("(", 1)
+        text = base.strip()
+        nums = [int(a) for a in args.split(",")]
+        if text in ("numeric", "decimal"):
+            precision, scale = nums[0], (nums[1] if len(nums) > 1 else 0)
+            typmod = ((precision << 16) | (scale & 0x7FF)) + 4
+        elif text in ("varchar", "bpchar", "character varying", "character"):
+            typmod = nums[0] + 4
+        else:
+            typmod = nums[0]
+    oid = _BY_NAME.get(text)
+    if oid is None:
+        raise ValueError(f"unknown type name {spec!r}")
+    if is_array:
+        arrays = {elem: arr for arr, elem in ARRAY_TYPES.items()}
+        oid = arrays[oid]
+    return oid, typmod
+
+
+class PostgresTypeCatalog:
+    """Types loaded from the upstream catalog (`pg_attribute`, `pg_type`) over a normal connection, cached.
+
+    The cache of a relation is keyed by its relation id and version, so a new Relation message (after DDL)
+    reloads it.
+    """
+
+    def __init__(self, dsn: str, *, connect: Callable[[str], Any] | None = None) -> None:
+        self.dsn = dsn
+        self._connect = connect
+        self._conn: Any = None
+        self._types: dict[int, TypeInfo | None] = {}
+        self._columns: dict[tuple[int, int], list[tuple[int, int]] | None] = {}
+
+    def _cursor(self) -> Any:
+        if self._conn is None or getattr(self._conn, "closed", 0):
+            try:
+                if self._connect is not None:
+                    self._conn = self._connect(self.dsn)
+                else:
+                    import psycopg2
+                    self._conn = psycopg2.connect(self.dsn)
+                self._conn.autocommit = True
+            except Exception as exc:  # noqa: BLE001 - any driver error is a catalog error here
+                raise TypeCatalogError(f"cannot connect to the upstream catalog: {exc}") from exc
+        return self._conn.cursor()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def type_info(self, oid: int) -> TypeInfo | None:
+        if oid not in self._types:
+            with self._cursor() as cur:
+                cur.execute("SELECT t.oid, t.typname, t.typtype, t.typbasetype, t.typtypmod, t.typelem, "
+                            "t.typcategory FROM pg_type t WHERE t.oid = %s", (oid,))
+                row = cur.fetchone()
+            self._types[oid] = None if row is None else TypeInfo(int(row[0]), row[1], row[2], int(row[3]),
+                                                                 int(row[4]), int(row[5]), row[6])
+        return self._types[oid]
+
+    def column_types(self, relation: Relation) -> Sequence[tuple[int, int]] | None:
+        key = (relation.relid, relation.version)
+        if key not in self._columns:
+            with self._cursor() as cur:
+                cur.execute("SELECT a.attname, a.atttypid, a.atttypmod FROM pg_attribute a "
+                            "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+                            "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped",
+                            (relation.namespace, relation.name))
+                found = {name: (int(oid), int(typmod)) for name, oid, typmod in cur.fetchall()}
+            if not found:
+                self._columns[key] = None
+            else:
+                self._columns[key] = [found.get(c.name, (0, -1)) for c in relation.columns]
+        return self._columns[key]
+
+
+def _numeric_spec(typmod: int) -> ColumnSpec:
+    if typmod < 4:
+        return ColumnSpec(NUMERIC_TEXT, "numeric", pa.string())
+    precision = ((typmod - 4) >> 16) & 0xFFFF
+    scale = (((typmod - 4) & 0x7FF) ^ 1024) - 1024   # PostgreSQL 15: an 11-bit signed scale (-1000 .. 1000)
+    name = f"numeric({precision},{scale})"
+    if scale < 0:
+        precision, scale = precision - scale, 0
+    elif scale > precision:
+        precision = scale
+    if precision > 38 or precision < 1:
+        return ColumnSpec(NUMERIC_TEXT, name, pa.string())
+    return ColumnSpec(DECIMAL, name, pa.decimal128(precision, scale), precision, scale)
+
+
+_SIMPLE_ARROW: dict[int, pa.DataType] = {
+    BOOL: pa.bool_(), INT2: pa.int16(), INT4: pa.int32(), INT8: pa.int64(), OID: pa.uint32(),
+    FLOAT4: pa.float32(), FLOAT8: pa.float64(), TEXT: pa.string(), JSON: pa.string(), JSONB: pa.string(),
+    BYTEA: pa.binary(), DATE: pa.date32(), TIMESTAMP: pa.timestamp("us"), TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
+    TIME: pa.time64("us"), TIMETZ: pa.string(), INTERVAL: pa.month_day_nano_interval(), UUID: pa.binary(16),
+    ENUM: pa.dictionary(pa.int32(), pa.string()),
+}
+
+
+def _builtin_spec(oid: int, typmod: int) -> ColumnSpec | None:
+    entry = BUILTIN_TYPES.get(oid)
+    if entry is not None:
+        name, kind = entry
+        if kind == DECIMAL:
+            return _numeric_spec(typmod)
+        return ColumnSpec(kind, name, _SIMPLE_ARROW[kind])
+    elem = ARRAY_TYPES.get(oid)
+    if elem is not None:
+        element = _builtin_spec(elem, typmod)
+        return _array_spec(element)
+    return None
+
+
+def _array_spec(element: ColumnSpec) -> ColumnSpec:
+    if element.is_raw or element.kind == ARRAY:
+        # no decoder for the elements: the whole value stays as it arrived (text -> string, binary -> binary)
+        return ColumnSpec(OTHER, element.type_name + "[]", None)
+    return ColumnSpec(ARRAY, element.type_name + "[]", pa.list_(element.arrow_type), element=element)
+
+
+def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catalog: TypeCatalog | None,
+              depth: int = 0) -> ColumnSpec:
+    if oid == 0:
+        return ColumnSpec(RAW, "unknown", None)
+    spec = _builtin_spec(oid, typmod)
+    if spec is not None:
+        return spec
+    if depth > 16:
+        return ColumnSpec(OTHER, str(oid), None)
+    info = catalog.type_info(oid) if catalog is not None else None
+    if info is not None:
+        if info.typtype == "d" and info.base_oid:
+            return _spec_for(info.base_oid, info.base_typmod if info.base_typmod >= 0 else typmod, types,
+                             catalog, depth + 1)
+        if info.typtype == "e":
+            return ColumnSpec(ENUM, info.name, _SIMPLE_ARROW[ENUM])
+        if info.category == "A" and info.element_oid:
+            return _array_spec(_spec_for(info.element_oid, typmod, types, catalog, depth + 1))
+        return ColumnSpec(OTHER, info.name, None)
+    described = types.get(oid)
+    if described is not None:
+        nsp, name = described
+        # pgoutput names a domain by its base type (in pg_catalog, sent as "")
+        if nsp in ("", "pg_catalog") and name in _BY_NAME:
+            return _spec_for(_BY_NAME[name], typmod, types, catalog, depth + 1)
+        return ColumnSpec(OTHER, f"{nsp}.{name}" if nsp else name, None)
+    return ColumnSpec(OTHER, str(oid), None)
+
+
+def column_specs(relation: Relation, types: Mapping[int, tuple[str, str]], catalog: TypeCatalog | None,
+                 typed: bool) -> tuple[ColumnSpec, ...]:
+    """The decoding plan of one relation version (one ColumnSpec per column)."""
+    n = len(relation.columns)
+    if not typed:
+        return tuple(ColumnSpec(RAW, "raw", None) for _ in range(n))
+    pairs: Sequence[tuple[int, int]] | None
+    if all(c.type_oid is not None for c in relation.columns):
+        pairs = [(c.type_oid or 0, c.type_modifier if c.type_modifier is not None else -1) for c in relation.columns]
+    elif catalog is not None:
+        pairs = catalog.column_types(relation)
+    else:
+        pairs = None
+    if pairs is None:
+        return tuple(ColumnSpec(RAW, "unknown", None) for _ in range(n))
+    if len(pairs) != n:
+        raise TypeCatalogError(f"the type catalog gave {len(pairs)} column types for {relation.qualified_name}, "
+                               f"which has {n} replicated columns")
+    return tuple(_spec_for(oid, typmod, types, catalog) for oid, typmod in pairs)

@@ -1,0 +1,34 @@
+"""Why a value could not be decoded into its column's type: one text per reason, shared by both implementations."""
+from __future__ import annotations
+
+INVALID = 1              # the bytes are not a value of the type in that format
+INTERNAL_UNSUPPORTED = 2  # an internal ('i') datum of a type whose internal layout is not read
+MULTIDIMENSIONAL = 3     # a multi-dimensional array value (typed mode keeps 1-D arrays as lists)
+SPECIAL_DECIMAL = 4      # NaN or ±Infinity in a numeric(p,s) column decoded as decimal128
+OUT_OF_RANGE = 5         # a valid value that does not fit the Arrow type
+INVALID_UTF8 = 6         # text that is not UTF-8
+BYTE_ORDER_UNKNOWN = 7   # an internal datum, but the startup message did not say the server's byte order
+
+_FORMATS = {0x74: "text", 0x62: "binary", 0x69: "internal"}
+
+
+def value_problem(code: int, fmt: int, raw: bytes, type_name: str) -> str:
+    """The sentence a ProtocolError carries for a value that could not be decoded."""
+    form = _FORMATS.get(fmt, "?")
+    shown = bytes(raw[:40])
+    if code == INTERNAL_UNSUPPORTED:
+        return (f"internal-format value of type {type_name} cannot be decoded safely: request the binary "
+                f"format (binary.want_binary_basetypes) or use types='raw'")
+    if code == MULTIDIMENSIONAL:
+        return f"multi-dimensional {form} array value of type {type_name} is not supported (use types='raw')"
+    if code == SPECIAL_DECIMAL:
+        return (f"NaN or infinite value in a {type_name} column has no decimal128 form "
+                f"(use numeric without a type modifier, or types='raw')")
+    if code == OUT_OF_RANGE:
+        return f"{form} value {shown!r} is out of range for {type_name}"
+    if code == INVALID_UTF8:
+        return f"{form} value of type {type_name} is not valid UTF-8"
+    if code == BYTE_ORDER_UNKNOWN:
+        return (f"internal-format value of type {type_name} needs the server's byte order "
+                f"(binary.bigendian in the startup message)")
+    return f"cannot decode {form} value {shown!r} as {type_name}"

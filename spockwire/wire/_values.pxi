@@ -1,0 +1,1326 @@
+# Typed value kernels: text ('t'), binary ('b') and internal ('i') forms decoded straight into Arrow-layout
+# column buffers. Twin: spockwire/values/_convert_py.py — both accept and refuse exactly the same bytes.
+# A kernel returns 0, or a failure code from spockwire.values.failures (> 0); the caller raises.
+
+from libc.stdio cimport snprintf
+from cpython.ref cimport PyObject
+
+cdef extern from "Python.h":
+    double PyOS_string_to_double(const char* s, char** endptr, PyObject* overflow_exception) except? -1.0
+
+cdef extern from "include/sw_byteorder.h":
+    ctypedef long long int128_t "sw_int128"
+
+cdef enum:
+    K_RAW = 0
+    K_BOOL = 1
+    K_INT2 = 2
+    K_INT4 = 3
+    K_INT8 = 4
+    K_OID = 5
+    K_FLOAT4 = 6
+    K_FLOAT8 = 7
+    K_DECIMAL = 8
+    K_NUMERIC_TEXT = 9
+    K_TEXT = 10
+    K_JSON = 11
+    K_JSONB = 12
+    K_BYTEA = 13
+    K_DATE = 14
+    K_TIMESTAMP = 15
+    K_TIMESTAMPTZ = 16
+    K_TIME = 17
+    K_TIMETZ = 18
+    K_INTERVAL = 19
+    K_UUID = 20
+    K_ENUM = 21
+    K_ARRAY = 22
+    K_OTHER = 23
+
+cdef enum:
+    F_INVALID = 1
+    F_INTERNAL_UNSUPPORTED = 2
+    F_MULTIDIMENSIONAL = 3
+    F_SPECIAL_DECIMAL = 4
+    F_OUT_OF_RANGE = 5
+    F_INVALID_UTF8 = 6
+    F_BYTE_ORDER_UNKNOWN = 7
+
+cdef int64_t I64_MAX = 0x7FFFFFFFFFFFFFFF
+cdef uint64_t U64_MAX = 18446744073709551615
+cdef int64_t I64_MIN = -I64_MAX - 1
+cdef int32_t I32_MAX = 0x7FFFFFFF
+cdef int32_t I32_MIN = -I32_MAX - 1
+cdef int64_t US_PER_DAY = 86400000000
+cdef int64_t UNIX_US_2000 = 946684800000000
+cdef int32_t UNIX_DAYS_2000 = 10957
+
+
+cdef struct ColBuf:
+    int kind
+    int width             # bytes per value of fixed-width kinds, 0 otherwise (bool: bits)
+    int precision
+    int scale
+    Buf validity          # 1 bit per value
+    Buf offsets           # int32 per value + 1 (variable-length kinds, arrays)
+    Buf data              # values (fixed width), bytes (variable length) or bits (bool)
+    Buf marks             # RAW/OTHER: 1 bit per value, set when it did not arrive as UTF-8 text
+    int nontext           # RAW/OTHER: set at freeze when any value of the builder is marked
+    ColBuf* child         # ARRAY: the elements
+
+
+cdef int kind_width(int kind) noexcept nogil:
+    if kind == K_INT2:
+        return 2
+    if kind == K_INT4 or kind == K_OID or kind == K_FLOAT4 or kind == K_DATE:
+        return 4
+    if kind == K_INT8 or kind == K_FLOAT8 or kind == K_TIMESTAMP or kind == K_TIMESTAMPTZ or kind == K_TIME:
+        return 8
+    if kind == K_DECIMAL or kind == K_INTERVAL or kind == K_UUID:
+        return 16
+    return 0
+
+
+cdef inline bint is_varlen(int kind) noexcept nogil:
+    return (kind == K_RAW or kind == K_OTHER or kind == K_TEXT or kind == K_JSON or kind == K_JSONB
+            or kind == K_BYTEA or kind == K_NUMERIC_TEXT or kind == K_TIMETZ or kind == K_ENUM)
+
+
+cdef int col_init(ColBuf* col, object spec) except -1:
+    """Set a column buffer up from its ColumnSpec (recursively for array elements)."""
+    col.kind = spec.kind
+    col.width = kind_width(col.kind)
+    col.precision = spec.precision
+    col.scale = spec.scale
+    if col.kind == K_ARRAY:
+        col.child = <ColBuf*>malloc(sizeof(ColBuf))
+        if col.child == NULL:
+            raise MemoryError()
+        memset(col.child, 0, sizeof(ColBuf))
+        col_init(col.child, spec.element)
+    return 0
+
+
+cdef void col_free(ColBuf* col) noexcept:
+    buf_free(&col.validity)
+    buf_free(&col.offsets)
+    buf_free(&col.data)
+    buf_free(&col.marks)
+    if col.child != NULL:
+        col_free(col.child)
+        free(col.child)
+        col.child = NULL
+
+
+cdef int col_reserve(ColBuf* col, Py_ssize_t count) except -1:
+    """Room for `count` values (validity, offsets, fixed-width data or bool bits)."""
+    if ((count + 7) >> 3) > col.validity.cap:
+        buf_grow(&col.validity, (count + 7) >> 3)
+    if (col.kind == K_RAW or col.kind == K_OTHER) and ((count + 7) >> 3) > col.marks.cap:
+        buf_grow(&col.marks, (count + 7) >> 3)
+    if col.width:
+        if count * col.width > col.data.cap:
+            buf_grow(&col.data, count * col.width)
+    elif col.kind == K_BOOL:
+        if ((count + 7) >> 3) > col.data.cap:
+            buf_grow(&col.data, (count + 7) >> 3)
+    else:
+        if (count + 1) * 4 > col.offsets.cap:
+            buf_grow(&col.offsets, (count + 1) * 4)
+    return 0
+
+
+cdef inline int var_append(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    cdef int32_t* off = <int32_t*>col.offsets.data
+    cdef Py_ssize_t pos = off[idx]
+    if pos + n > col.data.cap:
+        buf_grow(&col.data, pos + n)
+    memcpy(col.data.data + pos, p, n)
+    off[idx + 1] = <int32_t>(pos + n)
+    return 0
+
+
+cdef inline void set_valid(ColBuf* col, Py_ssize_t idx) noexcept:
+    col.validity.data[idx >> 3] |= <char>(1 << (idx & 7))
+
+
+cdef void set_null(ColBuf* col, Py_ssize_t idx) noexcept:
+    """A NULL (or unchanged TOAST) slot: validity cleared, an empty value written."""
+    cdef int32_t* off
+    col.validity.data[idx >> 3] &= <char>~(1 << (idx & 7))
+    if col.width:
+        memset(col.data.data + idx * col.width, 0, col.width)
+    elif col.kind == K_BOOL:
+        col.data.data[idx >> 3] &= <char>~(1 << (idx & 7))
+    else:
+        off = <int32_t*>col.offsets.data
+        off[idx + 1] = off[idx]
+        if col.marks.data != NULL:
+            col.marks.data[idx >> 3] &= <char>~(1 << (idx & 7))
+
+
+# ------------------------------------------------------------------ small parsers
+cdef inline bint is_digit(char c) noexcept nogil:
+    return c >= 48 and c <= 57
+
+
+cdef int digits_value(const char* p, Py_ssize_t n, int64_t* out) noexcept nogil:
+    """Decimal digits (already checked) as int64; 1 when the value does not fit."""
+    cdef int64_t v = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        if v > (I64_MAX - (p[i] - 48)) // 10:
+            return 1
+        v = v * 10 + (p[i] - 48)
+    out[0] = v
+    return 0
+
+
+cdef int text_int(const char* p, Py_ssize_t n, int64_t lo, int64_t hi, int64_t* out) noexcept nogil:
+    cdef Py_ssize_t i = 0, j
+    cdef uint64_t mag = 0
+    cdef bint neg = False
+    if n > 0 and p[0] == 45:
+        neg = True
+        i = 1
+    if i >= n:
+        return F_INVALID
+    for j in range(i, n):
+        if not is_digit(p[j]):
+            return F_INVALID
+    for j in range(i, n):
+        if mag > (U64_MAX - <uint64_t>(p[j] - 48)) // 10:
+            return F_OUT_OF_RANGE
+        mag = mag * 10 + <uint64_t>(p[j] - 48)
+    if neg:
+        if mag > <uint64_t>I64_MAX + 1:
+            return F_OUT_OF_RANGE
+        if mag == <uint64_t>I64_MAX + 1:
+            out[0] = I64_MIN
+        else:
+            out[0] = -<int64_t>mag
+    else:
+        if mag > <uint64_t>I64_MAX:
+            return F_OUT_OF_RANGE
+        out[0] = <int64_t>mag
+    if out[0] < lo or out[0] > hi:
+        return F_OUT_OF_RANGE
+    return 0
+
+
+cdef bint float_grammar(const char* p, Py_ssize_t n) noexcept nogil:
+    """-?(digits(.digits*)?|.digits)([eE][-+]?digits)?"""
+    cdef Py_ssize_t i = 0, start
+    cdef bint whole = False, frac = False
+    if i < n and p[i] == 45:
+        i += 1
+    start = i
+    while i < n and is_digit(p[i]):
+        i += 1
+    whole = i > start
+    if i < n and p[i] == 46:
+        i += 1
+        start = i
+        while i < n and is_digit(p[i]):
+            i += 1
+        frac = i > start
+    if not whole and not frac:
+        return False
+    if i < n and (p[i] == 101 or p[i] == 69):
+        i += 1
+        if i < n and (p[i] == 43 or p[i] == 45):
+            i += 1
+        start = i
+        while i < n and is_digit(p[i]):
+            i += 1
+        if i == start:
+            return False
+    return i == n
+
+
+cdef int text_float(const char* p, Py_ssize_t n, double* out) except -1:
+    cdef char small[128]
+    cdef char* z
+    if n == 3 and memcmp(p, b"NaN", 3) == 0:
+        out[0] = float("nan")
+        return 0
+    if n == 8 and memcmp(p, b"Infinity", 8) == 0:
+        out[0] = float("inf")
+        return 0
+    if n == 9 and memcmp(p, b"-Infinity", 9) == 0:
+        out[0] = float("-inf")
+        return 0
+    if not float_grammar(p, n):
+        return F_INVALID
+    if n < 128:
+        z = &small[0]
+    else:
+        z = <char*>malloc(n + 1)
+    if z == NULL:
+        raise MemoryError()
+    memcpy(z, p, n)
+    z[n] = 0
+    try:
+        out[0] = PyOS_string_to_double(z, NULL, NULL)
+    finally:
+        if n >= 128:
+            free(z)
+    return 0
+
+
+cdef int128_t POW10[39]
+cdef int _init_pow10() except -1:
+    cdef int i
+    POW10[0] = 1
+    for i in range(1, 39):
+        POW10[i] = POW10[i - 1] * 10
+    return 0
+_init_pow10()
+
+
+cdef int decimal_store(ColBuf* col, Py_ssize_t idx, bint neg, int128_t unscaled) noexcept:
+    if unscaled >= POW10[col.precision]:
+        return F_OUT_OF_RANGE
+    if neg:
+        unscaled = -unscaled
+    memcpy(col.data.data + idx * 16, &unscaled, 16)
+    return 0
+
+
+cdef int text_decimal(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i = 0, whole_start, whole_end, frac_start = 0, frac_len = 0, k
+    cdef bint neg = False, overflow = False
+    cdef int128_t v = 0
+    cdef int d
+    if (n == 3 and memcmp(p, b"NaN", 3) == 0) or (n == 8 and memcmp(p, b"Infinity", 8) == 0) or \
+            (n == 9 and memcmp(p, b"-Infinity", 9) == 0):
+        return F_SPECIAL_DECIMAL
+    if i < n and p[i] == 45:
+        neg = True
+        i += 1
+    whole_start = i
+    while i < n and is_digit(p[i]):
+        i += 1
+    whole_end = i
+    if whole_end == whole_start:
+        return F_INVALID
+    if i < n and p[i] == 46:
+        i += 1
+        frac_start = i
+        while i < n and is_digit(p[i]):
+            i += 1
+        frac_len = i - frac_start
+        if frac_len == 0:
+            return F_INVALID
+    if i != n:
+        return F_INVALID
+    if frac_len > col.scale:
+        return F_INVALID
+    for k in range(whole_start, whole_end + col.scale):
+        if k < whole_end:
+            d = p[k] - 48
+        elif k - whole_end < frac_len:
+            d = p[frac_start + k - whole_end] - 48
+        else:
+            d = 0
+        if v > (POW10[38] - d) // 10:
+            overflow = True
+            break
+        v = v * 10 + d
+    if overflow:
+        return F_OUT_OF_RANGE
+    return decimal_store(col, idx, neg, v)
+
+
+cdef int32_t days_from_civil(int64_t y, int64_t m, int64_t d, bint* overflow) noexcept nogil:
+    cdef int64_t era, yoe, doy, doe, days
+    if m <= 2:
+        y -= 1
+    # truncating division, as the algorithm is written for
+    era = y // 400 if y >= 0 else -((399 - y) // 400)
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    days = era * 146097 + doe - 719468
+    if days <= I32_MIN or days >= I32_MAX:
+        overflow[0] = True
+        return 0
+    return <int32_t>days
+
+
+cdef int fixed_digits(const char* p, Py_ssize_t n) noexcept nogil:
+    """n decimal digits as int, -1 if any is not a digit."""
+    cdef int v = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        if not is_digit(p[i]):
+            return -1
+        v = v * 10 + (p[i] - 48)
+    return v
+
+
+cdef int parse_year(const char* p, Py_ssize_t n, bint bc, int64_t* year) noexcept nogil:
+    """Year digits (already checked, at least 4): 0 ok, F_INVALID for year 0, F_OUT_OF_RANGE when huge."""
+    cdef Py_ssize_t i = 0
+    cdef int64_t y = 0
+    while i < n - 1 and p[i] == 48:
+        i += 1
+    if n - i > 9:
+        return F_OUT_OF_RANGE
+    digits_value(p + i, n - i, &y)
+    if y == 0:
+        return F_INVALID
+    year[0] = 1 - y if bc else y
+    return 0
+
+
+cdef Py_ssize_t scan_digits(const char* p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    while i < n and is_digit(p[i]):
+        i += 1
+    return i
+
+
+cdef int text_date(const char* p, Py_ssize_t n, int32_t* out) noexcept nogil:
+    cdef Py_ssize_t i, ye
+    cdef int month, day, rc
+    cdef bint bc = False, overflow = False
+    cdef int64_t year = 0
+    cdef int32_t days
+    if n == 8 and memcmp(p, b"infinity", 8) == 0:
+        out[0] = I32_MAX
+        return 0
+    if n == 9 and memcmp(p, b"-infinity", 9) == 0:
+        out[0] = I32_MIN
+        return 0
+    ye = scan_digits(p, 0, n)
+    if ye < 4 or (n - ye != 6 and n - ye != 9):
+        return F_INVALID
+    if p[ye] != 45 or p[ye + 3] != 45:
+        return F_INVALID
+    month = fixed_digits(p + ye + 1, 2)
+    day = fixed_digits(p + ye + 4, 2)
+    if month < 0 or day < 0:
+        return F_INVALID
+    if n - ye == 9:
+        if memcmp(p + ye + 6, b" BC", 3) != 0:
+            return F_INVALID
+        bc = True
+    if month < 1 or month > 12 or day < 1 or day > 31:
+        return F_INVALID
+    rc = parse_year(p, ye, bc, &year)
+    if rc:
+        return rc
+    if year > 100000000 or year < -100000000:
+        return F_OUT_OF_RANGE
+    days = days_from_civil(year, month, day, &overflow)
+    if overflow:
+        return F_OUT_OF_RANGE
+    out[0] = days
+    return 0
+
+
+cdef int text_timestamp(const char* p, Py_ssize_t n, bint with_tz, int64_t* out) noexcept nogil:
+    cdef Py_ssize_t i, ye, fs, fe
+    cdef int month, day, hour, minute, second, th = 0, tm = 0, ts = 0, rc
+    cdef bint bc = False, overflow = False, has_tz = False, tz_neg = False
+    cdef int64_t year = 0, offset = 0, frac = 0
+    cdef int32_t days
+    cdef int128_t us
+    if n == 8 and memcmp(p, b"infinity", 8) == 0:
+        out[0] = I64_MAX
+        return 0
+    if n == 9 and memcmp(p, b"-infinity", 9) == 0:
+        out[0] = I64_MIN
+        return 0
+    ye = scan_digits(p, 0, n)
+    if ye < 4 or n - ye < 15:
+        return F_INVALID
+    i = ye
+    if p[i] != 45 or p[i + 3] != 45 or p[i + 6] != 32 or p[i + 9] != 58 or p[i + 12] != 58:
+        return F_INVALID
+    month = fixed_digits(p + i + 1, 2)
+    day = fixed_digits(p + i + 4, 2)
+    hour = fixed_digits(p + i + 7, 2)
+    minute = fixed_digits(p + i + 10, 2)
+    second = fixed_digits(p + i + 13, 2)
+    if month < 0 or day < 0 or hour < 0 or minute < 0 or second < 0:
+        return F_INVALID
+    i += 15
+    if i < n and p[i] == 46:
+        fs = i + 1
+        fe = scan_digits(p, fs, n)
+        if fe == fs or fe - fs > 6:
+            return F_INVALID
+        frac = fixed_digits(p + fs, fe - fs)
+        for _ in range(6 - (fe - fs)):
+            frac *= 10
+        i = fe
+    if i < n and (p[i] == 43 or p[i] == 45):
+        has_tz = True
+        tz_neg = p[i] == 45
+        if n - i < 3:
+            return F_INVALID
+        th = fixed_digits(p + i + 1, 2)
+        if th < 0:
+            return F_INVALID
+        i += 3
+        if i < n and p[i] == 58:
+            if n - i < 3:
+                return F_INVALID
+            tm = fixed_digits(p + i + 1, 2)
+            if tm < 0:
+                return F_INVALID
+            i += 3
+            if i < n and p[i] == 58:
+                if n - i < 3:
+                    return F_INVALID
+                ts = fixed_digits(p + i + 1, 2)
+                if ts < 0:
+                    return F_INVALID
+                i += 3
+    if i < n:
+        if n - i == 3 and memcmp(p + i, b" BC", 3) == 0:
+            bc = True
+        else:
+            return F_INVALID
+    if has_tz != with_tz:
+        return F_INVALID
+    if month < 1 or month > 12 or day < 1 or day > 31 or hour > 23 or minute > 59 or second > 59:
+        return F_INVALID
+    if with_tz:
+        if th > 15 or tm > 59 or ts > 59:
+            return F_INVALID
+        offset = th * 3600 + tm * 60 + ts
+        if tz_neg:
+            offset = -offset
+    rc = parse_year(p, ye, bc, &year)
+    if rc:
+        return rc
+    if year > 100000000 or year < -100000000:
+        return F_OUT_OF_RANGE
+    days = days_from_civil(year, month, day, &overflow)
+    if overflow:
+        return F_OUT_OF_RANGE
+    us = <int128_t>days * US_PER_DAY + (<int128_t>((hour * 60 + minute) * 60 + second) - offset) * 1000000 + frac
+    if us <= I64_MIN or us >= I64_MAX:
+        return F_OUT_OF_RANGE
+    out[0] = <int64_t>us
+    return 0
+
+
+cdef int text_time(const char* p, Py_ssize_t n, int64_t* out) noexcept nogil:
+    cdef int hour, minute, second
+    cdef int64_t frac = 0, us
+    cdef Py_ssize_t fe
+    if n < 8 or p[2] != 58 or p[5] != 58:
+        return F_INVALID
+    hour = fixed_digits(p, 2)
+    minute = fixed_digits(p + 3, 2)
+    second = fixed_digits(p + 6, 2)
+    if hour < 0 or minute < 0 or second < 0:
+        return F_INVALID
+    if n > 8:
+        if p[8] != 46:
+            return F_INVALID
+        fe = scan_digits(p, 9, n)
+        if fe != n or n - 9 < 1 or n - 9 > 6:
+            return F_INVALID
+        frac = fixed_digits(p + 9, n - 9)
+        for _ in range(6 - (n - 9)):
+            frac *= 10
+    us = (<int64_t>(hour * 60 + minute) * 60 + second) * 1000000 + frac
+    if minute > 59 or second > 59 or us > US_PER_DAY:
+        return F_INVALID
+    out[0] = us
+    return 0
+
+
+cdef int text_interval(const char* p, Py_ssize_t n, int32_t* months_out, int32_t* days_out,
+                       int64_t* nanos_out) noexcept nogil:
+    cdef Py_ssize_t i = 0, te, ue, k, ds, de
+    cdef int128_t fields[3]
+    cdef int128_t us = 0, v, months, nanos
+    cdef bint seen_time = False, neg, overflow = False
+    cdef int minute, second, unit
+    cdef int64_t hours = 0, frac
+    fields[0] = 0
+    fields[1] = 0
+    fields[2] = 0
+    if n == 0:
+        return F_INVALID
+    while True:
+        # one token: [i, te)
+        te = i
+        while te < n and p[te] != 32:
+            te += 1
+        if time_token(p + i, te - i):
+            if seen_time or te != n:
+                return F_INVALID
+            seen_time = True
+            k = i
+            neg = False
+            if p[k] == 43 or p[k] == 45:
+                neg = p[k] == 45
+                k += 1
+            ds = k
+            de = scan_digits(p, k, te)
+            minute = fixed_digits(p + de + 1, 2)
+            second = fixed_digits(p + de + 4, 2)
+            if minute > 59 or second > 59:
+                return F_INVALID
+            frac = 0
+            if de + 7 < te:
+                frac = fixed_digits(p + de + 8, te - de - 8)
+                for _ in range(6 - (te - de - 8)):
+                    frac *= 10
+            if de - ds > 18:
+                overflow = True
+            else:
+                digits_value(p + ds, de - ds, &hours)
+                us = ((<int128_t>hours * 60 + minute) * 60 + second) * 1000000 + frac
+                if neg:
+                    us = -us
+            break
+        # a number then a unit
+        k = i
+        neg = False
+        if k < te and (p[k] == 43 or p[k] == 45):
+            neg = p[k] == 45
+            k += 1
+        if k == te or scan_digits(p, k, te) != te or te >= n:
+            return F_INVALID
+        ue = te + 1
+        while ue < n and p[ue] != 32:
+            ue += 1
+        unit = interval_unit(p + te + 1, ue - te - 1)
+        if unit < 0:
+            return F_INVALID
+        if te - k > 30:
+            overflow = True
+        else:
+            v = 0
+            for ds in range(k, te):
+                v = v * 10 + (p[ds] - 48)
+            fields[unit] += -v if neg else v
+            if fields[unit] > <int128_t>I64_MAX * 4 or fields[unit] < <int128_t>I64_MIN * 4:
+                overflow = True
+        if ue >= n:
+            break
+        i = ue + 1
+        if i >= n:
+            return F_INVALID
+    if overflow:
+        return F_OUT_OF_RANGE
+    months = fields[0] * 12 + fields[1]
+    nanos = us * 1000
+    if months < I32_MIN or months > I32_MAX or fields[2] < I32_MIN or fields[2] > I32_MAX \
+            or nanos < I64_MIN or nanos > I64_MAX:
+        return F_OUT_OF_RANGE
+    months_out[0] = <int32_t>months
+    days_out[0] = <int32_t>fields[2]
+    nanos_out[0] = <int64_t>nanos
+    return 0
+
+
+cdef bint time_token(const char* p, Py_ssize_t n) noexcept nogil:
+    """[-+]?digits:MM:SS(.f{1,6})?"""
+    cdef Py_ssize_t i = 0, de
+    if i < n and (p[i] == 43 or p[i] == 45):
+        i += 1
+    de = scan_digits(p, i, n)
+    if de == i or n - de < 6 or p[de] != 58 or p[de + 3] != 58:
+        return False
+    if fixed_digits(p + de + 1, 2) < 0 or fixed_digits(p + de + 4, 2) < 0:
+        return False
+    if n - de == 6:
+        return True
+    if p[de + 6] != 46 or n - de - 7 < 1 or n - de - 7 > 6:
+        return False
+    return scan_digits(p, de + 7, n) == n
+
+
+cdef int interval_unit(const char* p, Py_ssize_t n) noexcept nogil:
+    if (n == 4 and memcmp(p, b"year", 4) == 0) or (n == 5 and memcmp(p, b"years", 5) == 0):
+        return 0
+    if (n == 3 and memcmp(p, b"mon", 3) == 0) or (n == 4 and memcmp(p, b"mons", 4) == 0):
+        return 1
+    if (n == 3 and memcmp(p, b"day", 3) == 0) or (n == 4 and memcmp(p, b"days", 4) == 0):
+        return 2
+    return -1
+
+
+cdef inline int hex_value(char c) noexcept nogil:
+    if c >= 48 and c <= 57:
+        return c - 48
+    if c >= 97 and c <= 102:
+        return c - 87
+    if c >= 65 and c <= 70:
+        return c - 55
+    return -1
+
+
+cdef int text_uuid(const char* p, Py_ssize_t n, unsigned char* out) noexcept nogil:
+    cdef Py_ssize_t i, k = 0
+    cdef int hi, lo
+    if n != 36 or p[8] != 45 or p[13] != 45 or p[18] != 45 or p[23] != 45:
+        return F_INVALID
+    i = 0
+    while i < 36:
+        if i == 8 or i == 13 or i == 18 or i == 23:
+            i += 1
+            continue
+        hi = hex_value(p[i])
+        lo = hex_value(p[i + 1])
+        if hi < 0 or lo < 0:
+            return F_INVALID
+        out[k] = <unsigned char>(hi * 16 + lo)
+        k += 1
+        i += 2
+    return 0
+
+
+cdef int text_bytea(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    cdef int32_t* off = <int32_t*>col.offsets.data
+    cdef Py_ssize_t pos = off[idx], i, k = 0
+    cdef int hi, lo
+    cdef unsigned char c
+    if n >= 2 and p[0] == 92 and p[1] == 120:
+        if (n - 2) % 2:
+            return F_INVALID
+        if pos + (n - 2) // 2 > col.data.cap:
+            buf_grow(&col.data, pos + (n - 2) // 2)
+        i = 2
+        while i < n:
+            hi = hex_value(p[i])
+            lo = hex_value(p[i + 1])
+            if hi < 0 or lo < 0:
+                return F_INVALID
+            col.data.data[pos + k] = <char>(hi * 16 + lo)
+            k += 1
+            i += 2
+        off[idx + 1] = <int32_t>(pos + k)
+        return 0
+    if pos + n > col.data.cap:
+        buf_grow(&col.data, pos + n)
+    i = 0
+    while i < n:
+        c = <unsigned char>p[i]
+        if c != 92:
+            col.data.data[pos + k] = <char>c
+            k += 1
+            i += 1
+        elif i + 1 < n and p[i + 1] == 92:
+            col.data.data[pos + k] = 92
+            k += 1
+            i += 2
+        elif i + 3 < n and 48 <= p[i + 1] <= 51 and 48 <= p[i + 2] <= 55 and 48 <= p[i + 3] <= 55:
+            col.data.data[pos + k] = <char>((p[i + 1] - 48) * 64 + (p[i + 2] - 48) * 8 + (p[i + 3] - 48))
+            k += 1
+            i += 4
+        else:
+            return F_INVALID
+    off[idx + 1] = <int32_t>(pos + k)
+    return 0
+
+
+cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, int order) except -1:
+    cdef ColBuf* child = col.child
+    cdef int32_t* off = <int32_t*>col.offsets.data
+    cdef Py_ssize_t i = 0, start, j, count = off[idx], close, q
+    cdef int rc
+    cdef char* tmp
+    cdef Py_ssize_t tlen
+    if n > 0 and p[0] == 91:  # [lb:ub]= decoration
+        close = -1
+        for j in range(n):
+            if p[j] == 93:
+                close = j
+                break
+        if close < 0:
+            return F_INVALID
+        if close + 1 < n and p[close + 1] == 91:
+            return F_MULTIDIMENSIONAL
+        if not bounds_decoration(p, close + 2, n):
+            return F_INVALID
+        i = close + 2
+    if i >= n or p[i] != 123:
+        return F_INVALID
+    i += 1
+    if i < n and p[i] == 125:
+        if i + 1 != n:
+            return F_INVALID
+        off[idx + 1] = <int32_t>count
+        return 0
+    while True:
+        if i >= n:
+            return F_INVALID
+        if p[i] == 123:
+            return F_MULTIDIMENSIONAL
+        col_reserve(child, count + 1)
+        if p[i] == 34:  # quoted
+            i += 1
+            start = i
+            q = 0               # backslashes seen
+            while True:
+                if i >= n:
+                    return F_INVALID
+                if p[i] == 92:
+                    if i + 1 >= n:
+                        return F_INVALID
+                    q += 1
+                    i += 2
+                elif p[i] == 34:
+                    break
+                else:
+                    i += 1
+            if q == 0:
+                rc = append_value(child, count, 0x74, p + start, i - start, order)
+            else:
+                tmp = <char*>malloc(i - start)
+                if tmp == NULL:
+                    raise MemoryError()
+                tlen = 0
+                j = start
+                while j < i:
+                    if p[j] == 92:
+                        j += 1
+                    tmp[tlen] = p[j]
+                    tlen += 1
+                    j += 1
+                try:
+                    rc = append_value(child, count, 0x74, tmp, tlen, order)
+                finally:
+                    free(tmp)
+            i += 1
+        else:
+            start = i
+            while i < n and p[i] != 44 and p[i] != 125 and p[i] != 123 and p[i] != 34 and p[i] != 92:
+                i += 1
+            if i == start or (i < n and (p[i] == 123 or p[i] == 34 or p[i] == 92)):
+                return F_INVALID
+            if i - start == 4 and (p[start] | 32) == 110 and (p[start + 1] | 32) == 117 and \
+                    (p[start + 2] | 32) == 108 and (p[start + 3] | 32) == 108:
+                set_valid(child, count)
+                set_null(child, count)
+                rc = 0
+            else:
+                rc = append_value(child, count, 0x74, p + start, i - start, order)
+        if rc:
+            return rc
+        count += 1
+        if i >= n:
+            return F_INVALID
+        if p[i] == 44:
+            i += 1
+            continue
+        if p[i] == 125 and i + 1 == n:
+            off[idx + 1] = <int32_t>count
+            return 0
+        return F_INVALID
+
+
+cdef bint bounds_decoration(const char* p, Py_ssize_t end, Py_ssize_t n) noexcept nogil:
+    """p[0:end] is [-?digits:-?digits]= exactly."""
+    cdef Py_ssize_t i = 1, s
+    if end > n or end < 6 or p[end - 1] != 61 or p[end - 2] != 93:
+        return False
+    if p[i] == 45:
+        i += 1
+    s = i
+    i = scan_digits(p, i, end)
+    if i == s or p[i] != 58:
+        return False
+    i += 1
+    if p[i] == 45:
+        i += 1
+    s = i
+    i = scan_digits(p, i, end)
+    return i > s and i == end - 2
+
+
+cdef int binary_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, int order) except -1:
+    cdef ColBuf* child = col.child
+    cdef int32_t* off = <int32_t*>col.offsets.data
+    cdef Py_ssize_t count = off[idx], pos
+    cdef int32_t ndim, flags, nelem, length, k
+    cdef int rc
+    if n < 12:
+        return F_INVALID
+    ndim = sw_load_i32(p)
+    flags = sw_load_i32(p + 4)
+    if (flags != 0 and flags != 1) or ndim < 0:
+        return F_INVALID
+    if ndim == 0:
+        if n != 12:
+            return F_INVALID
+        off[idx + 1] = <int32_t>count
+        return 0
+    if ndim > 1:
+        return F_MULTIDIMENSIONAL
+    if n < 20:
+        return F_INVALID
+    nelem = sw_load_i32(p + 12)
+    if nelem < 0 or nelem > (n - 20) // 4:
+        return F_INVALID
+    pos = 20
+    for k in range(nelem):
+        if n - pos < 4:
+            return F_INVALID
+        length = sw_load_i32(p + pos)
+        pos += 4
+        col_reserve(child, count + 1)
+        if length == -1:
+            set_null(child, count)
+            count += 1
+            continue
+        if length < 0 or n - pos < length:
+            return F_INVALID
+        rc = append_value(child, count, 0x62, p + pos, length, order)
+        if rc:
+            return rc
+        pos += length
+        count += 1
+    if pos != n:
+        return F_INVALID
+    off[idx + 1] = <int32_t>count
+    return 0
+
+
+cdef int binary_decimal(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) noexcept:
+    cdef int16_t ndigits, weight
+    cdef uint16_t sign, dscale
+    cdef int k, d, e, top, low
+    cdef int128_t v = 0
+    cdef int rc = numeric_header(p, n, &ndigits, &weight, &sign, &dscale)
+    if rc:
+        return rc
+    if sign == 0xC000 or sign == 0xD000 or sign == 0xF000:
+        return F_SPECIAL_DECIMAL
+    # decimal digit at exponent e: group g = weight - floor(e / 4) ... walk from the top exponent down
+    top = 4 * weight + 3
+    low = -col.scale
+    # digits below the scale must be zero
+    for k in range(ndigits):
+        d = sw_load_u16(p + 8 + 2 * k)
+        # group k covers exponents 4*(weight-k) .. 4*(weight-k)+3
+        for e in range(4 * (weight - k), 4 * (weight - k) + 4):
+            if e < low and digit_at(d, e - 4 * (weight - k)) != 0:
+                return F_INVALID
+    for e in range(top, low - 1, -1):
+        k = weight - floor_div4(e)
+        d = 0
+        if 0 <= k < ndigits:
+            d = digit_at(sw_load_u16(p + 8 + 2 * k), e - 4 * (weight - k))
+        if v > (POW10[38] - d) // 10:
+            return F_OUT_OF_RANGE
+        v = v * 10 + d
+    return decimal_store(col, idx, sign == 0x4000, v)
+
+
+cdef inline int floor_div4(int e) noexcept nogil:
+    return e >> 2 if e >= 0 else -((-e + 3) >> 2)
+
+
+cdef inline int digit_at(int group, int pos) noexcept nogil:
+    """Decimal digit `pos` (0 = units) of a base-10000 group."""
+    if pos == 0:
+        return group % 10
+    if pos == 1:
+        return group // 10 % 10
+    if pos == 2:
+        return group // 100 % 10
+    return group // 1000
+
+
+cdef int numeric_header(const char* p, Py_ssize_t n, int16_t* ndigits, int16_t* weight, uint16_t* sign,
+                        uint16_t* dscale) noexcept nogil:
+    cdef int k, d
+    if n < 8:
+        return F_INVALID
+    ndigits[0] = <int16_t>sw_load_u16(p)
+    weight[0] = <int16_t>sw_load_u16(p + 2)
+    sign[0] = sw_load_u16(p + 4)
+    dscale[0] = sw_load_u16(p + 6)
+    if ndigits[0] < 0 or n != 8 + 2 * ndigits[0] or not (sign[0] == 0 or sign[0] == 0x4000 or sign[0] == 0xC000
+                                                          or sign[0] == 0xD000 or sign[0] == 0xF000) \
+            or dscale[0] > 0x3FFF:
+        return F_INVALID
+    for k in range(ndigits[0]):
+        d = <int16_t>sw_load_u16(p + 8 + 2 * k)
+        if d < 0 or d > 9999:
+            return F_INVALID
+    return 0
+
+
+cdef int binary_numeric_text(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    """PostgreSQL's numeric_out text of a binary numeric value."""
+    cdef int16_t ndigits, weight
+    cdef uint16_t sign, dscale
+    cdef int k, d, j, groups
+    cdef int rc = numeric_header(p, n, &ndigits, &weight, &sign, &dscale)
+    cdef char tmp[8]
+    cdef char* s
+    cdef Py_ssize_t cap, length = 0
+    if rc:
+        return rc
+    if sign == 0xC000:
+        return var_append(col, idx, b"NaN", 3)
+    if sign == 0xD000:
+        return var_append(col, idx, b"Infinity", 8)
+    if sign == 0xF000:
+        return var_append(col, idx, b"-Infinity", 9)
+    cap = 8 + 4 * (max(<int>weight, 0) + 1) + dscale + 8
+    s = <char*>malloc(cap)
+    if s == NULL:
+        raise MemoryError()
+    try:
+        if sign == 0x4000:
+            s[length] = 45
+            length += 1
+        if weight < 0:
+            s[length] = 48
+            length += 1
+        else:
+            for k in range(weight + 1):
+                d = <int>sw_load_u16(p + 8 + 2 * k) if k < ndigits else 0
+                length += snprintf(s + length, cap - length, b"%d" if k == 0 else b"%04d", d)
+        if dscale > 0:
+            s[length] = 46
+            length += 1
+            groups = (dscale + 3) // 4
+            for j in range(groups):
+                k = weight + 1 + j
+                d = <int>sw_load_u16(p + 8 + 2 * k) if 0 <= k < ndigits else 0
+                snprintf(tmp, 8, b"%04d", d)
+                for rc in range(4):
+                    if j * 4 + rc < dscale:
+                        s[length] = tmp[rc]
+                        length += 1
+        var_append(col, idx, s, length)
+    finally:
+        free(s)
+    return 0
+
+
+cdef int timetz_text(ColBuf* col, Py_ssize_t idx, int64_t us, int32_t zone) except -1:
+    cdef char s[64]
+    cdef int length, k
+    cdef int64_t sec = us // 1000000, frac = us % 1000000
+    cdef int tz = -zone, h, m, z
+    length = snprintf(s, 64, b"%02d:%02d:%02d", <int>(sec // 3600), <int>(sec // 60 % 60), <int>(sec % 60))
+    if frac:
+        length += snprintf(s + length, 64 - length, b".%06d", <int>frac)
+        while s[length - 1] == 48:
+            length -= 1
+    z = -tz if tz < 0 else tz
+    h = z // 3600
+    m = z // 60 % 60
+    k = z % 60
+    if k:
+        length += snprintf(s + length, 64 - length, b"%c%02d:%02d:%02d", <int>(45 if tz < 0 else 43), h, m, k)
+    elif m:
+        length += snprintf(s + length, 64 - length, b"%c%02d:%02d", <int>(45 if tz < 0 else 43), h, m)
+    else:
+        length += snprintf(s + length, 64 - length, b"%c%02d", <int>(45 if tz < 0 else 43), h)
+    return var_append(col, idx, s, length)
+
+
+cdef inline int pg_days(int32_t days, int32_t* out) noexcept nogil:
+    cdef int64_t v
+    if days == I32_MAX or days == I32_MIN:
+        out[0] = days
+        return 0
+    v = <int64_t>days + UNIX_DAYS_2000
+    if v <= I32_MIN or v >= I32_MAX:
+        return F_OUT_OF_RANGE
+    out[0] = <int32_t>v
+    return 0
+
+
+cdef inline int pg_us(int64_t us, int64_t* out) noexcept nogil:
+    if us == I64_MAX or us == I64_MIN:
+        out[0] = us
+        return 0
+    if us >= I64_MAX - UNIX_US_2000:
+        return F_OUT_OF_RANGE
+    out[0] = us + UNIX_US_2000
+    return 0
+
+
+cdef inline int utf8_text(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    if not sw_utf8_valid(<const unsigned char*>p, n):
+        return F_INVALID_UTF8
+    return var_append(col, idx, p, n)
+
+
+cdef inline uint64_t load_host(const char* p, int size, int big_endian) noexcept nogil:
+    """An unsigned integer of `size` bytes in the server's byte order."""
+    cdef uint64_t v = 0
+    cdef int k
+    if big_endian:
+        for k in range(size):
+            v = (v << 8) | <unsigned char>p[k]
+    else:
+        for k in range(size - 1, -1, -1):
+            v = (v << 8) | <unsigned char>p[k]
+    return v
+
+
+cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, int order) except -1:
+    """The 'i' form: only fixed-width by-value types (and uuid) in the server's announced byte order."""
+    cdef int kind = col.kind, size
+    cdef uint64_t raw
+    cdef char* slot = col.data.data + idx * col.width
+    cdef int32_t d32
+    cdef int64_t d64
+    cdef float f4
+    cdef double f8
+    if kind == K_UUID:
+        if n != 16:
+            return F_INVALID
+        memcpy(slot, p, 16)
+        return 0
+    if kind == K_BOOL:
+        size = 1
+    elif kind == K_INT2:
+        size = 2
+    elif kind == K_INT4 or kind == K_OID or kind == K_FLOAT4 or kind == K_DATE:
+        size = 4
+    elif kind == K_INT8 or kind == K_FLOAT8 or kind == K_TIMESTAMP or kind == K_TIMESTAMPTZ or kind == K_TIME:
+        size = 8
+    else:
+        return F_INTERNAL_UNSUPPORTED
+    if order < 0:
+        return F_BYTE_ORDER_UNKNOWN
+    if n != size:
+        return F_INVALID
+    raw = load_host(p, size, order)
+    if kind == K_BOOL:
+        if raw > 1:
+            return F_INVALID
+        if raw:
+            col.data.data[idx >> 3] |= <char>(1 << (idx & 7))
+        else:
+            col.data.data[idx >> 3] &= <char>~(1 << (idx & 7))
+        return 0
+    if kind == K_INT2:
+        (<int16_t*>slot)[0] = <int16_t>raw
+    elif kind == K_INT4 or kind == K_OID:
+        (<uint32_t*>slot)[0] = <uint32_t>raw
+    elif kind == K_INT8:
+        (<uint64_t*>slot)[0] = raw
+    elif kind == K_FLOAT4:
+        d32 = <int32_t>raw
+        memcpy(&f4, &d32, 4)
+        (<float*>slot)[0] = f4
+    elif kind == K_FLOAT8:
+        memcpy(&f8, &raw, 8)
+        (<double*>slot)[0] = f8
+    elif kind == K_DATE:
+        if pg_days(<int32_t>raw, <int32_t*>slot):
+            return F_OUT_OF_RANGE
+    elif kind == K_TIME:
+        d64 = <int64_t>raw
+        if d64 < 0 or d64 > US_PER_DAY:
+            return F_INVALID
+        (<int64_t*>slot)[0] = d64
+    else:
+        if pg_us(<int64_t>raw, <int64_t*>slot):
+            return F_OUT_OF_RANGE
+    return 0
+
+
+cdef int append_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ssize_t n, int order) except -1:
+    """Decode one non-NULL value into slot `idx` of a typed column; 0 or a failure code."""
+    cdef int kind = col.kind, rc = 0
+    cdef char* slot = col.data.data + idx * col.width
+    cdef int64_t v64
+    cdef int32_t v32, months, days
+    cdef double f8
+    cdef uint32_t u32
+    cdef uint64_t u64
+    cdef int64_t nanos
+    set_valid(col, idx)
+    if fmt == 0x69:
+        return internal_value(col, idx, p, n, order)
+    if fmt == 0x62:
+        if kind == K_TEXT or kind == K_JSON or kind == K_ENUM:
+            return utf8_text(col, idx, p, n)
+        if kind == K_INT2:
+            if n != 2:
+                return F_INVALID
+            (<int16_t*>slot)[0] = <int16_t>sw_load_u16(p)
+        elif kind == K_INT4 or kind == K_OID:
+            if n != 4:
+                return F_INVALID
+            (<uint32_t*>slot)[0] = sw_load_u32(p)
+        elif kind == K_INT8:
+            if n != 8:
+                return F_INVALID
+            (<uint64_t*>slot)[0] = sw_load_u64(p)
+        elif kind == K_BOOL:
+            if n != 1 or <unsigned char>p[0] > 1:
+                return F_INVALID
+            if p[0]:
+                col.data.data[idx >> 3] |= <char>(1 << (idx & 7))
+            else:
+                col.data.data[idx >> 3] &= <char>~(1 << (idx & 7))
+        elif kind == K_FLOAT4:
+            if n != 4:
+                return F_INVALID
+            u32 = sw_load_u32(p)
+            memcpy(slot, &u32, 4)
+        elif kind == K_FLOAT8:
+            if n != 8:
+                return F_INVALID
+            u64 = sw_load_u64(p)
+            memcpy(slot, &u64, 8)
+        elif kind == K_DECIMAL:
+            return binary_decimal(col, idx, p, n)
+        elif kind == K_NUMERIC_TEXT:
+            return binary_numeric_text(col, idx, p, n)
+        elif kind == K_JSONB:
+            if n < 1 or p[0] != 1:
+                return F_INVALID
+            return utf8_text(col, idx, p + 1, n - 1)
+        elif kind == K_BYTEA:
+            return var_append(col, idx, p, n)
+        elif kind == K_DATE:
+            if n != 4:
+                return F_INVALID
+            return pg_days(sw_load_i32(p), <int32_t*>slot)
+        elif kind == K_TIMESTAMP or kind == K_TIMESTAMPTZ:
+            if n != 8:
+                return F_INVALID
+            return pg_us(sw_load_i64(p), <int64_t*>slot)
+        elif kind == K_TIME:
+            if n != 8:
+                return F_INVALID
+            v64 = sw_load_i64(p)
+            if v64 < 0 or v64 > US_PER_DAY:
+                return F_INVALID
+            (<int64_t*>slot)[0] = v64
+        elif kind == K_TIMETZ:
+            if n != 12:
+                return F_INVALID
+            v64 = sw_load_i64(p)
+            v32 = sw_load_i32(p + 8)
+            if v64 < 0 or v64 > US_PER_DAY or v32 < -(15 * 3600 + 59 * 60 + 59) or v32 > 15 * 3600 + 59 * 60 + 59:
+                return F_INVALID
+            return timetz_text(col, idx, v64, v32)
+        elif kind == K_INTERVAL:
+            if n != 16:
+                return F_INVALID
+            v64 = sw_load_i64(p)
+            days = sw_load_i32(p + 8)
+            months = sw_load_i32(p + 12)
+            if v64 > I64_MAX // 1000 or v64 < I64_MIN // 1000:
+                return F_OUT_OF_RANGE
+            nanos = v64 * 1000
+            memcpy(slot, &months, 4)
+            memcpy(slot + 4, &days, 4)
+            memcpy(slot + 8, &nanos, 8)
+        elif kind == K_UUID:
+            if n != 16:
+                return F_INVALID
+            memcpy(slot, p, 16)
+        elif kind == K_ARRAY:
+            return binary_array(col, idx, p, n, order)
+        else:
+            return F_INVALID
+        return 0
+    # text form
+    if kind == K_TEXT or kind == K_JSON or kind == K_JSONB or kind == K_ENUM or kind == K_NUMERIC_TEXT \
+            or kind == K_TIMETZ:
+        return utf8_text(col, idx, p, n)
+    if kind == K_INT2:
+        rc = text_int(p, n, -32768, 32767, &v64)
+        if rc == 0:
+            (<int16_t*>slot)[0] = <int16_t>v64
+    elif kind == K_INT4:
+        rc = text_int(p, n, I32_MIN, I32_MAX, &v64)
+        if rc == 0:
+            (<int32_t*>slot)[0] = <int32_t>v64
+    elif kind == K_INT8:
+        rc = text_int(p, n, I64_MIN, I64_MAX, &v64)
+        if rc == 0:
+            (<int64_t*>slot)[0] = v64
+    elif kind == K_OID:
+        rc = text_int(p, n, 0, 0xFFFFFFFF, &v64)
+        if rc == 0:
+            (<uint32_t*>slot)[0] = <uint32_t>v64
+    elif kind == K_BOOL:
+        if n == 1 and p[0] == 116:
+            col.data.data[idx >> 3] |= <char>(1 << (idx & 7))
+        elif n == 1 and p[0] == 102:
+            col.data.data[idx >> 3] &= <char>~(1 << (idx & 7))
+        else:
+            rc = F_INVALID
+    elif kind == K_FLOAT4:
+        rc = text_float(p, n, &f8)
+        if rc == 0:
+            (<float*>slot)[0] = <float>f8
+    elif kind == K_FLOAT8:
+        rc = text_float(p, n, &f8)
+        if rc == 0:
+            (<double*>slot)[0] = f8
+    elif kind == K_DECIMAL:
+        rc = text_decimal(col, idx, p, n)
+    elif kind == K_BYTEA:
+        rc = text_bytea(col, idx, p, n)
+    elif kind == K_DATE:
+        rc = text_date(p, n, <int32_t*>slot)
+    elif kind == K_TIMESTAMP:
+        rc = text_timestamp(p, n, False, <int64_t*>slot)
+    elif kind == K_TIMESTAMPTZ:
+        rc = text_timestamp(p, n, True, <int64_t*>slot)
+    elif kind == K_TIME:
+        rc = text_time(p, n, <int64_t*>slot)
+    elif kind == K_INTERVAL:
+        rc = text_interval(p, n, &months, &days, &nanos)
+        if rc == 0:
+            memcpy(slot, &months, 4)
+            memcpy(slot + 4, &days, 4)
+            memcpy(slot + 8, &nanos, 8)
+    elif kind == K_UUID:
+        rc = text_uuid(p, n, <unsigned char*>slot)
+    elif kind == K_ARRAY:
+        rc = text_array(col, idx, p, n, order)
+    else:
+        rc = F_INVALID
+    return rc
+
+
+cdef object storage_array(ColBuf* col, object spec, Py_ssize_t n):
+    """The Arrow array of `n` values of a typed column; its buffers move to pyarrow."""
+    cdef Py_ssize_t nulls = count_nulls(col.validity.data, n)
+    cdef int kind = col.kind
+    cdef int32_t* off
+    validity = own(&col.validity, (n + 7) >> 3) if nulls else None
+    if not nulls:
+        buf_free(&col.validity)
+    typ = spec.arrow_type
+    if col.width:
+        values = own(&col.data, n * col.width)
+        if kind == K_DATE:
+            return pa.Array.from_buffers(pa.int32(), n, [validity, values], null_count=nulls).view(typ)
+        if kind == K_TIMESTAMP or kind == K_TIMESTAMPTZ or kind == K_TIME:
+            return pa.Array.from_buffers(pa.int64(), n, [validity, values], null_count=nulls).view(typ)
+        return pa.Array.from_buffers(typ, n, [validity, values], null_count=nulls)
+    if kind == K_BOOL:
+        return pa.Array.from_buffers(typ, n, [validity, own(&col.data, (n + 7) >> 3)], null_count=nulls)
+    if col.offsets.data == NULL:
+        buf_grow(&col.offsets, 4)
+    off = <int32_t*>col.offsets.data
+    total = off[n]
+    offsets = own(&col.offsets, (n + 1) * 4)
+    if kind == K_ARRAY:
+        child = storage_array(col.child, spec.element, total)
+        return pa.Array.from_buffers(typ, n, [validity, offsets], null_count=nulls, children=[child])
+    data = own(&col.data, total)
+    if kind == K_ENUM:
+        return pa.Array.from_buffers(pa.string(), n, [validity, offsets, data], null_count=nulls).dictionary_encode()
+    if kind == K_RAW or kind == K_OTHER:
+        col.nontext = count_nulls(col.marks.data, n) != n
+        typ = pa.binary() if col.nontext else pa.string()
+    return pa.Array.from_buffers(typ, n, [validity, offsets, data], null_count=nulls)
