@@ -82,6 +82,22 @@ class ChangeBatch:
         """The batch as a `pyarrow.RecordBatch` (change columns first, then the table's columns)."""
         return self._record_batch
 
+    def to_pylist(self) -> list[dict[str, Any]]:
+        """Rows as dicts of Python values: Decimal, datetime, date, time, uuid.UUID, intervals as
+        (months, days, nanoseconds), lists, str, bytes; dates and timestamps outside Python's range (infinity,
+        BC, after 9999) as PostgreSQL's text."""
+        from .export.python import to_pylist
+        return to_pylist(self._record_batch, self.relation)
+
+    def to_pandas(self, **kwargs: Any) -> Any:
+        """The batch as a pandas DataFrame (`pyarrow.RecordBatch.to_pandas` options apply)."""
+        return self._record_batch.to_pandas(**kwargs)
+
+    def column_numpy(self, name: str) -> Any:
+        """A zero-copy numpy view of a fixed-width column without NULLs."""
+        from .export.python import numpy_view
+        return numpy_view(self._record_batch, name)
+
     def __len__(self) -> int:
         return self._record_batch.num_rows
 

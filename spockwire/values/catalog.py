@@ -8,8 +8,8 @@ column with the kind it returns. The mapping:
 | bool | BOOL | bool |
 | int2, int4, int8, oid | INT2, INT4, INT8, OID | int16, int32, int64, uint32 |
 | float4, float8 | FLOAT4, FLOAT8 | float32, float64 (NaN, ±Infinity kept) |
-| numeric(p,s), p <= 38 | DECIMAL | decimal128(p, s) (negative scale s: decimal128(p-s, 0); s > p: decimal128(s, s)) |
-| numeric without typmod, or p > 38 | NUMERIC_TEXT | string, PostgreSQL's exact text (NaN, Infinity, -Infinity kept as text) |
+| numeric(p,s), p <= 38 | DECIMAL | decimal128(p, s) (negative scale s: decimal128(p-s, 0); s > p: decimal128(s, s)); NaN, which decimal128 cannot hold, is an error naming the column — decode with `numeric="text"` where a column holds NaN |
+| numeric without typmod, or p > 38, or any numeric with `numeric="text"` | NUMERIC_TEXT | string, PostgreSQL's exact text (NaN, Infinity, -Infinity kept as text) |
 | text, varchar, bpchar, name, char, citext, xml | TEXT | string |
 | json, jsonb | JSON, JSONB | string (jsonb binary format: version byte 1 dropped) |
 | bytea | BYTEA | binary |
@@ -251,16 +251,16 @@ _SIMPLE_ARROW: dict[int, pa.DataType] = {
 }
 
 
-def _builtin_spec(oid: int, typmod: int) -> ColumnSpec | None:
+def _builtin_spec(oid: int, typmod: int, numeric_text: bool = False) -> ColumnSpec | None:
     entry = BUILTIN_TYPES.get(oid)
     if entry is not None:
         name, kind = entry
         if kind == DECIMAL:
-            return _numeric_spec(typmod)
+            return ColumnSpec(NUMERIC_TEXT, "numeric", pa.string()) if numeric_text else _numeric_spec(typmod)
         return ColumnSpec(kind, name, _SIMPLE_ARROW[kind])
     elem = ARRAY_TYPES.get(oid)
     if elem is not None:
-        element = _builtin_spec(elem, typmod)
+        element = _builtin_spec(elem, typmod, numeric_text)
         return _array_spec(element)
     return None
 
@@ -273,10 +273,10 @@ def _array_spec(element: ColumnSpec) -> ColumnSpec:
 
 
 def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catalog: TypeCatalog | None,
-              depth: int = 0) -> ColumnSpec:
+              numeric_text: bool, depth: int = 0) -> ColumnSpec:
     if oid == 0:
         return ColumnSpec(RAW, "unknown", None)
-    spec = _builtin_spec(oid, typmod)
+    spec = _builtin_spec(oid, typmod, numeric_text)
     if spec is not None:
         return spec
     if depth > 16:
@@ -285,25 +285,29 @@ def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catal
     if info is not None:
         if info.typtype == "d" and info.base_oid:
             return _spec_for(info.base_oid, info.base_typmod if info.base_typmod >= 0 else typmod, types,
-                             catalog, depth + 1)
+                             catalog, numeric_text, depth + 1)
         if info.typtype == "e":
             return ColumnSpec(ENUM, info.name, _SIMPLE_ARROW[ENUM])
         if info.category == "A" and info.element_oid:
-            return _array_spec(_spec_for(info.element_oid, typmod, types, catalog, depth + 1))
+            return _array_spec(_spec_for(info.element_oid, typmod, types, catalog, numeric_text, depth + 1))
         return ColumnSpec(OTHER, info.name, None)
     described = types.get(oid)
     if described is not None:
         nsp, name = described
         # pgoutput names a domain by its base type (in pg_catalog, sent as "")
         if nsp in ("", "pg_catalog") and name in _BY_NAME:
-            return _spec_for(_BY_NAME[name], typmod, types, catalog, depth + 1)
+            return _spec_for(_BY_NAME[name], typmod, types, catalog, numeric_text, depth + 1)
         return ColumnSpec(OTHER, f"{nsp}.{name}" if nsp else name, None)
     return ColumnSpec(OTHER, str(oid), None)
 
 
 def column_specs(relation: Relation, types: Mapping[int, tuple[str, str]], catalog: TypeCatalog | None,
-                 typed: bool) -> tuple[ColumnSpec, ...]:
-    """The decoding plan of one relation version (one ColumnSpec per column)."""
+                 typed: bool, numeric: str = "decimal") -> tuple[ColumnSpec, ...]:
+    """The decoding plan of one relation version (one ColumnSpec per column).
+
+    `numeric="decimal"` decodes numeric(p,s), p <= 38, as decimal128 (a NaN there is a clear error, since
+    decimal128 has no NaN); `numeric="text"` decodes every numeric as its exact PostgreSQL text.
+    """
     n = len(relation.columns)
     if not typed:
         return tuple(ColumnSpec(RAW, "raw", None) for _ in range(n))
@@ -319,4 +323,4 @@ def column_specs(relation: Relation, types: Mapping[int, tuple[str, str]], catal
     if len(pairs) != n:
         raise TypeCatalogError(f"the type catalog gave {len(pairs)} column types for {relation.qualified_name}, "
                                f"which has {n} replicated columns")
-    return tuple(_spec_for(oid, typmod, types, catalog) for oid, typmod in pairs)
+    return tuple(_spec_for(oid, typmod, types, catalog, numeric == "text") for oid, typmod in pairs)

@@ -292,13 +292,17 @@ cdef class Decoder:
     cdef uint32_t last_relid
     cdef _RelInfo last_info
     cdef bint typed
+    cdef str numeric
     cdef readonly object type_catalog
     cdef int internal_order           # server byte order of 'i' datums: 1 big, 0 little, -1 not announced
 
     def __init__(self, str protocol="pgoutput", *, proto_version=None, Py_ssize_t batch_rows=DEFAULT_BATCH_ROWS,
-                 str types="typed", type_catalog=None):
+                 str types="typed", type_catalog=None, str numeric="decimal"):
         if types not in ("typed", "raw"):
             raise ValueError(f"types must be 'typed' or 'raw', got {types!r}")
+        if numeric not in ("decimal", "text"):
+            raise ValueError(f"numeric must be 'decimal' or 'text', got {numeric!r}")
+        self.numeric = numeric
         self.typed = types == "typed"
         self.type_catalog = type_catalog
         self.internal_order = -1
@@ -711,7 +715,7 @@ cdef class Decoder:
         self.versions[relid] = version
         rel = Relation(relid, nsp, name, cols, ident, version)
         cdef _RelInfo info = _RelInfo.__new__(_RelInfo)
-        info.specs = column_specs(rel, self.types, self.type_catalog, self.typed)
+        info.specs = column_specs(rel, self.types, self.type_catalog, self.typed, self.numeric)
         self.relations[relid] = rel
         info.relation = rel
         info.ncols = len(cols)

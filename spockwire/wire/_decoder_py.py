@@ -255,9 +255,13 @@ class Decoder:
     """Decodes one logical-replication stream (pgoutput, pglogical or spock) into committed change events."""
 
     def __init__(self, protocol: str = "pgoutput", *, proto_version: int | None = None,
-                 batch_rows: int = DEFAULT_BATCH_ROWS, types: str = "typed", type_catalog: Any = None) -> None:
+                 batch_rows: int = DEFAULT_BATCH_ROWS, types: str = "typed", type_catalog: Any = None,
+                 numeric: str = "decimal") -> None:
         if types not in ("typed", "raw"):
             raise ValueError(f"types must be 'typed' or 'raw', got {types!r}")
+        if numeric not in ("decimal", "text"):
+            raise ValueError(f"numeric must be 'decimal' or 'text', got {numeric!r}")
+        self._numeric = numeric
         self._typed = types == "typed"
         self.type_catalog = type_catalog
         self._big_endian: bool | None = None
@@ -615,7 +619,7 @@ class Decoder:
         version = self._versions.get(relid, 0) + 1
         self._versions[relid] = version
         rel = Relation(relid, nsp, name, cols, ident, version)
-        self._specs[id(rel)] = column_specs(rel, self.types, self.type_catalog, self._typed)
+        self._specs[id(rel)] = column_specs(rel, self.types, self.type_catalog, self._typed, self._numeric)
         self.relations[relid] = rel
 
     # ------------------------------------------------------------------ transactions

@@ -1,0 +1,130 @@
+"""Python-object and numpy exports of change batches.
+
+`to_pylist` gives Decimal, datetime (UTC-aware for timestamptz), date, time, uuid.UUID, (months, days, nanoseconds)
+intervals, lists, str and bytes. Dates and timestamps that Python's datetime cannot hold — PostgreSQL's
+`infinity`/`-infinity` (stored as the Arrow type's largest/smallest value) and years before 1 or after 9999 —
+come out as PostgreSQL's own text (`"infinity"`, `"0044-03-15 BC"`, `"10000-01-01 00:00:00+00"`), never as a
+wrong or missing value.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..model import Relation
+
+__all__ = ["to_pylist", "numpy_view", "date_text", "timestamp_text"]
+
+_INT32_MAX, _INT32_MIN = (1 << 31) - 1, -(1 << 31)
+_INT64_MAX, _INT64_MIN = (1 << 63) - 1, -(1 << 63)
+_UNIX = dt.datetime(1970, 1, 1)
+_MIN_DAYS = (dt.date(1, 1, 1) - dt.date(1970, 1, 1)).days
+_MAX_DAYS = (dt.date(9999, 12, 31) - dt.date(1970, 1, 1)).days
+UUID_OID = 2950
+
+
+def _civil_from_days(z: int) -> tuple[int, int, int]:
+    """Proleptic Gregorian (astronomical year) of a day count since 1970-01-01."""
+    z += 719468
+    era = (z if z >= 0 else z - 146096) // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    y = yoe + era * 400
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + 3 if mp < 10 else mp - 9
+    return (y + 1 if m <= 2 else y), m, d
+
+
+def _ymd_text(days: int) -> str:
+    y, m, d = _civil_from_days(days)
+    if y <= 0:
+        return f"{1 - y:04d}-{m:02d}-{d:02d} BC"
+    return f"{y:04d}-{m:02d}-{d:02d}"
+
+
+def date_text(days: int) -> str:
+    if days == _INT32_MAX:
+        return "infinity"
+    if days == _INT32_MIN:
+        return "-infinity"
+    return _ymd_text(days)
+
+
+def timestamp_text(us: int, with_tz: bool) -> str:
+    if us == _INT64_MAX:
+        return "infinity"
+    if us == _INT64_MIN:
+        return "-infinity"
+    days, rest = divmod(us, 86_400_000_000)
+    secs, frac = divmod(rest, 1_000_000)
+    clock = f"{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+    if frac:
+        clock += f".{frac:06d}".rstrip("0")
+    date = _ymd_text(days)
+    bc = date.endswith(" BC")
+    text = f"{date[:-3] if bc else date} {clock}{'+00' if with_tz else ''}"
+    return text + (" BC" if bc else "")
+
+
+def _dates(array: pa.Array) -> list[Any]:
+    out: list[Any] = []
+    for v in array.cast(pa.int32()).to_pylist():
+        if v is None:
+            out.append(None)
+        elif _MIN_DAYS <= v <= _MAX_DAYS:
+            out.append(dt.date(1970, 1, 1) + dt.timedelta(days=v))
+        else:
+            out.append(date_text(v))
+    return out
+
+
+def _timestamps(array: pa.Array, tz: str | None) -> list[Any]:
+    out: list[Any] = []
+    lo = _MIN_DAYS * 86_400_000_000
+    hi = (_MAX_DAYS + 1) * 86_400_000_000 - 1
+    for v in array.cast(pa.int64()).to_pylist():
+        if v is None:
+            out.append(None)
+        elif lo <= v <= hi:
+            value = _UNIX + dt.timedelta(microseconds=v)
+            out.append(value.replace(tzinfo=dt.timezone.utc) if tz else value)
+        else:
+            out.append(timestamp_text(v, tz is not None))
+    return out
+
+
+def _column(array: pa.Array, type_oid: int | None) -> list[Any]:
+    t = array.type
+    if pa.types.is_date32(t):
+        return _dates(array)
+    if pa.types.is_timestamp(t):
+        return _timestamps(array, t.tz)
+    if pa.types.is_list(t):
+        flat = _column(array.values, None)
+        offsets = array.offsets.to_pylist()
+        return [None if not array[i].is_valid else flat[offsets[i]:offsets[i + 1]] for i in range(len(array))]
+    if pa.types.is_fixed_size_binary(t) and t.byte_width == 16 and type_oid == UUID_OID:
+        return [None if v is None else uuid.UUID(bytes=v) for v in array.to_pylist()]
+    return array.to_pylist()
+
+
+def to_pylist(batch: pa.RecordBatch, relation: Relation) -> list[dict[str, Any]]:
+    """Rows of a change batch as dicts of Python values (see the module description)."""
+    oids = {c.name: c.type_oid for c in relation.columns}
+    names = batch.schema.names
+    columns = [_column(batch.column(i), oids.get(name) if i >= 7 else None) for i, name in enumerate(names)]
+    return [dict(zip(names, row)) for row in zip(*columns)]
+
+
+def numpy_view(batch: pa.RecordBatch, name: str) -> np.ndarray:
+    """A zero-copy numpy view of a fixed-width column without NULLs (ValueError otherwise)."""
+    column = batch.column(batch.schema.get_field_index(name))
+    if column.null_count:
+        raise ValueError(f"column {name!r} has NULLs: use to_pandas() or to_pylist() for it")
+    return column.to_numpy(zero_copy_only=True)
