@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Install what spockwire needs to build and test on a Debian 12 (or Ubuntu) machine. Idempotent: a machine that
+# already has everything costs a few seconds.
+#
+#   scripts/setup-machine.sh            system packages + Python build/test requirements
+#
+# Environment:
+#   PYTHON=python3                      the interpreter to install the Python requirements into
+#   SPOCKWIRE_SETUP_SPARK=1             also install the `spark` extra (pyspark, delta-spark; needs Java 17)
+#   SPOCKWIRE_SETUP_SKIP_APT=1          do not touch system packages
+#
+# PostgreSQL note: install the server and its plugins in one apt transaction, before any cluster is started.
+# Installing postgresql-15-pglogical can pull a newer postgresql-15 underneath a running cluster (Debian's
+# 15.19+ packages also bring the output_plugin_libraries setting), so never install them piecemeal mid-test.
+set -euo pipefail
+
+PYTHON="${PYTHON:-python3}"
+
+APT_PACKAGES=(
+    postgresql-15
+    postgresql-15-pglogical
+    postgresql-15-wal2json
+    libpq-dev
+    build-essential
+)
+
+PIP_PACKAGES=(
+    "setuptools>=68"
+    "Cython>=3.1,<4"
+    numpy
+    "pyarrow>=14"
+    "psycopg2>=2.9"
+    hypothesis
+    pytest
+    pytest-benchmark
+    pandas
+    build
+)
+
+# Hook for the Spark integration: off by default (large download).
+SPARK_PACKAGES=("pyspark>=4.0,<5" "delta-spark>=4.0")
+
+log() { printf 'setup-machine: %s\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo -n "$@" || sudo "$@"
+    else
+        log "need root (or sudo) to run: $*"
+        return 1
+    fi
+}
+
+missing_apt_packages() {
+    local pkg status
+    for pkg in "$@"; do
+        status="$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)"
+        [ "$status" = "installed" ] || printf '%s\n' "$pkg"
+    done
+}
+
+python_needs_system_packages() {
+    # True when $PYTHON is missing, or is the distribution's interpreter without pip or C headers: then apt
+    # must bring python3-dev / python3-pip. A pyenv/venv/setup-python interpreter brings its own.
+    local exe
+    exe="$(command -v "$PYTHON" || true)"
+    [ -n "$exe" ] || return 0
+    if "$PYTHON" - 2>/dev/null <<'EOF'
+import os, sys, sysconfig
+import pip  # noqa: F401
+sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
+EOF
+    then
+        return 1
+    fi
+    case "$(readlink -f "$exe")" in
+        /usr/bin/*) return 0 ;;
+        *) log "warning: $exe lacks pip or its C headers"; return 1 ;;
+    esac
+}
+
+install_apt() {
+    if [ "${SPOCKWIRE_SETUP_SKIP_APT:-0}" = "1" ]; then
+        log "skipping system packages (SPOCKWIRE_SETUP_SKIP_APT=1)"
+        return
+    fi
+    local wanted=("${APT_PACKAGES[@]}")
+    if python_needs_system_packages; then
+        wanted+=(python3 python3-dev python3-pip python3-venv)
+    fi
+    local missing
+    missing="$(missing_apt_packages "${wanted[@]}")"
+    if [ -z "$missing" ]; then
+        log "system packages already installed"
+        return
+    fi
+    log "installing system packages: $(echo "$missing" | tr '\n' ' ')"
+    export DEBIAN_FRONTEND=noninteractive
+    local apt_opts=(-y -qq -o Dpkg::Use-Pty=0 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    # Everything in one transaction, so the server and its plugins come from the same package versions.
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install "${apt_opts[@]}" --no-install-recommends \
+        "${wanted[@]}" >/dev/null
+    local still
+    still="$(missing_apt_packages "${wanted[@]}")"
+    if [ -n "$still" ]; then
+        log "apt-get finished but these are still not installed: $(echo "$still" | tr '\n' ' ')"
+        return 1
+    fi
+}
+
+install_pip() {
+    local packages=("${PIP_PACKAGES[@]}")
+    if [ "${SPOCKWIRE_SETUP_SPARK:-0}" = "1" ]; then
+        packages+=("${SPARK_PACKAGES[@]}")
+    fi
+    local pip_opts=(-q --disable-pip-version-check --no-input)
+    # psycopg2 is always built from source against the system libpq (pg_config from libpq-dev), so that it and
+    # spockwire's own libpq-linked modules share one libpq. Never psycopg2-binary.
+    pip_opts+=(--no-binary psycopg2)
+    local where
+    where="$("$PYTHON" - <<'EOF'
+import os, sys, sysconfig
+if sys.prefix != sys.base_prefix:
+    print("venv")
+elif os.path.exists(os.path.join(sysconfig.get_paths()["stdlib"], "EXTERNALLY-MANAGED")):
+    print("managed")  # a distribution's interpreter (PEP 668)
+elif not os.access(sysconfig.get_paths()["purelib"], os.W_OK):
+    print("readonly")
+else:
+    print("plain")
+EOF
+)"
+    case "$where" in
+        managed) pip_opts+=(--break-system-packages) ;;
+        readonly) pip_opts+=(--user) ;;
+    esac
+    log "installing Python packages into $("$PYTHON" -c 'import sys; print(sys.executable)')"
+    PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install "${pip_opts[@]}" "${packages[@]}"
+}
+
+main() {
+    if [ ! -r /etc/debian_version ]; then
+        log "warning: not a Debian-family system; system packages must be installed by hand"
+        SPOCKWIRE_SETUP_SKIP_APT=1
+    fi
+    install_apt
+    install_pip
+    log "done"
+}
+
+main "$@"

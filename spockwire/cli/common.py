@@ -1,0 +1,120 @@
+"""Helpers shared by the `spockwire` commands: settings every command has, decoders, frame files, formatting."""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+from types import ModuleType
+from typing import Any
+
+from ..frames import parse_file_header, read_frame_file
+from .config import CONFIG, Setting
+
+__all__ = ["IMPL", "TYPES", "COMMON_SETTINGS", "decoder_module", "decoder_for", "load_frame_file", "parse_frame_bytes",
+           "format_lsn", "format_value", "format_row", "json_value", "human_bytes", "CliError"]
+
+IMPL = Setting("impl", "decoder implementation: c (compiled) or python (pure-Python twin); default: the one "
+                       "`import spockwire` selected", choices=("c", "python"))
+TYPES = Setting("types", "column values: typed (Arrow types from the column's PostgreSQL type) or raw (text/bytes "
+                         "as sent); default: the decoder's default", choices=("typed", "raw"))
+NUMERIC = Setting("numeric", "numeric columns: decimal (numeric(p,s) as decimal128; a NaN there is an error) or "
+                             "text (every numeric as its exact text); default: decimal", choices=("decimal", "text"))
+COMMON_SETTINGS = (CONFIG, IMPL, TYPES, NUMERIC)
+
+
+class CliError(Exception):
+    """An expected failure of a command: printed as one line on stderr, exit status 1."""
+
+
+def decoder_module(impl: str | None) -> ModuleType:
+    """The decoder module for `impl` ("c" | "python"), or the one `import spockwire` selected for None."""
+    if impl is None:
+        import spockwire
+
+        impl = spockwire.__impl__
+    name = "spockwire.wire._decoder" if impl == "c" else "spockwire.wire._decoder_py"
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise CliError(f"the {impl!r} decoder cannot be loaded: {exc}") from None
+
+
+def decoder_for(module: ModuleType, header: dict[str, Any], types: str | None = None,
+                numeric: str | None = None) -> Any:
+    """A decoder for a frame file, configured from its header (protocol, spock proto_version), `types` and
+    `numeric`."""
+    protocol = header["protocol"]
+    kwargs: dict[str, Any] = {}
+    if types is not None:
+        kwargs["types"] = types
+    if numeric is not None:
+        kwargs["numeric"] = numeric
+    options = header.get("options") or {}
+    if protocol == "spock" and isinstance(options, dict) and "proto_version" in options:
+        try:
+            kwargs["proto_version"] = int(options["proto_version"])
+        except (TypeError, ValueError):
+            pass
+    try:
+        return module.Decoder(protocol=protocol, **kwargs)
+    except ValueError as exc:
+        raise CliError(f"cannot decode this frame file: {exc}") from None
+
+
+def load_frame_file(path: str) -> tuple[dict[str, Any], memoryview]:
+    """Read a frame file; a missing or unreadable file is a CliError (FrameError passes through)."""
+    try:
+        return read_frame_file(path)
+    except IsADirectoryError:
+        raise CliError(f"{path} is a folder, not a frame file") from None
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def parse_frame_bytes(data: bytes, source: str) -> tuple[dict[str, Any], memoryview]:
+    header, start = parse_file_header(data, source=source)
+    return header, memoryview(data)[start:]
+
+
+def format_lsn(lsn: int | None) -> str:
+    if lsn is None:
+        return "-"
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def format_value(value: Any, width: int = 40) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        text = "\\x" + bytes(value).hex()
+    elif isinstance(value, _dt.datetime):
+        text = value.isoformat()
+    elif isinstance(value, str):
+        text = repr(value)
+    else:
+        text = str(value)
+    if len(text) > width:
+        text = text[:width - 1] + "…"
+    return text
+
+
+def format_row(row: dict[str, Any], names: list[str], width: int = 40) -> str:
+    return " ".join(f"{n}={format_value(row[n], width)}" for n in names)
+
+
+def json_value(value: Any) -> Any:
+    """A JSON-friendly form: bytes as PostgreSQL bytea hex text (``\\x...``), datetimes as ISO-8601."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, _dt.datetime):
+        return value.isoformat()
+    if isinstance(value, list):
+        return [json_value(v) for v in value]
+    return value

@@ -1,0 +1,226 @@
+"""The `spockwire` command line, run as `python -m spockwire` in a subprocess (both decoder implementations)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spockwire.cli import config as cfgmod
+from spockwire.frames import read_frame_file, write_frame_file
+from spockwire.ingest import list_tables, read_log, read_staging
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+PGOUTPUT = DATA / "pgoutput_v1_text.spwf"
+PGLOGICAL = DATA / "pglogical_text.spwf"
+
+
+def run(*args: str, impl: str | None = None, env: dict[str, str] | None = None, cwd: Path | None = None):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SPOCKWIRE_")}
+    environ["PYTHONPATH"] = str(ROOT) + os.pathsep + environ.get("PYTHONPATH", "")
+    if impl is not None:
+        environ["SPOCKWIRE_IMPL"] = impl
+    environ.update(env or {})
+    return subprocess.run([sys.executable, "-m", "spockwire", *args], capture_output=True, text=True,
+                          env=environ, cwd=cwd or ROOT, timeout=300)
+
+
+def assert_one_line_error(proc, command: str, *needles: str) -> None:
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"spockwire {command}: error: ")
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.fixture
+def impl_name(impl) -> str:
+    return impl.IMPLEMENTATION
+
+
+# ----------------------------------------------------------------------------------------- help and usage
+
+def test_help_everywhere():
+    top = run("--help")
+    assert top.returncode == 0
+    for command in ("main", "inspect", "decode"):
+        assert command in top.stdout
+        sub = run(command, "--help")
+        assert sub.returncode == 0, sub.stderr
+        assert "SPOCKWIRE_IMPL" in sub.stdout and "--config" in sub.stdout
+    assert "SPOCKWIRE_OUT" in run("decode", "--help").stdout
+    assert run("--version").stdout.startswith("spockwire ")
+
+
+def test_usage_errors_exit_2(tmp_path):
+    assert run().returncode == 2
+    assert run("frobnicate").returncode == 2
+    assert run("inspect", str(PGOUTPUT), "--no-such-flag").returncode == 2
+    missing_out = run("decode", str(PGOUTPUT))
+    assert missing_out.returncode == 2 and "--out is required" in missing_out.stderr
+    bad_limit = run("inspect", str(PGOUTPUT), "--limit", "0")
+    assert bad_limit.returncode == 2 and "--limit" in bad_limit.stderr
+    bad_env = run("inspect", str(PGOUTPUT), env={"SPOCKWIRE_LIMIT": "many"})
+    assert bad_env.returncode == 2 and "SPOCKWIRE_LIMIT" in bad_env.stderr
+    bad_choice = run("decode", str(PGOUTPUT), "--out", str(tmp_path / "o"), "--compression", "brotli9")
+    assert bad_choice.returncode == 2 and "not one of" in bad_choice.stderr
+
+
+# ----------------------------------------------------------------------------------------- main
+
+def test_main_summarises_the_bundled_captures(impl_name):
+    proc = run("main", "--min-time", "0", "--min-runs", "1", "--types", "raw", impl=impl_name)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"decoder implementation '{impl_name}'" in out
+    assert "pgoutput_v1_text.spwf" in out and "pglogical_text.spwf" in out
+    assert "public.kinds" in out and "v1,v2" in out          # relation versions of public.evolving
+    assert "truncates: 1" in out and "messages: 3 (1 transactional, 2 non-transactional)" in out
+    assert "sample rows:" in out and "public.t1 insert" in out
+    assert out.count("rows/s") == 3 and "MB/s" in out
+
+
+def test_main_with_given_files(impl_name):
+    proc = run("main", str(PGLOGICAL), "--samples", "0", "--min-time", "0", "--min-runs", "1", impl=impl_name)
+    assert proc.returncode == 0, proc.stderr
+    assert "pglogical_text.spwf" in proc.stdout and "pgoutput_v1_text" not in proc.stdout
+    assert "sample rows" not in proc.stdout
+
+
+# ----------------------------------------------------------------------------------------- inspect
+
+def test_inspect_text(impl_name):
+    proc = run("inspect", str(PGOUTPUT), "--types", "raw", impl=impl_name)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "B  begin" in lines[0] and lines[0].strip().startswith("0/")
+    assert any("R  relation" in ln and "public.kinds v1 (id key" in ln for ln in lines)
+    assert any("-> insert" in ln and "public.kinds" in ln and "id='1'" in ln for ln in lines)
+    assert any("-> truncate" in ln and "public.t2, public.t3" in ln for ln in lines)
+    assert any("-> message" in ln and "non-transactional" in ln for ln in lines)
+    assert lines[-1].startswith("committed_lsn 0/")
+    limited = run("inspect", str(PGOUTPUT), "--types", "raw", "--limit", "5", impl=impl_name)
+    assert limited.returncode == 0 and len(limited.stdout.splitlines()) == 5
+
+
+def test_inspect_json(impl_name):
+    proc = run("inspect", str(PGLOGICAL), "--json", impl=impl_name)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(ln) for ln in proc.stdout.splitlines()]
+    kinds = {r["record"] for r in records}
+    assert {"frame", "change", "end"} <= kinds
+    assert records[0]["record"] == "frame" and records[0]["type"] == "S"      # pglogical startup message
+    changes = [r for r in records if r["record"] == "change"]
+    assert all({"table", "change_type", "commit_lsn", "seq", "values"} <= set(r) for r in changes)
+    events = run("inspect", str(PGLOGICAL), "--json", "--events-only", "-n", "3", impl=impl_name)
+    assert [json.loads(ln)["record"] for ln in events.stdout.splitlines()] == ["change"] * 3
+
+
+# ----------------------------------------------------------------------------------------- decode
+
+def test_decode_writes_the_staging_layout(tmp_path, impl, impl_name):
+    out = tmp_path / "staging"
+    proc = run("decode", str(PGOUTPUT), "--out", str(out), "--types", "raw", impl=impl_name)
+    assert proc.returncode == 0, proc.stderr
+    assert "staging commits: 1" in proc.stdout and "public.kinds" in proc.stdout
+    header, body = read_frame_file(PGOUTPUT)
+    dec = impl.Decoder(protocol="pgoutput", types="raw")
+    dec.feed_frames(body)
+    events = dec.drain()
+    expected: dict[str, int] = {}
+    for e in events:
+        if hasattr(e, "num_rows"):
+            expected[e.relation.qualified_name] = expected.get(e.relation.qualified_name, 0) + e.num_rows
+    assert {t: read_staging(out, t).num_rows for t in list_tables(out)} == expected
+    assert read_log(out)[-1]["committed_lsn"] == dec.committed_lsn
+    again = run("decode", str(PGOUTPUT), "-o", str(out), "--types", "raw", impl=impl_name)
+    assert again.returncode == 0 and "skipped as already staged" in again.stdout
+    assert len(read_log(out)) == 1
+
+
+def test_decode_flushes_by_rows(tmp_path):
+    out = tmp_path / "staging"
+    proc = run("decode", str(DATA / "pgoutput_v2_binary_stream.spwf"), "--out", str(out), "--flush-rows", "100")
+    assert proc.returncode == 0, proc.stderr
+    assert len(read_log(out)) >= 2
+
+
+def test_settings_from_env_and_config_file(tmp_path):
+    out_file, out_env, out_flag = tmp_path / "from_file", tmp_path / "from_env", tmp_path / "from_flag"
+    conf = tmp_path / "spockwire.toml"
+    conf.write_text(f'types = "raw"\n[decode]\nout = "{out_file}"\ncompression = "snappy"\nflush-rows = 7\n')
+    proc = run("decode", str(PGOUTPUT), "--config", str(conf))
+    assert proc.returncode == 0, proc.stderr
+    import pyarrow.parquet as pq
+
+    first = read_log(out_file)[0]["files"][0]["path"]
+    assert pq.ParquetFile(out_file / first).metadata.row_group(0).column(0).compression == "SNAPPY"
+    proc = run("decode", str(PGOUTPUT), env={"SPOCKWIRE_CONFIG": str(conf), "SPOCKWIRE_OUT": str(out_env)})
+    assert proc.returncode == 0 and out_env.is_dir() and str(out_env) in proc.stdout
+    proc = run("decode", str(PGOUTPUT), "--out", str(out_flag), "--config", str(conf),
+               env={"SPOCKWIRE_OUT": str(out_env)})
+    assert proc.returncode == 0 and out_flag.is_dir()
+    conf.write_text('[decode]\noutt = "x"\n')
+    bad = run("decode", str(PGOUTPUT), "--config", str(conf))
+    assert bad.returncode == 2 and "unknown setting 'outt'" in bad.stderr
+    assert run("decode", str(PGOUTPUT), "--config", str(tmp_path / "nope.toml")).returncode == 2
+
+
+def test_config_precedence_in_process(tmp_path):
+    setting = cfgmod.Setting("flush_rows", "rows", type=cfgmod.positive_int, default=10)
+    parser = argparse.ArgumentParser()
+    cfgmod.add_settings(parser, [cfgmod.CONFIG, setting])
+    conf = tmp_path / "c.toml"
+    conf.write_text("flush_rows = 20\n[decode]\nflush-rows = 30\n")
+    resolved = cfgmod.resolve(parser.parse_args([]), "decode", environ={})
+    assert (resolved.flush_rows, resolved.source("flush_rows")) == (10, "default")
+    resolved = cfgmod.resolve(parser.parse_args(["--config", str(conf)]), "inspect", environ={})
+    assert (resolved.flush_rows, resolved.source("flush_rows")) == (20, "file")
+    resolved = cfgmod.resolve(parser.parse_args(["--config", str(conf)]), "decode", environ={})
+    assert resolved.flush_rows == 30
+    env = {"SPOCKWIRE_FLUSH_ROWS": "40", "SPOCKWIRE_CONFIG": str(conf)}
+    resolved = cfgmod.resolve(parser.parse_args([]), "decode", environ=env)
+    assert (resolved.flush_rows, resolved.source("flush_rows")) == (40, "env")
+    resolved = cfgmod.resolve(parser.parse_args(["--flush-rows", "50"]), "decode", environ=env)
+    assert (resolved.flush_rows, resolved.source("flush_rows")) == (50, "flag")
+    assert cfgmod.parse_size("64MiB") == 64 << 20 and cfgmod.parse_size("512k") == 512 << 10
+    with pytest.raises(cfgmod.ConfigError):
+        cfgmod.resolve(parser.parse_args(["--flush-rows", "-1"]), "decode", environ={})
+
+
+# ----------------------------------------------------------------------------------------- errors
+
+def test_missing_file_is_one_line_exit_1(tmp_path):
+    assert_one_line_error(run("inspect", str(tmp_path / "nope.spwf")), "inspect", "No such file")
+    assert_one_line_error(run("decode", str(tmp_path / "nope.spwf"), "--out", str(tmp_path / "o")), "decode",
+                          "nope.spwf")
+    assert_one_line_error(run("main", str(tmp_path)), "main", "is a folder")
+
+
+def test_bad_frame_files_are_one_line_exit_1(tmp_path, impl_name):
+    garbage = tmp_path / "garbage.spwf"
+    garbage.write_bytes(b"this is not a frame file at all")
+    assert_one_line_error(run("inspect", str(garbage), impl=impl_name), "inspect", "FrameError", "bad magic")
+    cut = tmp_path / "cut.spwf"
+    cut.write_bytes(PGOUTPUT.read_bytes()[:-7])
+    assert_one_line_error(run("decode", str(cut), "--out", str(tmp_path / "o"), "--types", "raw", impl=impl_name),
+                          "decode",
+                          "FrameError", "truncated frame record")
+    broken = tmp_path / "broken.spwf"
+    write_frame_file(broken, "pgoutput", [(0x16B3748, b"B\x00\x00")])
+    proc = run("inspect", str(broken), impl=impl_name)
+    assert_one_line_error(proc, "inspect", "TruncatedMessage", "truncated 'B' message", "at LSN 0/16B3748")
+    assert_one_line_error(run("decode", str(broken), "-o", str(tmp_path / "o2"), impl=impl_name), "decode",
+                          "TruncatedMessage")
+    assert not (tmp_path / "o2" / "_spockwire" / "log" / "00000000000000000001.json").exists()
+    staging_in_the_way = tmp_path / "file"
+    staging_in_the_way.write_text("x")
+    assert_one_line_error(run("decode", str(PGLOGICAL), "--out", str(staging_in_the_way)), "decode",
+                          "cannot create the staging folder")
