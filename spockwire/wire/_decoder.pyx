@@ -18,6 +18,7 @@ from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_
     pg_timestamp_to_datetime
 from ..values.catalog import column_specs
 from ..values.failures import value_problem
+from .spill import DEFAULT_SPILL_BYTES, released_batch, row_bytes_estimate, spill_item
 
 include "_cursor.pxi"
 include "_buffers.pxi"
@@ -67,7 +68,7 @@ cdef class _Builder:
     cdef public Py_ssize_t nrows
     cdef public Py_ssize_t committed
     cdef Py_ssize_t cap_rows
-    cdef int64_t nbytes
+    cdef readonly int64_t nbytes
     cdef ColBuf* cols
     cdef Buf change, lsn, ts, xid, seq, origin, subxid, toast_valid, toast_off, toast_idx
     cdef list origins          # distinct origin names seen; per row an int32 index, -1 = none
@@ -233,6 +234,8 @@ cdef class _Txn:
     cdef set aborted
     cdef uint64_t floor
     cdef object gid
+    cdef object spill           # SpillFile once closed batches went to disk
+    cdef int64_t mem            # estimated bytes of closed batches still in memory
 
     def __cinit__(self, int kind, uint32_t xid, uint64_t final_lsn, int64_t commit_ts, uint64_t floor):
         self.kind = kind
@@ -246,6 +249,8 @@ cdef class _Txn:
         self.aborted = set()
         self.floor = floor
         self.gid = None
+        self.spill = None
+        self.mem = 0
 
 
 cdef bint marks_any(ColBuf* col, Py_ssize_t start, Py_ssize_t stop, object keep):
@@ -293,11 +298,16 @@ cdef class Decoder:
     cdef _RelInfo last_info
     cdef bint typed
     cdef str numeric
+    cdef int64_t spill_bytes
+    cdef object spill_dir
     cdef readonly object type_catalog
     cdef int internal_order           # server byte order of 'i' datums: 1 big, 0 little, -1 not announced
 
     def __init__(self, str protocol="pgoutput", *, proto_version=None, Py_ssize_t batch_rows=DEFAULT_BATCH_ROWS,
-                 str types="typed", type_catalog=None, str numeric="decimal"):
+                 str types="typed", type_catalog=None, str numeric="decimal",
+                 int64_t spill_bytes=DEFAULT_SPILL_BYTES, spill_dir=None):
+        self.spill_bytes = spill_bytes
+        self.spill_dir = spill_dir
         if types not in ("typed", "raw"):
             raise ValueError(f"types must be 'typed' or 'raw', got {types!r}")
         if numeric not in ("decimal", "text"):
@@ -763,7 +773,7 @@ cdef class Decoder:
             key = id(info)
             b = txn.builders.get(key)
             if b is not None and (b.nrows >= self.batch_rows or b.nbytes >= _MAX_BATCH_BYTES):
-                txn.pending.append(("rows", b, 0, b.nrows))
+                self._pend_rows(txn, b, 0, b.nrows)
                 b = None
             if b is None:
                 b = _Builder(info.relation, info.specs)
@@ -937,7 +947,7 @@ cdef class Decoder:
             self._flush_shared()
         else:
             for b in txn.builders.values():
-                txn.pending.append(("rows", b, 0, b.nrows))
+                self._pend_rows(txn, b, 0, b.nrows)
             txn.builders = {}
         return 0
 
@@ -955,10 +965,29 @@ cdef class Decoder:
             if b.committed:
                 self.events.append(b.take_rows(0, b.committed))
             if b.nrows > b.committed:
-                self.txn.pending.append(("rows", b, b.committed, b.nrows))
+                self._pend_rows(self.txn, b, b.committed, b.nrows)
         self.shared = []
         for info in self.infos.values():
             info.builder = None
+        return 0
+
+    cdef int _pend_rows(self, _Txn txn, _Builder b, Py_ssize_t start, Py_ssize_t stop) except -1:
+        """Park closed rows on their open transaction; past spill_bytes, its parked rows go to disk."""
+        cdef _Builder pb
+        cdef Py_ssize_t k
+        if stop <= start:
+            return 0
+        txn.pending.append(("rows", b, start, stop))
+        txn.mem += row_bytes_estimate(b.nbytes, b.nrows, stop - start)
+        if txn.mem > self.spill_bytes:
+            for k in range(len(txn.pending)):
+                item = txn.pending[k]
+                if item[0] == "rows":
+                    pb = item[1]
+                    txn.spill, ref = spill_item(txn.spill, self.spill_dir, pb.take_rows(item[2], item[3]),
+                                                pb.subxids(item[2], item[3]), pb.relation)
+                    txn.pending[k] = ("spilled", ref)
+            txn.mem = 0
         return 0
 
     cdef int _emit_pending(self, _Txn txn, uint64_t commit_lsn, int64_t ts) except -1:
@@ -978,6 +1007,13 @@ cdef class Decoder:
                 batch = b.take_rows(start, stop, keep)
                 if batch is not None:
                     self.events.append(batch)
+            elif kind == "spilled":
+                if item[1] is not None:
+                    plain = txn.kind == PLAIN
+                    batch = released_batch(item[1], aborted, None if plain else commit_lsn,
+                                           None if plain else ts + _EPOCH)
+                    if batch is not None:
+                        self.events.append(batch)
             elif item[5] not in aborted:
                 if kind == "truncate":
                     _, rels, cascade, restart, seq, _sub = item

@@ -18,6 +18,7 @@ from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_
 from ..values._convert_py import ValueFailure, build_array, decode_value
 from ..values.catalog import ColumnSpec, column_specs
 from ..values.failures import value_problem
+from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
 
 __all__ = ["Decoder", "IMPLEMENTATION"]
 
@@ -234,7 +235,7 @@ class _Txn:
     """An open transaction: plain (rows go to the shared builders), streamed or prepared (rows kept apart)."""
 
     __slots__ = ("kind", "xid", "final_lsn", "commit_ts", "origin", "seq", "pending", "builders", "aborted",
-                 "floor", "gid")
+                 "floor", "gid", "spill", "mem")
 
     def __init__(self, kind: int, xid: int, final_lsn: int, commit_ts: int, floor: int) -> None:
         self.kind = kind
@@ -249,6 +250,8 @@ class _Txn:
         self.aborted: set[int] = set()
         self.floor = floor
         self.gid: str | None = None
+        self.spill: SpillFile | None = None   # closed batches written to disk past the decoder's spill_bytes
+        self.mem = 0                          # estimated bytes of closed batches still in memory
 
 
 class Decoder:
@@ -256,7 +259,10 @@ class Decoder:
 
     def __init__(self, protocol: str = "pgoutput", *, proto_version: int | None = None,
                  batch_rows: int = DEFAULT_BATCH_ROWS, types: str = "typed", type_catalog: Any = None,
-                 numeric: str = "decimal") -> None:
+                 numeric: str = "decimal", spill_bytes: int = DEFAULT_SPILL_BYTES,
+                 spill_dir: str | None = None) -> None:
+        self._spill_bytes = spill_bytes
+        self._spill_dir = spill_dir
         if types not in ("typed", "raw"):
             raise ValueError(f"types must be 'typed' or 'raw', got {types!r}")
         if numeric not in ("decimal", "text"):
@@ -656,7 +662,7 @@ class Decoder:
         else:
             b = txn.builders.get(id(rel))
             if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES):
-                txn.pending.append(("rows", b, 0, b.nrows))
+                self._pend_rows(txn, b, 0, b.nrows)
                 b = None
             if b is None:
                 b = txn.builders[id(rel)] = _Builder(rel, self._specs[id(rel)])
@@ -782,7 +788,7 @@ class Decoder:
             self._flush_shared()
         else:
             for b in txn.builders.values():
-                txn.pending.append(("rows", b, 0, b.nrows))
+                self._pend_rows(txn, b, 0, b.nrows)
             txn.builders = {}
 
     def _flush_shared(self) -> None:
@@ -795,8 +801,23 @@ class Decoder:
             if b.committed:
                 self._events.append(b.take_rows(0, b.committed))
             if b.nrows > b.committed:
-                self._txn.pending.append(("rows", b, b.committed, b.nrows))
+                self._pend_rows(self._txn, b, b.committed, b.nrows)
         self._shared = {}
+
+    def _pend_rows(self, txn: _Txn, b: _Builder, start: int, stop: int) -> None:
+        """Park closed rows on their open transaction; past spill_bytes, its parked rows go to disk."""
+        if stop <= start:
+            return
+        txn.pending.append(("rows", b, start, stop))
+        txn.mem += row_bytes_estimate(b.nbytes, b.nrows, stop - start)
+        if txn.mem > self._spill_bytes:
+            for k, item in enumerate(txn.pending):
+                if item[0] == "rows":
+                    _, pb, pstart, pstop = item
+                    txn.spill, ref = spill_item(txn.spill, self._spill_dir, pb.take_rows(pstart, pstop),
+                                                pb.subxid[pstart:pstop], pb.relation)
+                    txn.pending[k] = ("spilled", ref)
+            txn.mem = 0
 
     def _release(self, txn: _Txn, commit_lsn: int, ts: int) -> None:
         """A streamed or prepared transaction committed: emit its rows, truncates and messages in order."""
@@ -817,6 +838,13 @@ class Decoder:
                 batch = b.take_rows(start, stop, keep)
                 if batch is not None:
                     self._events.append(batch)
+            elif kind == "spilled":
+                if item[1] is not None:
+                    plain = txn.kind == _PLAIN
+                    batch = released_batch(item[1], aborted, None if plain else commit_lsn,
+                                           None if plain else ts + PG_EPOCH_OFFSET_US)
+                    if batch is not None:
+                        self._events.append(batch)
             elif item[-1] not in aborted:
                 if kind == "truncate":
                     _, rels, cascade, restart, seq, _sub = item

@@ -1,0 +1,146 @@
+"""Spilling the rows of large open transactions to disk.
+
+A transaction's rows are only released at its commit. Rows of an open transaction that are no longer being
+appended to (closed batches) stay in memory until then — unless the transaction holds more than the decoder's
+`spill_bytes`: then its closed batches are written to a temporary Arrow IPC file and come back, one batch at a
+time, only when the consumer asks for them (`ChangeBatch.to_arrow()` after `drain()`). The file is removed when
+the last batch that refers to it is gone. Both decoder implementations use this module, so spilling never changes
+what comes out, only where it waits.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..model import ChangeBatch, Relation
+
+__all__ = ["SpillFile", "SpilledRows", "SpilledChangeBatch", "DEFAULT_SPILL_BYTES", "row_bytes_estimate"]
+
+#: a transaction's closed batches kept in memory at most (bytes, estimated) before they go to disk
+DEFAULT_SPILL_BYTES = 256 << 20
+
+_SUBXID = "_subxid"
+_TS_TYPE = pa.timestamp("us", tz="UTC")
+
+
+def row_bytes_estimate(value_bytes: int, total_rows: int, rows: int) -> int:
+    """Memory of `rows` rows of a builder holding `value_bytes` value bytes in `total_rows` rows."""
+    if total_rows <= 0:
+        return 0
+    return value_bytes * rows // total_rows + 48 * rows
+
+
+class SpillFile:
+    """One transaction's spill file: Arrow IPC streams written one after another, read back by offset."""
+
+    def __init__(self, directory: str | None) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="spockwire-spill-", suffix=".arrows", dir=directory)
+        self._file = os.fdopen(fd, "w+b")
+        self._lock = threading.Lock()
+
+    def append(self, batch: pa.RecordBatch) -> tuple[int, int]:
+        with self._lock:
+            self._file.seek(0, os.SEEK_END)
+            offset = self._file.tell()
+            with pa.ipc.new_stream(self._file, batch.schema) as writer:
+                writer.write_batch(batch)
+            self._file.flush()
+            return offset, self._file.tell() - offset
+
+    def read(self, offset: int, length: int) -> pa.RecordBatch:
+        with self._lock:
+            self._file.seek(offset)
+            data = self._file.read(length)
+        return pa.ipc.open_stream(pa.py_buffer(data)).read_next_batch()
+
+    def close(self) -> None:
+        if self._file is not None and not self._file.closed:
+            self._file.close()
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+
+class SpilledRows:
+    """One closed batch of an open transaction, on disk: where it is and how many rows each subtransaction has."""
+
+    __slots__ = ("spill", "offset", "length", "relation", "num_rows", "subxid_counts")
+
+    def __init__(self, spill: SpillFile, batch: pa.RecordBatch, subxids: list[int], relation: Relation) -> None:
+        counts: dict[int, int] = {}
+        for s in subxids:
+            counts[s] = counts.get(s, 0) + 1
+        with_subxid = batch.append_column(_SUBXID, pa.array(subxids, pa.uint32()))
+        self.offset, self.length = spill.append(with_subxid)
+        self.spill = spill
+        self.relation = relation
+        self.num_rows = batch.num_rows
+        self.subxid_counts = counts
+
+    def rows_after(self, aborted: set[int] | frozenset[int]) -> int:
+        return self.num_rows - sum(n for s, n in self.subxid_counts.items() if s in aborted)
+
+
+class SpilledChangeBatch(ChangeBatch):
+    """A committed batch whose rows wait on disk until `to_arrow()` reads them (once; not cached)."""
+
+    __slots__ = ("_spilled", "_aborted", "_commit_lsn", "_commit_ts_us", "_num_rows")
+
+    def __init__(self, spilled: SpilledRows, aborted: set[int], commit_lsn: int | None,
+                 commit_ts_unix_us: int | None) -> None:
+        super().__init__(spilled.relation, None)
+        self._spilled = spilled
+        self._aborted = frozenset(aborted)
+        self._commit_lsn = commit_lsn
+        self._commit_ts_us = commit_ts_unix_us
+        self._num_rows = spilled.rows_after(self._aborted)
+
+    @property
+    def num_rows(self) -> int:
+        return self._num_rows
+
+    def __len__(self) -> int:
+        return self._num_rows
+
+    def to_arrow(self) -> pa.RecordBatch:
+        s = self._spilled
+        batch = s.spill.read(s.offset, s.length)
+        if self._aborted:
+            keep = pc.invert(pc.is_in(batch.column(_SUBXID), value_set=pa.array(sorted(self._aborted), pa.uint32())))
+            batch = batch.filter(keep)
+        batch = batch.drop_columns([_SUBXID])
+        n = batch.num_rows
+        if self._commit_lsn is not None:
+            batch = batch.set_column(1, batch.schema.field(1), pa.repeat(pa.scalar(self._commit_lsn, pa.uint64()), n))
+            batch = batch.set_column(2, batch.schema.field(2),
+                                     pa.repeat(pa.scalar(self._commit_ts_us, pa.int64()), n).view(_TS_TYPE))
+        return batch
+
+
+def spill_item(spill: SpillFile | None, directory: str | None, batch: ChangeBatch | None, subxids: list[int],
+               relation: Relation) -> tuple[SpillFile, SpilledRows | None]:
+    """Write one closed batch of an open transaction to its spill file (created on first use)."""
+    if spill is None:
+        spill = SpillFile(directory)
+    if batch is None or batch.num_rows == 0:
+        return spill, None
+    return spill, SpilledRows(spill, batch.to_arrow(), subxids, relation)
+
+
+def released_batch(item: SpilledRows, aborted: set[int], commit_lsn: int | None,
+                   commit_ts_unix_us: int | None) -> Any:
+    """The event for a spilled batch at commit, or None when every row belonged to aborted subtransactions."""
+    batch = SpilledChangeBatch(item, aborted, commit_lsn, commit_ts_unix_us)
+    return batch if batch.num_rows else None
