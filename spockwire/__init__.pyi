@@ -1,0 +1,9 @@
+from .errors import FrameError as FrameError, ProtocolError as ProtocolError, SpockwireError as SpockwireError, \
+    TruncatedMessage as TruncatedMessage
+from .model import ChangeBatch as ChangeBatch, Column as Column, LogicalMessage as LogicalMessage, \
+    Relation as Relation, Truncate as Truncate
+from .wire._decoder import Decoder as Decoder
+
+__impl__: str
+__version__: str
+__all__: list[str]

@@ -1,0 +1,38 @@
+"""Type description of the decoder; spockwire.wire._decoder (Cython) and _decoder_py (pure Python) both follow it."""
+from typing import Any, Literal, Sequence
+
+from ..model import ChangeBatch, LogicalMessage, Relation, Truncate
+from ..values.catalog import TypeCatalog
+
+IMPLEMENTATION: Literal["c", "python"]
+PROTOCOLS: tuple[str, str, str]
+DEFAULT_BATCH_ROWS: int
+MAX_BATCH_BYTES: int
+
+class Decoder:
+    protocol: str
+    startup_params: dict[str, str]
+    type_catalog: TypeCatalog | None
+    def __init__(
+        self,
+        protocol: Literal["pgoutput", "pglogical", "spock"] = "pgoutput",
+        *,
+        proto_version: int | None = None,
+        batch_rows: int = ...,
+        types: Literal["typed", "raw"] = "typed",
+        type_catalog: TypeCatalog | None = None,
+        numeric: Literal["decimal", "text"] = "decimal",
+        spill_bytes: int = ...,
+        spill_dir: str | None = None,
+    ) -> None: ...
+    @property
+    def committed_lsn(self) -> int: ...
+    @property
+    def relations(self) -> dict[int, Relation]: ...
+    @property
+    def types(self) -> dict[int, tuple[str, str]]: ...
+    @property
+    def remote_insert_lsn(self) -> int: ...
+    def feed(self, payload: Any, lsn: int | None = None) -> None: ...
+    def feed_frames(self, buffer: Any, *, partial_ok: bool = False) -> int: ...
+    def drain(self) -> list[ChangeBatch | Truncate | LogicalMessage]: ...
