@@ -89,10 +89,8 @@ class StreamModel:
         self.trace.append(self.committed())
 
     def release(self, txn: Txn, commit_lsn: int, commit_ts: int) -> None:
-        seq = -1
+        seq = 0
         for sub, template in txn.items:
-            # _seq is the position among all the transaction's changes: an aborted subtransaction's are skipped
-            seq += 1
             if sub in txn.aborted:
                 continue
             if template["kind"] == "row":
@@ -102,6 +100,7 @@ class StreamModel:
                 item = dict(template, commit_lsn=commit_lsn, seq=seq, xid=txn.xid, origin=txn.origin)
                 item["commit_ts"] = ts(commit_ts)
             self.expected.append(item)
+            seq += 1
 
     # ------------------------------------------------------------------ values and relations
     def value(self, in_new_update: bool):

@@ -14,13 +14,13 @@ import sys
 from typing import Sequence
 
 from ..errors import ProtocolError, SpockwireError
-from . import decode_cmd, inspect_cmd, main_cmd
+from . import capture_cmd, decode_cmd, demo_cmd, ingest_cmd, inspect_cmd, main_cmd
 from .common import CliError, format_lsn
 from .config import ConfigError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
-COMMANDS = (main_cmd, inspect_cmd, decode_cmd)
+COMMANDS = (main_cmd, demo_cmd, ingest_cmd, capture_cmd, inspect_cmd, decode_cmd)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -67,7 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, SpockwireError, OSError) as exc:
         if isinstance(exc, BrokenPipeError):
             return _broken_pipe()
-        print(f"spockwire {args.command}: error: {_error_text(exc)}", file=sys.stderr)
+        # one line: a server error's DETAIL/CONTEXT lines are joined to it
+        text = "; ".join(line.strip() for line in _error_text(exc).splitlines() if line.strip())
+        print(f"spockwire {args.command}: error: {text}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print(f"spockwire {args.command}: interrupted", file=sys.stderr)

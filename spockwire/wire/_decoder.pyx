@@ -18,6 +18,7 @@ from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_
     pg_timestamp_to_datetime
 from ..values.catalog import column_specs
 from ..values.failures import value_problem
+from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, released_batch, row_bytes_estimate, spill_item
 
 include "_cursor.pxi"
@@ -236,6 +237,9 @@ cdef class _Txn:
     cdef object gid
     cdef object spill           # SpillFile once closed batches went to disk
     cdef int64_t mem            # estimated bytes of closed batches still in memory
+    cdef dict runs              # streamed: subxid -> runs of _seq its changes took
+    cdef uint32_t run_sub
+    cdef int64_t run_start
 
     def __cinit__(self, int kind, uint32_t xid, uint64_t final_lsn, int64_t commit_ts, uint64_t floor):
         self.kind = kind
@@ -251,6 +255,27 @@ cdef class _Txn:
         self.gid = None
         self.spill = None
         self.mem = 0
+        self.runs = {}
+        self.run_sub = 0
+        self.run_start = 0
+
+    cdef inline void advance(self, uint32_t sub, int64_t n):
+        """`n` changes of subtransaction `sub` took the next numbers."""
+        if self.kind == STREAM and sub != self.run_sub:
+            self.close_run()
+            self.run_sub = sub
+        self.seq += n
+
+    cdef void close_run(self):
+        if self.seq > self.run_start:
+            self.runs.setdefault(self.run_sub, []).append((self.run_start, self.seq))
+        self.run_start = self.seq
+
+    cdef object renumbering(self):
+        if not self.aborted:
+            return None
+        self.close_run()
+        return SeqRenumber([run for sub in self.aborted for run in self.runs.get(sub, ())])
 
 
 cdef bint marks_any(ColBuf* col, Py_ssize_t start, Py_ssize_t stop, object keep):
@@ -819,7 +844,7 @@ cdef class Decoder:
         except ProtocolError:
             b.nrows = mark
             raise
-        txn.seq += b.nrows - mark
+        txn.advance(sub, b.nrows - mark)
         return 0
 
     cdef int _tuple(self, Cur* c, _Builder b, _Txn txn, int8_t change, uint32_t sub, int64_t seq) except -1:
@@ -923,7 +948,7 @@ cdef class Decoder:
         done(c)
         self._cut(txn)
         txn.pending.append(("truncate", tuple(rels), bool(flags & 1), bool(flags & 2), txn.seq, sub))
-        txn.seq += 1
+        txn.advance(sub, 1)
         return 0
 
     cdef int _logical_message(self, Cur* c, bint transactional, uint64_t lsn, prefix, content,
@@ -937,7 +962,7 @@ cdef class Decoder:
         txn = self._current(c)
         self._cut(txn)
         txn.pending.append(("message", prefix, content, lsn, txn.seq, sub))
-        txn.seq += 1
+        txn.advance(sub, 1)
         return 0
 
     cdef int _cut(self, _Txn txn) except -1:
@@ -994,6 +1019,7 @@ cdef class Decoder:
         cdef _Builder b
         cdef Py_ssize_t start, stop
         aborted = txn.aborted
+        renumber = txn.renumbering()
         when = pg_timestamp_to_datetime(ts)
         for item in txn.pending:
             kind = item[0]
@@ -1006,20 +1032,24 @@ cdef class Decoder:
                 keep = [s not in aborted for s in b.subxids(start, stop)] if aborted else None
                 batch = b.take_rows(start, stop, keep)
                 if batch is not None:
+                    if renumber:
+                        batch = ChangeBatch(batch.relation, renumber.batch(batch.to_arrow()))
                     self.events.append(batch)
             elif kind == "spilled":
                 if item[1] is not None:
                     plain = txn.kind == PLAIN
                     batch = released_batch(item[1], aborted, None if plain else commit_lsn,
-                                           None if plain else ts + _EPOCH)
+                                           None if plain else ts + _EPOCH, renumber)
                     if batch is not None:
                         self.events.append(batch)
             elif item[5] not in aborted:
                 if kind == "truncate":
                     _, rels, cascade, restart, seq, _sub = item
+                    seq = renumber.scalar(seq) if renumber else seq
                     self.events.append(Truncate(rels, cascade, restart, commit_lsn, when, txn.xid, seq, txn.origin))
                 else:
                     _, prefix, content, lsn, seq, _sub = item
+                    seq = renumber.scalar(seq) if renumber else seq
                     self.events.append(LogicalMessage(prefix, content, True, lsn, txn.xid, commit_lsn, when, seq,
                                                       txn.origin))
         return 0
@@ -1092,6 +1122,7 @@ cdef class Decoder:
         if subxid == xid:
             del self.streams[xid]
         else:
+            (<_Txn>txn).close_run()
             (<_Txn>txn).aborted.add(subxid)
         return 0
 

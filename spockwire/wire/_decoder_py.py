@@ -18,6 +18,7 @@ from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_
 from ..values._convert_py import ValueFailure, build_array, decode_value
 from ..values.catalog import ColumnSpec, column_specs
 from ..values.failures import value_problem
+from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
 
 __all__ = ["Decoder", "IMPLEMENTATION"]
@@ -235,7 +236,7 @@ class _Txn:
     """An open transaction: plain (rows go to the shared builders), streamed or prepared (rows kept apart)."""
 
     __slots__ = ("kind", "xid", "final_lsn", "commit_ts", "origin", "seq", "pending", "builders", "aborted",
-                 "floor", "gid", "spill", "mem")
+                 "floor", "gid", "spill", "mem", "runs", "run_sub", "run_start")
 
     def __init__(self, kind: int, xid: int, final_lsn: int, commit_ts: int, floor: int) -> None:
         self.kind = kind
@@ -252,6 +253,27 @@ class _Txn:
         self.gid: str | None = None
         self.spill: SpillFile | None = None   # closed batches written to disk past the decoder's spill_bytes
         self.mem = 0                          # estimated bytes of closed batches still in memory
+        self.runs: dict[int, list[tuple[int, int]]] = {}   # streamed: subxid -> runs of _seq its changes took
+        self.run_sub = 0
+        self.run_start = 0
+
+    def advance(self, sub: int, n: int) -> None:
+        """`n` changes of subtransaction `sub` took the next numbers."""
+        if self.kind == _STREAM and sub != self.run_sub:
+            self.close_run()
+            self.run_sub = sub
+        self.seq += n
+
+    def close_run(self) -> None:
+        if self.seq > self.run_start:
+            self.runs.setdefault(self.run_sub, []).append((self.run_start, self.seq))
+        self.run_start = self.seq
+
+    def renumbering(self) -> SeqRenumber | None:
+        if not self.aborted:
+            return None
+        self.close_run()
+        return SeqRenumber(run for sub in self.aborted for run in self.runs.get(sub, ()))
 
 
 class Decoder:
@@ -699,7 +721,7 @@ class Decoder:
         except ProtocolError:
             b.truncate_to(mark)
             raise
-        txn.seq += b.nrows - mark
+        txn.advance(sub, b.nrows - mark)
 
     def _tuple(self, r: _Reader, b: _Builder, txn: _Txn, change: int, sub: int, seq: int) -> None:
         native = self._proto != _PGOUTPUT
@@ -768,7 +790,7 @@ class Decoder:
         r.done()
         self._cut(txn)
         txn.pending.append(("truncate", tuple(rels), bool(flags & 1), bool(flags & 2), txn.seq, sub))
-        txn.seq += 1
+        txn.advance(sub, 1)
 
     def _logical_message(self, r: _Reader, transactional: bool, lsn: int, prefix: str, content: bytes,
                          sub: int) -> None:
@@ -780,7 +802,7 @@ class Decoder:
         txn = self._current(r)
         self._cut(txn)
         txn.pending.append(("message", prefix, content, lsn, txn.seq, sub))
-        txn.seq += 1
+        txn.advance(sub, 1)
 
     def _cut(self, txn: _Txn) -> None:
         """Close the rows written so far so that a truncate/message that follows keeps its place in order."""
@@ -827,6 +849,7 @@ class Decoder:
 
     def _emit_pending(self, txn: _Txn, commit_lsn: int, ts: int) -> None:
         aborted = txn.aborted
+        renumber = txn.renumbering()
         when = pg_timestamp_to_datetime(ts)
         for item in txn.pending:
             kind = item[0]
@@ -837,20 +860,24 @@ class Decoder:
                 keep = [b.subxid[i] not in aborted for i in range(start, stop)] if aborted else None
                 batch = b.take_rows(start, stop, keep)
                 if batch is not None:
+                    if renumber:
+                        batch = ChangeBatch(batch.relation, renumber.batch(batch.to_arrow()))
                     self._events.append(batch)
             elif kind == "spilled":
                 if item[1] is not None:
                     plain = txn.kind == _PLAIN
                     batch = released_batch(item[1], aborted, None if plain else commit_lsn,
-                                           None if plain else ts + PG_EPOCH_OFFSET_US)
+                                           None if plain else ts + PG_EPOCH_OFFSET_US, renumber)
                     if batch is not None:
                         self._events.append(batch)
             elif item[-1] not in aborted:
                 if kind == "truncate":
                     _, rels, cascade, restart, seq, _sub = item
+                    seq = renumber.scalar(seq) if renumber else seq
                     self._events.append(Truncate(rels, cascade, restart, commit_lsn, when, txn.xid, seq, txn.origin))
                 else:
                     _, prefix, content, lsn, seq, _sub = item
+                    seq = renumber.scalar(seq) if renumber else seq
                     self._events.append(LogicalMessage(prefix, content, True, lsn, txn.xid, commit_lsn, when, seq,
                                                        txn.origin))
 
@@ -901,6 +928,7 @@ class Decoder:
         if subxid == xid:
             del self._streams[xid]
         else:
+            txn.close_run()
             txn.aborted.add(subxid)
 
     def _stream_prepare(self, r: _Reader, xid: int, gid: str) -> None:

@@ -36,6 +36,7 @@ cdef enum:
     K_ENUM = 21
     K_ARRAY = 22
     K_OTHER = 23
+    K_CHAR = 24
 
 cdef enum:
     F_INVALID = 1
@@ -83,7 +84,7 @@ cdef int kind_width(int kind) noexcept nogil:
 
 cdef inline bint is_varlen(int kind) noexcept nogil:
     return (kind == K_RAW or kind == K_OTHER or kind == K_TEXT or kind == K_JSON or kind == K_JSONB
-            or kind == K_BYTEA or kind == K_NUMERIC_TEXT or kind == K_TIMETZ or kind == K_ENUM)
+            or kind == K_BYTEA or kind == K_NUMERIC_TEXT or kind == K_TIMETZ or kind == K_ENUM or kind == K_CHAR)
 
 
 cdef int col_init(ColBuf* col, object spec) except -1:
@@ -569,9 +570,9 @@ cdef int text_interval(const char* p, Py_ssize_t n, int32_t* months_out, int32_t
             if minute > 59 or second > 59:
                 return F_INVALID
             frac = 0
-            if de + 7 < te:
-                frac = fixed_digits(p + de + 8, te - de - 8)
-                for _ in range(6 - (te - de - 8)):
+            if de + 6 < te:         # '.' at de + 6, then 1 to 6 digits (time_token checked them)
+                frac = fixed_digits(p + de + 7, te - de - 7)
+                for _ in range(6 - (te - de - 7)):
                     frac *= 10
             if de - ds > 18:
                 overflow = True
@@ -1025,6 +1026,22 @@ cdef int timetz_text(ColBuf* col, Py_ssize_t idx, int64_t us, int32_t zone) exce
     return var_append(col, idx, s, length)
 
 
+cdef int char_text(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    """PostgreSQL's charout text of a "char" value (one byte in the binary and internal forms)."""
+    cdef unsigned char b
+    cdef char s[4]
+    if n != 1:
+        return F_INVALID
+    b = <unsigned char>p[0]
+    if b >= 0x80:
+        s[0] = 92
+        s[1] = <char>(48 + (b >> 6))
+        s[2] = <char>(48 + ((b >> 3) & 7))
+        s[3] = <char>(48 + (b & 7))
+        return var_append(col, idx, s, 4)
+    return var_append(col, idx, p, 1 if b else 0)
+
+
 cdef inline int pg_days(int32_t days, int32_t* out) noexcept nogil:
     cdef int64_t v
     if days == I32_MAX or days == I32_MIN:
@@ -1080,6 +1097,8 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
             return F_INVALID
         memcpy(slot, p, 16)
         return 0
+    if kind == K_CHAR:
+        return char_text(col, idx, p, n)
     if kind == K_BOOL:
         size = 1
     elif kind == K_INT2:
@@ -1146,6 +1165,8 @@ cdef int append_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ss
     if fmt == 0x62:
         if kind == K_TEXT or kind == K_JSON or kind == K_ENUM:
             return utf8_text(col, idx, p, n)
+        if kind == K_CHAR:
+            return char_text(col, idx, p, n)
         if kind == K_INT2:
             if n != 2:
                 return F_INVALID
@@ -1231,7 +1252,7 @@ cdef int append_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ss
         return 0
     # text form
     if kind == K_TEXT or kind == K_JSON or kind == K_JSONB or kind == K_ENUM or kind == K_NUMERIC_TEXT \
-            or kind == K_TIMETZ:
+            or kind == K_TIMETZ or kind == K_CHAR:
         return utf8_text(col, idx, p, n)
     if kind == K_INT2:
         rc = text_int(p, n, -32768, 32767, &v64)

@@ -96,10 +96,11 @@ class SpilledRows:
 class SpilledChangeBatch(ChangeBatch):
     """A committed batch whose rows wait on disk until `to_arrow()` reads them (once; not cached)."""
 
-    __slots__ = ("_spilled", "_aborted", "_commit_lsn", "_commit_ts_us", "_num_rows")
+    __slots__ = ("_spilled", "_aborted", "_commit_lsn", "_commit_ts_us", "_num_rows", "_renumber")
 
     def __init__(self, spilled: SpilledRows, aborted: set[int], commit_lsn: int | None,
-                 commit_ts_unix_us: int | None) -> None:
+                 commit_ts_unix_us: int | None, renumber: Any = None) -> None:
+        self._renumber = renumber
         super().__init__(spilled.relation, None)
         self._spilled = spilled
         self._aborted = frozenset(aborted)
@@ -121,6 +122,8 @@ class SpilledChangeBatch(ChangeBatch):
             keep = pc.invert(pc.is_in(batch.column(_SUBXID), value_set=pa.array(sorted(self._aborted), pa.uint32())))
             batch = batch.filter(keep)
         batch = batch.drop_columns([_SUBXID])
+        if self._renumber:
+            batch = self._renumber.batch(batch)
         n = batch.num_rows
         if self._commit_lsn is not None:
             batch = batch.set_column(1, batch.schema.field(1), pa.repeat(pa.scalar(self._commit_lsn, pa.uint64()), n))
@@ -140,7 +143,7 @@ def spill_item(spill: SpillFile | None, directory: str | None, batch: ChangeBatc
 
 
 def released_batch(item: SpilledRows, aborted: set[int], commit_lsn: int | None,
-                   commit_ts_unix_us: int | None) -> Any:
+                   commit_ts_unix_us: int | None, renumber: Any = None) -> Any:
     """The event for a spilled batch at commit, or None when every row belonged to aborted subtransactions."""
-    batch = SpilledChangeBatch(item, aborted, commit_lsn, commit_ts_unix_us)
+    batch = SpilledChangeBatch(item, aborted, commit_lsn, commit_ts_unix_us, renumber)
     return batch if batch.num_rows else None

@@ -1,0 +1,104 @@
+"""`spockwire capture`: record the raw messages of a slot, with their LSNs, into a frame file."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, TextIO
+
+from ..frames import FrameWriter, iter_frames
+from ..wire import load_implementation
+from .common import CliError, format_lsn, human_bytes
+from .config import Setting, add_settings, positive_int, resolve
+from .stream_settings import STREAM_SETTINGS, stream_kwargs
+
+NAME = "capture"
+HELP = "record a slot's raw messages (with LSNs) into a frame file"
+
+OUT = Setting("out", "frame file to write (*.spwf)", required=True, metavar="FILE", short="-o")
+MAX_MESSAGES = Setting("max_messages", "stop after this many messages", type=positive_int, metavar="N")
+DURATION = Setting("duration", "stop after this many seconds", type=float, metavar="SECONDS")
+IDLE_EXIT = Setting("idle_exit", "stop after this many seconds without messages", type=float, default=5.0,
+                    metavar="SECONDS")
+ACK = Setting("ack", "acknowledge what was captured (consumes the slot); by default the slot does not move",
+              is_flag=True, default=False)
+SETTINGS = (*STREAM_SETTINGS, OUT, MAX_MESSAGES, DURATION, IDLE_EXIT, ACK)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(NAME, help=HELP, description=HELP + ". The file is what `inspect`, `decode`, "
+                              "Decoder.feed_frames and the benchmarks read (docs/architecture.md).")
+    add_settings(p, SETTINGS)
+    p.set_defaults(_run=run)
+
+
+class _Tap:
+    """Stands in for the stream's decoder: writes every frame-record buffer to the file, then decodes it."""
+
+    def __init__(self, decoder: Any, writer: FrameWriter) -> None:
+        self._decoder = decoder
+        self._writer = writer
+        self.messages = 0
+        self.bytes = 0
+
+    def feed_frames(self, buffer: Any, **kwargs: Any) -> int:
+        for lsn, payload in iter_frames(buffer):
+            self._writer.write(lsn, payload)
+            self.messages += 1
+            self.bytes += len(payload)
+        return self._decoder.feed_frames(buffer, **kwargs)
+
+    def feed(self, payload: Any, lsn: int | None = None) -> None:
+        self._writer.write(lsn or 0, payload)
+        self.messages += 1
+        self.bytes += len(payload)
+        self._decoder.feed(payload, lsn)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._decoder, name)
+
+
+def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    cfg = resolve(args, NAME)
+    from ..connection import connect
+
+    impl = load_implementation()
+    kwargs = stream_kwargs(cfg)
+    meta = {"slot": cfg.slot, "plugin": cfg.plugin,
+            "options": {k: v for k, v in kwargs.items() if k not in ("slot", "plugin", "create_slot")}}
+    protocol = "pgoutput" if cfg.plugin == "pgoutput" else cfg.plugin
+    taps: list[_Tap] = []
+    with FrameWriter(cfg.out, protocol, **meta) as writer:
+        def factory(proto: str) -> Any:
+            tap = _Tap(impl.Decoder(proto, types="raw"), writer)
+            taps.append(tap)
+            return tap
+
+        try:
+            stream = connect(cfg.dsn, decoder_factory=factory, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            raise CliError(f"cannot start streaming slot {cfg.slot!r}: {exc}") from exc
+        started = last = time.monotonic()
+        try:
+            while True:
+                events = stream.read(timeout=0.5)
+                now = time.monotonic()
+                total = sum(t.messages for t in taps)
+                if events or total:
+                    last = now if events else last
+                if cfg.ack and events:
+                    writer.flush(fsync=True)
+                    stream.ack()
+                if cfg.max_messages is not None and total >= cfg.max_messages:
+                    break
+                if cfg.duration is not None and now - started >= cfg.duration:
+                    break
+                if cfg.idle_exit is not None and now - last >= cfg.idle_exit:
+                    break
+        finally:
+            stream.close()
+    total = sum(t.messages for t in taps)
+    size = sum(t.bytes for t in taps)
+    out.write(f"captured {total} messages ({human_bytes(size)} of payload) from slot {cfg.slot!r} into {cfg.out}; "
+              f"slot {'acknowledged up to ' + format_lsn(stream.acked_lsn) if cfg.ack else 'not moved'}\n")
+    return 0

@@ -1,0 +1,71 @@
+"""`spockwire ingest`: stream a replication slot into the Parquet staging layout, durably, exactly once."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from ..ingest.staging import COMPRESSIONS, DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS
+from ..ingest.worker import IngestConfig, IngestWorker
+from .common import COMMON_SETTINGS
+from .config import Setting, add_settings, parse_size, positive_int, resolve
+from .stream_settings import STREAM_SETTINGS, names
+
+NAME = "ingest"
+HELP = "stream a slot into the Parquet staging layout (fsynced before the slot is acknowledged)"
+
+OUT = Setting("out", "staging folder (created if missing; an existing one is resumed)", required=True,
+              metavar="DIR", short="-o")
+COMPRESSION = Setting("compression", "Parquet compression", choices=COMPRESSIONS, default="zstd")
+FLUSH_ROWS = Setting("flush_rows", "commit to staging once this many rows are buffered", type=positive_int,
+                     default=DEFAULT_MAX_ROWS, metavar="N")
+FLUSH_BYTES = Setting("flush_bytes", "commit to staging once this much memory is buffered (e.g. 64MiB)",
+                      type=parse_size, default=DEFAULT_MAX_BYTES, metavar="SIZE")
+FLUSH_SECONDS = Setting("flush_seconds", "commit to staging at least this often while changes arrive",
+                        type=float, default=5.0, metavar="SECONDS")
+SPILL_BYTES = Setting("spill_bytes", "rows of an open transaction kept in memory at most before they wait on "
+                      "disk (e.g. 256MiB)", type=parse_size, default=256 << 20, metavar="SIZE")
+METRICS_PORT = Setting("metrics_port", "serve Prometheus metrics on 127.0.0.1:PORT/metrics", type=int,
+                       metavar="PORT")
+PROGRESS = Setting("progress", "live progress line (default: when stderr is a terminal)", is_flag=True)
+LOG_FORMAT = Setting("log_format", "log lines as text or JSON", choices=("text", "json"), default="text")
+MAX_RUNTIME = Setting("max_runtime", "stop by itself after this many seconds", type=float, metavar="SECONDS")
+IDLE_EXIT = Setting("idle_exit", "stop by itself after this many seconds without changes", type=float,
+                    metavar="SECONDS")
+SETTINGS = (*COMMON_SETTINGS, *STREAM_SETTINGS, OUT, COMPRESSION, FLUSH_ROWS, FLUSH_BYTES, FLUSH_SECONDS,
+            SPILL_BYTES, METRICS_PORT, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(NAME, help=HELP, description=HELP + ". SIGINT/SIGTERM: flush, acknowledge, exit 0. "
+                              "After a crash, run it again: it resumes from the staging log and the slot, and "
+                              "stages every committed change exactly once (see docs/staging.md).")
+    add_settings(p, SETTINGS)
+    p.set_defaults(_run=run)
+
+
+def configure_logging(fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(logging.Formatter('{"ts": "%(asctime)s", "level": "%(levelname)s", '
+                                               '"logger": "%(name)s", "msg": %(message)s}'))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("spockwire")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = resolve(args, NAME)
+    configure_logging(cfg.log_format)
+    config = IngestConfig(
+        dsn=cfg.dsn, slot=cfg.slot, out=cfg.out, plugin=cfg.plugin, publication=names(cfg.publication),
+        replication_sets=names(cfg.replication_sets), create_slot=cfg.create_slot, binary=cfg.binary,
+        streaming=cfg.streaming, two_phase=cfg.two_phase, messages=cfg.messages, types=cfg.types or "typed",
+        numeric=cfg.numeric or "decimal", compression=cfg.compression, flush_rows=cfg.flush_rows,
+        flush_bytes=cfg.flush_bytes, flush_seconds=cfg.flush_seconds, spill_bytes=cfg.spill_bytes,
+        metrics_port=cfg.metrics_port, progress=cfg.progress, max_runtime=cfg.max_runtime,
+        idle_exit=cfg.idle_exit, impl=cfg.impl)
+    return IngestWorker(config).run()

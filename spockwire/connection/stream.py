@@ -1,0 +1,477 @@
+"""A live logical-replication stream: psycopg2 sets it up, a batch pump reads it, the Decoder decodes it.
+
+See docs/connection.md for the delivery and acknowledgement rules. In short: events are handed out in commit
+order; `ack()` confirms that everything handed out so far is persisted; only confirmed positions are ever sent
+to the server as flushed, never past the decoder's `committed_lsn`; after a reconnect the server resends
+everything after the last confirmed position (at-least-once), and `(_commit_lsn, _seq)` identifies duplicates.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import struct
+import threading
+import time
+from types import ModuleType, TracebackType
+from typing import Any, Callable, Iterator, Mapping
+
+from ..errors import SpockwireError
+from .errors import ConnectionLost, ReplicationError, ServerError, StartupRejected, classify
+from .options import check_startup, native_options, parse_startup_message, pgoutput_options, plugin_protocol
+from .slots import create_slot as _create_slot
+from .slots import format_lsn, parse_lsn
+
+__all__ = ["ReplicationStream", "load_pump", "connect"]
+
+log = logging.getLogger("spockwire.connection")
+
+_FRAME_HEAD = struct.Struct(">IQ")
+_RETRYABLE_ON_RECONNECT = ("55006",)  # object in use: the old walsender still holds the slot
+
+
+def load_pump(choice: str | None = None) -> ModuleType:
+    """The batch pump: the Cython one (``c``) or the pure-Python twin (``python``).
+
+    Follows ``SPOCKWIRE_IMPL`` like the decoder (default: C when it imports). Asking for C - explicitly or with
+    ``SPOCKWIRE_REQUIRE_EXT=1`` - when it cannot be imported is an ImportError that says why.
+    """
+    if choice is None:
+        choice = os.environ.get("SPOCKWIRE_IMPL", "").strip().lower()
+    required = os.environ.get("SPOCKWIRE_REQUIRE_EXT", "").strip() not in ("", "0")
+    if choice not in ("", "c", "python"):
+        raise ImportError(f"SPOCKWIRE_IMPL={choice!r} is not understood: use 'c' or 'python'")
+    if choice == "python":
+        return importlib.import_module("spockwire.connection._pump_py")
+    try:
+        return importlib.import_module("spockwire.connection._pump")
+    except ImportError as exc:
+        if choice == "c" or required:
+            raise ImportError(
+                "the compiled replication pump (spockwire.connection._pump) could not be imported: "
+                f"{exc}. Build it with `python setup.py build_ext --inplace` (needs libpq-dev) or set "
+                "SPOCKWIRE_IMPL=python to use the pure-Python pump on purpose") from exc
+        return importlib.import_module("spockwire.connection._pump_py")
+
+
+def _default_decoder_factory(protocol: str) -> Any:
+    from ..wire import load_implementation
+
+    return load_implementation().Decoder(protocol)
+
+
+def _server_unavailable(exc: BaseException) -> bool:
+    """A connection attempt refused because the server is starting, stopping, recovering or not listening.
+
+    psycopg2 reports these connection-time FATALs without a SQLSTATE; while reconnecting they are waited out (up
+    to the reconnect timeout), since a restarting server says exactly this for a while."""
+    import psycopg2
+
+    if not isinstance(exc, psycopg2.OperationalError):
+        return False
+    code = getattr(exc, "pgcode", None)
+    if code is not None:
+        return code.startswith(("57P", "08"))
+    text = str(exc)
+    return any(marker in text for marker in ("starting up", "shutting down", "in recovery mode", "Connection refused",
+                                             "not yet accepting connections",
+                                             "could not connect", "server closed the connection",
+                                             "terminating connection"))
+
+
+class ReplicationStream:
+    """Committed change events from one logical replication slot, with acknowledgement and resume.
+
+    Build it with :func:`connect`. Iterate it for events (``ChangeBatch`` | ``Truncate`` | ``LogicalMessage``), or
+    call :meth:`read` for the events of one batch of frames. Call :meth:`ack` once the events handed out so far are
+    persisted. :meth:`close` (or the ``with`` block) sends the last acknowledged position and disconnects.
+    """
+
+    def __init__(self, dsn: str, *, slot: str, plugin: str = "pgoutput", publication: Any = None,
+                 replication_sets: Any = None, create_slot: bool = False, start_lsn: int | str | None = None,
+                 binary: bool = False, streaming: bool | str = False, two_phase: bool = False,
+                 messages: bool = False, proto_version: int | None = None, forward_origins: bool = True,
+                 extra_options: Mapping[str, str] | None = None, status_interval: float = 10.0,
+                 reconnect: bool = True, reconnect_timeout: float | None = 300.0, max_backoff: float = 5.0,
+                 max_batch_bytes: int = 4 << 20, read_timeout: float = 1.0, pump: str | ModuleType | None = None,
+                 decoder_factory: Callable[[str], Any] | None = None,
+                 connect_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.dsn = dsn
+        self.slot = slot
+        self.plugin = plugin
+        self.protocol = plugin_protocol(plugin)
+        if self.protocol == "pgoutput":
+            if publication is None:
+                raise ValueError("plugin='pgoutput' needs publication=<name or list of names>")
+            if replication_sets is not None:
+                raise ValueError("replication_sets= is for pglogical/spock; pgoutput takes publication=")
+        else:
+            if publication is not None:
+                raise ValueError(f"publication= is for pgoutput; {plugin} takes replication_sets=")
+            if streaming or two_phase or messages or proto_version is not None:
+                raise StartupRejected(f"{plugin} streams have no streaming, two_phase, messages or proto_version "
+                                      "options")
+        self._want = dict(publication=publication, replication_sets=replication_sets, binary=binary,
+                          streaming=streaming, two_phase=two_phase, messages=messages, proto_version=proto_version,
+                          forward_origins=forward_origins, extra=dict(extra_options or {}))
+        self.binary = binary
+        self.create_slot = create_slot
+        self.status_interval = float(status_interval)
+        self.reconnect = reconnect
+        self.reconnect_timeout = reconnect_timeout
+        self.max_backoff = max_backoff
+        self.max_batch_bytes = max_batch_bytes
+        self.read_timeout = read_timeout
+        self._pump_module = pump if isinstance(pump, ModuleType) else load_pump(pump)
+        self._decoder_factory = decoder_factory or _default_decoder_factory
+        self._connect_kwargs = dict(connect_kwargs or {})
+        #: options sent with START_REPLICATION (filled at the first connect: they depend on the server version)
+        self.options: dict[str, str] = {}
+        self.server_version_num = 0
+        #: negotiated protocol version (pgoutput: the one asked for; pglogical/spock: from the startup message)
+        self.proto_version: int | None = None
+        self.startup_params: dict[str, str] = {}
+        self._start_lsn = parse_lsn(start_lsn)
+        self._acked = self._start_lsn
+        self._delivered = self._start_lsn
+        self._conn: Any = None
+        self._pump: Any = None
+        self.decoder: Any = None
+        self._startup_checked = False
+        self._closed = False
+        self.reconnects = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self._totals = {"messages": 0, "bytes": 0, "keepalives": 0, "status_sent": 0}
+
+    # ---------------------------------------------------------------------------------------------- positions
+    @property
+    def acked_lsn(self) -> int:
+        """The last position the consumer confirmed (what the server is told is flushed)."""
+        return self._acked
+
+    @property
+    def delivered_lsn(self) -> int:
+        """The position covering every event handed out so far (what `ack()` without argument confirms)."""
+        return self._delivered
+
+    @property
+    def committed_lsn(self) -> int:
+        """The decoder's committed LSN (may be ahead of `delivered_lsn` while events wait to be handed out)."""
+        return self.decoder.committed_lsn if self.decoder is not None else self._delivered
+
+    @property
+    def impl(self) -> str:
+        """"c" or "python": which pump reads the connection."""
+        return self._pump_module.IMPLEMENTATION
+
+    def stats(self) -> dict[str, int]:
+        """Counters over the stream's life: messages, payload bytes, keepalives, status updates, reconnects."""
+        out = dict(self._totals)
+        pump = self._pump
+        if pump is not None:
+            for key in out:
+                out[key] += getattr(pump, key)
+            out["write_lsn"] = pump.write_lsn
+            out["wal_end"] = pump.wal_end
+        out["reconnects"] = self.reconnects
+        out["acked_lsn"] = self._acked
+        out["delivered_lsn"] = self._delivered
+        return out
+
+    def ack(self, lsn: int | str | None = None, *, send: bool = False) -> int:
+        """Confirm that everything handed out up to `lsn` (default: all of it) is persisted.
+
+        The position is reported to the server with the next status update (at once with ``send=True``). An `lsn`
+        beyond what was handed out is a ValueError: it would confirm changes the consumer has not seen. Returns the
+        acknowledged position.
+        """
+        target = self._delivered if lsn is None else parse_lsn(lsn)
+        if target > self._delivered:
+            raise ValueError(f"cannot acknowledge {format_lsn(target)}: only changes up to "
+                             f"{format_lsn(self._delivered)} were handed out")
+        if target > self._acked:
+            self._acked = target
+            pump = self._pump
+            if pump is not None:
+                pump.flush_lsn = target
+        if send:
+            with self._lock:
+                if self._pump is not None:
+                    try:
+                        self._pump.send_status()
+                    except ConnectionLost:
+                        pass  # the next read reconnects; the position is kept
+        return self._acked
+
+    # ---------------------------------------------------------------------------------------------- lifecycle
+    def open(self) -> "ReplicationStream":
+        """Connect and start streaming (done by `connect()`; reconnects call it again)."""
+        if self._closed:
+            raise ReplicationError("the stream is closed")
+        if self._pump is None:
+            self._open_once()
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"spockwire-status-{self.slot}",
+                                               daemon=True)
+            self._heartbeat.start()
+        return self
+
+    def _build_options(self, server_version_num: int) -> dict[str, str]:
+        w = self._want
+        if self.protocol == "pgoutput":
+            opts = pgoutput_options(server_version_num, w["publication"], proto_version=w["proto_version"],
+                                    binary=w["binary"], streaming=w["streaming"], two_phase=w["two_phase"],
+                                    messages=w["messages"])
+            self.proto_version = int(opts["proto_version"])
+            opts.update(w["extra"])
+            return opts
+        return native_options(self.plugin, server_version_num, replication_sets=w["replication_sets"],
+                              forward_origins=w["forward_origins"], binary=w["binary"], extra=w["extra"])
+
+    def _open_once(self) -> None:
+        import psycopg2
+        import psycopg2.extras
+
+        conn = psycopg2.connect(self.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                                **self._connect_kwargs)
+        try:
+            self.server_version_num = conn.server_version
+            if not self.options:
+                self.options = self._build_options(self.server_version_num)
+            if self.create_slot:
+                _create_slot(self.dsn, self.slot, self.plugin, two_phase=bool(self._want["two_phase"]))
+                self.create_slot = False
+            start = max(self._acked, self._start_lsn)
+            cur = conn.cursor()
+            cur.start_replication(slot_name=self.slot, decode=False, start_lsn=start, options=self.options)
+            pump = self._pump_module.FramePump(conn.pgconn_ptr, status_interval=self.status_interval,
+                                               max_batch_bytes=self.max_batch_bytes, flush_lsn=self._acked)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        self._pump = pump
+        self.decoder = self._decoder_factory(self.protocol)
+        self._startup_checked = self.protocol == "pgoutput"
+        log.info("streaming slot %s (%s) from %s", self.slot, self.plugin, format_lsn(start))
+
+    def _teardown(self) -> None:
+        pump, conn = self._pump, self._conn
+        self._pump = self._conn = None
+        if pump is not None:
+            for key in self._totals:
+                self._totals[key] += getattr(pump, key)
+            pump.detach()
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - the connection is broken already
+                pass
+
+    def close(self) -> None:
+        """Send the last acknowledged position, disconnect and stop the status thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        with self._lock:
+            if self._pump is not None:
+                try:
+                    self._pump.send_status()
+                except ReplicationError:
+                    pass
+            self._teardown()
+        if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
+            self._heartbeat.join(timeout=5)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "ReplicationStream":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _heartbeat_loop(self) -> None:
+        """Keep the server from timing the walsender out while the consumer is busy between reads."""
+        period = max(self.status_interval / 2.0, 0.05)
+        while not self._stop.wait(period):
+            if not self._lock.acquire(blocking=False):
+                continue  # a read is running: it sends status updates itself
+            try:
+                pump = self._pump
+                if pump is not None and pump.seconds_since_status >= self.status_interval:
+                    pump.send_status()
+            except SpockwireError:
+                pass  # the consumer's next read sees the broken connection and reconnects
+            finally:
+                self._lock.release()
+
+    # ---------------------------------------------------------------------------------------------- reading
+    def _reconnect(self, cause: ReplicationError) -> None:
+        deadline = None if self.reconnect_timeout is None else time.monotonic() + self.reconnect_timeout
+        delay = 0.05
+        last: BaseException = cause
+        self._teardown()
+        log.warning("replication connection lost (%s); resuming from %s", cause, format_lsn(self._acked))
+        while not self._closed:
+            if deadline is not None and time.monotonic() > deadline:
+                raise ConnectionLost(f"could not reconnect within {self.reconnect_timeout} s: {last}") from last
+            time.sleep(delay)
+            delay = min(delay * 2, self.max_backoff)
+            try:
+                self._open_once()
+            except Exception as exc:  # noqa: BLE001 - sorted below
+                err = self._connect_error(exc)
+                if not isinstance(err, ConnectionLost) and not _server_unavailable(exc):
+                    raise err from exc
+                last = err
+                continue
+            self.reconnects += 1
+            # everything handed out but not acknowledged will come again
+            self._delivered = self._acked
+            return
+        raise ReplicationError("the stream was closed while reconnecting")
+
+    @staticmethod
+    def _connect_error(exc: BaseException) -> BaseException:
+        """ConnectionLost when reconnecting may help, ServerError for a server's refusal, else `exc` itself."""
+        import psycopg2
+
+        if isinstance(exc, psycopg2.Error):
+            code = getattr(exc, "pgcode", None)
+            if code in _RETRYABLE_ON_RECONNECT:
+                return ConnectionLost(str(exc).strip(), sqlstate=code)
+            if code is not None or isinstance(exc, psycopg2.OperationalError):
+                return classify(str(exc), code)
+        if isinstance(exc, OSError):
+            return ConnectionLost(f"{type(exc).__name__}: {exc}")
+        return exc
+
+    def _check_startup(self, data: bytes) -> None:
+        """Validate the native startup message (the first frame of every session) before any row is decoded."""
+        if len(data) < 12:
+            return
+        length, _lsn = _FRAME_HEAD.unpack_from(data, 0)
+        payload = memoryview(data)[12:12 + length]
+        params = parse_startup_message(payload)
+        basetypes = int(self.options["binary.basetypes_major_version"]) if self.binary else None
+        self.proto_version = check_startup(self.protocol, params, binary_asked=self.binary,
+                                           basetypes_major=basetypes)
+        self.startup_params = params
+        self._startup_checked = True
+
+    def _fetch(self, timeout: float) -> tuple[list[Any], int]:
+        """One batch: pump, decode, drain. Returns (events, committed LSN after them)."""
+        if self._closed:
+            raise ReplicationError("the stream is closed")
+        with self._lock:
+            if self._pump is None:
+                self._reconnect(ConnectionLost("not connected"))
+            try:
+                data = self._pump.read(timeout)
+            except ConnectionLost as exc:
+                if not self.reconnect:
+                    raise
+                self._reconnect(exc)
+                return [], self._delivered
+            except ServerError:
+                raise
+            if not data:
+                return [], self.decoder.committed_lsn
+            if not self._startup_checked:
+                self._check_startup(data)
+            self.decoder.feed_frames(data)
+            events = self.decoder.drain()
+            return events, self.decoder.committed_lsn
+
+    def read(self, timeout: float | None = None) -> list[Any]:
+        """The committed events decoded from the next batch of frames (waits up to `timeout` s; may be empty).
+
+        All returned events count as handed out: `ack()` afterwards confirms all of them.
+        """
+        events, lsn = self._fetch(self.read_timeout if timeout is None else timeout)
+        self._advance(events, lsn)
+        return events
+
+    def _advance(self, events: list[Any], lsn: int) -> None:
+        if lsn <= self._delivered:
+            return
+        if not events and self._acked == self._delivered:
+            # nothing new to persist and everything before was confirmed: move on over the empty stretch
+            self._delivered = lsn
+            self.ack(lsn)
+        else:
+            self._delivered = lsn
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.events()
+
+    def events(self, idle_timeout: float | None = None) -> Iterator[Any]:
+        """Events one by one (blocking); stops after `idle_timeout` s without any, or when the stream closes.
+
+        `delivered_lsn` moves when the last event of each decoded batch is handed out, so `ack()` called while
+        consuming never confirms an event that has not been handed out yet.
+        """
+        idle_since = time.monotonic()
+        while not self._closed:
+            events, lsn = self._fetch(self.read_timeout)
+            if not events:
+                self._advance(events, lsn)
+                if idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
+                    return
+                continue
+            last = len(events) - 1
+            for i, event in enumerate(events):
+                if i == last:
+                    self._advance(events, lsn)
+                yield event
+            idle_since = time.monotonic()
+
+    def record_batches(self, idle_timeout: float | None = None) -> Iterator[Any]:
+        """The row changes only, as ``pyarrow.RecordBatch`` (truncates and messages are skipped)."""
+        for event in self.events(idle_timeout):
+            if hasattr(event, "to_arrow"):
+                yield event.to_arrow()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("streaming" if self._pump is not None else "disconnected")
+        return (f"<ReplicationStream {state} slot={self.slot!r} plugin={self.plugin} impl={self.impl} "
+                f"acked={format_lsn(self._acked)}>")
+
+
+def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: Any = None,
+            replication_sets: Any = None, create_slot: bool = False, start_lsn: int | str | None = None,
+            binary: bool = False, streaming: bool | str = False, two_phase: bool = False, messages: bool = False,
+            **kwargs: Any) -> ReplicationStream:
+    """Open a replication stream on `slot` and return it, streaming. See :class:`ReplicationStream`.
+
+    * `plugin`: "pgoutput", "pglogical" (``pglogical_output``) or "spock" (``spock_output``).
+    * `publication` (pgoutput; a name or a list) or `replication_sets` (pglogical/spock; default "default").
+    * `create_slot`: create the slot first when it does not exist.
+    * `start_lsn`: resume position (int or ``"X/Y"``); the server starts at its confirmed position if later.
+    * pgoutput only: `binary`, `streaming` (transactions larger than logical_decoding_work_mem arrive while in
+      progress), `two_phase` (prepared transactions), `messages` (pg_logical_emit_message), `proto_version`
+      (default: the highest the server speaks).
+    * pglogical/spock: `binary` (send/recv format), `forward_origins` (default True).
+    * tuning: `status_interval` (10 s), `reconnect` (True), `reconnect_timeout` (300 s), `max_backoff` (5 s),
+      `max_batch_bytes` (4 MiB), `read_timeout` (1 s), `pump` ("c" | "python"), `connect_kwargs`.
+    """
+    stream = ReplicationStream(dsn, slot=slot, plugin=plugin, publication=publication,
+                               replication_sets=replication_sets, create_slot=create_slot, start_lsn=start_lsn,
+                               binary=binary, streaming=streaming, two_phase=two_phase, messages=messages, **kwargs)
+    try:
+        stream._open_once()
+    except Exception as exc:
+        stream.close()
+        err = stream._connect_error(exc)
+        if err is exc:
+            raise
+        raise err from exc
+    stream.open()
+    return stream

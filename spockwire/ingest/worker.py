@@ -1,0 +1,304 @@
+"""The ingest worker: a replication slot streamed into the Parquet staging layout, nothing lost, nothing doubled.
+
+Loop: read the committed events of one batch of frames, add them to the StagingWriter; when a flush is due (rows,
+bytes or age), commit the staging (Parquet files and folders fsynced, then the log entry written atomically) and
+only then acknowledge the slot up to the LSN the log entry records. A huge transaction is written in several
+staging commits that keep the previous LSN, so memory stays bounded and nothing is acknowledged early.
+
+After a crash at any point, the next start removes the files no log entry names, resumes the slot from the log's
+LSN, and the writer drops re-delivered changes by (`_commit_lsn`, `_seq`): every committed change is staged
+exactly once.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from ..errors import SpockwireError
+from ..model import ChangeBatch
+from .staging import StagingWriter
+
+__all__ = ["IngestConfig", "IngestWorker", "Metrics", "IngestError"]
+
+log = logging.getLogger("spockwire.ingest")
+
+
+class IngestError(SpockwireError):
+    """The worker cannot start or go on (bad DSN, missing slot or publication, permissions, staging errors)."""
+
+
+@dataclass
+class IngestConfig:
+    """Everything `spockwire ingest` needs; see `spockwire ingest --help` for each setting."""
+
+    dsn: str
+    slot: str
+    out: str
+    plugin: str = "pgoutput"
+    publication: Any = None
+    replication_sets: Any = None
+    create_slot: bool = False
+    binary: bool = False
+    streaming: bool = False
+    two_phase: bool = False
+    messages: bool = False
+    types: str = "typed"
+    numeric: str = "decimal"
+    compression: str = "zstd"
+    flush_rows: int = 1_000_000
+    flush_bytes: int = 128 << 20
+    flush_seconds: float = 5.0
+    spill_bytes: int = 256 << 20
+    metrics_port: int | None = None
+    progress: bool | None = None          # None: when stderr is a terminal
+    max_runtime: float | None = None      # stop by itself after this many seconds (tests, batch jobs)
+    idle_exit: float | None = None        # stop by itself after this many seconds without changes
+    lag_interval: float = 5.0
+    impl: str | None = None               # "c" | "python"; default: the one `import spockwire` selected
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Metrics:
+    """Counters and gauges of one worker, served in the Prometheus text format."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rows_total: dict[str, int] = {}
+        self.bytes_written_total = 0
+        self.commits_total = 0
+        self.events_total = 0
+        self.acked_lsn = 0
+        self.lag_bytes: int | None = None
+        self.last_commit_unix = 0.0
+        self.started = time.time()
+        self.reconnects = 0
+        self.errors_total = 0
+
+    def record_commit(self, entry: dict[str, Any]) -> None:
+        with self.lock:
+            self.commits_total += 1
+            for f in entry.get("files", []):
+                self.rows_total[f["table"]] = self.rows_total.get(f["table"], 0) + int(f["rows"])
+                self.bytes_written_total += int(f["bytes"])
+            for m in entry.get("messages", []):
+                self.bytes_written_total += int(m["bytes"])
+            self.last_commit_unix = time.time()
+
+    def render(self) -> str:
+        with self.lock:
+            lines = [
+                "# HELP spockwire_rows_staged_total Change rows written to the staging layout.",
+                "# TYPE spockwire_rows_staged_total counter",
+            ]
+            for table, n in sorted(self.rows_total.items()):
+                lines.append(f'spockwire_rows_staged_total{{table="{_label(table)}"}} {n}')
+            gauges = [
+                ("spockwire_bytes_written_total", "counter", "Parquet bytes written.", self.bytes_written_total),
+                ("spockwire_staging_commits_total", "counter", "Staging commits (log entries).", self.commits_total),
+                ("spockwire_events_total", "counter", "Decoded events received.", self.events_total),
+                ("spockwire_reconnects_total", "counter", "Replication reconnects.", self.reconnects),
+                ("spockwire_acked_lsn", "gauge", "LSN acknowledged to the server.", self.acked_lsn),
+                ("spockwire_last_commit_timestamp_seconds", "gauge", "Unix time of the last staging commit.",
+                 self.last_commit_unix),
+                ("spockwire_uptime_seconds", "gauge", "Seconds since the worker started.", time.time() - self.started),
+            ]
+            if self.lag_bytes is not None:
+                gauges.append(("spockwire_lag_bytes", "gauge", "Server WAL position minus the acknowledged LSN.",
+                               self.lag_bytes))
+            for name, kind, help_text, value in gauges:
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+            return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def serve_metrics(metrics: Metrics, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """Serve `/metrics` on a background thread; returns the server (call `.shutdown()` to stop)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server interface
+            if self.path.rstrip("/") not in ("/metrics", ""):
+                self.send_error(404)
+                return
+            body = metrics.render().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="spockwire-metrics", daemon=True).start()
+    return server
+
+
+def _format_lsn(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+class IngestWorker:
+    """Runs one slot into one staging folder. `run()` returns when stopped (signal, `stop()`, limits)."""
+
+    def __init__(self, config: IngestConfig, *, connect: Callable[..., Any] | None = None,
+                 out: TextIO | None = None) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self._stop = threading.Event()
+        self._connect = connect
+        self._out = out if out is not None else sys.stderr
+        self._progress = config.progress if config.progress is not None else self._out.isatty()
+        self._last_lag_check = 0.0
+        self._last_commit = time.monotonic()
+        self.stream: Any = None
+        self.writer: StagingWriter | None = None
+
+    def stop(self, *_: Any) -> None:
+        """Ask the worker to finish: it flushes, acknowledges what it wrote and returns from `run()`."""
+        self._stop.set()
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> int:
+        cfg = self.config
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, self.stop)
+        metrics_server = serve_metrics(self.metrics, cfg.metrics_port) if cfg.metrics_port is not None else None
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
+
+    def _open_stream(self, start_lsn: int) -> Any:
+        cfg = self.config
+        if self._connect is None:
+            from ..connection import connect
+        else:
+            connect = self._connect
+        import importlib
+
+        from ..wire import load_implementation
+
+        impl = load_implementation() if cfg.impl is None else importlib.import_module(
+            "spockwire.wire._decoder" if cfg.impl == "c" else "spockwire.wire._decoder_py")
+
+        def factory(protocol: str) -> Any:
+            return impl.Decoder(protocol, types=cfg.types, numeric=cfg.numeric, spill_bytes=cfg.spill_bytes)
+
+        kwargs: dict[str, Any] = dict(slot=cfg.slot, plugin=cfg.plugin, create_slot=cfg.create_slot,
+                                      start_lsn=start_lsn, binary=cfg.binary, decoder_factory=factory, **cfg.extra)
+        if cfg.plugin == "pgoutput":
+            kwargs.update(publication=cfg.publication, streaming=cfg.streaming, two_phase=cfg.two_phase,
+                          messages=cfg.messages)
+        else:
+            kwargs.update(replication_sets=cfg.replication_sets)
+        try:
+            return connect(cfg.dsn, **kwargs)
+        except SpockwireError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the driver's errors become one clear message
+            raise IngestError(f"cannot start streaming slot {cfg.slot!r}: {exc}".strip()) from exc
+
+    def _run(self) -> int:
+        cfg = self.config
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        protocol = {"pgoutput": "pgoutput", "pglogical": "pglogical", "pglogical_output": "pglogical",
+                    "spock": "spock", "spock_output": "spock"}.get(cfg.plugin, cfg.plugin)
+        writer = StagingWriter(cfg.out, protocol, compression=cfg.compression, max_rows=cfg.flush_rows,
+                               max_bytes=cfg.flush_bytes, max_age=cfg.flush_seconds)
+        self.writer = writer
+        resume = writer.committed_lsn
+        log.info(json.dumps({"event": "start", "slot": cfg.slot, "plugin": cfg.plugin, "out": cfg.out,
+                             "resume_lsn": _format_lsn(resume)}))
+        stream = self._open_stream(resume)
+        self.stream = stream
+        started = time.monotonic()
+        last_event = time.monotonic()
+        rows_seen = 0
+        try:
+            while not self._stop.is_set():
+                events = stream.read(timeout=0.5)
+                now = time.monotonic()
+                if events:
+                    last_event = now
+                for event in events:
+                    writer.add(event)
+                    if isinstance(event, ChangeBatch):
+                        rows_seen += event.num_rows
+                    if writer.buffered_bytes >= cfg.flush_bytes or writer.buffered_rows >= cfg.flush_rows:
+                        # inside a large drain: write what is buffered, keep the log's LSN where it was
+                        self._commit(writer.committed_lsn)
+                with self.metrics.lock:
+                    self.metrics.events_total += len(events)
+                    self.metrics.reconnects = getattr(stream, "reconnects", 0)
+                # flush on rows/bytes/age of what is buffered; with nothing buffered, still move the LSN on
+                # (transactions of unpublished tables) once per flush interval
+                if writer.should_flush() or (stream.delivered_lsn > writer.committed_lsn
+                                             and now - self._last_commit >= cfg.flush_seconds):
+                    self._commit(stream.delivered_lsn)
+                self._report(rows_seen, started)
+                if cfg.max_runtime is not None and now - started >= cfg.max_runtime:
+                    break
+                if cfg.idle_exit is not None and now - last_event >= cfg.idle_exit:
+                    break
+            self._commit(stream.delivered_lsn)
+            self._report(rows_seen, started, final=True)
+            log.info(json.dumps({"event": "stop", "acked_lsn": _format_lsn(writer.committed_lsn),
+                                 "rows": rows_seen}))
+            return 0
+        finally:
+            try:
+                stream.close()
+            finally:
+                writer.close()
+
+    def _commit(self, lsn: int) -> None:
+        writer = self.writer
+        entry = writer.commit(lsn)
+        self._last_commit = time.monotonic()
+        if entry is not None:
+            self.metrics.record_commit(entry)
+            log.info(json.dumps({"event": "staged", "commit": entry["commit"],
+                                 "committed_lsn": entry["committed_lsn_text"],
+                                 "files": len(entry["files"]), "rows": sum(f["rows"] for f in entry["files"])}))
+        # acknowledge only what the newest durable log entry covers
+        acked = self.stream.ack(min(writer.committed_lsn, self.stream.delivered_lsn), send=True)
+        with self.metrics.lock:
+            self.metrics.acked_lsn = acked
+
+    def _report(self, rows: int, started: float, final: bool = False) -> None:
+        now = time.monotonic()
+        if now - self._last_lag_check >= self.config.lag_interval or final:
+            self._last_lag_check = now
+            stats = self.stream.stats() if hasattr(self.stream, "stats") else {}
+            wal_end = int(stats.get("wal_end") or 0)
+            with self.metrics.lock:
+                self.metrics.lag_bytes = max(wal_end - self.metrics.acked_lsn, 0) if wal_end else None
+        if not self._progress:
+            return
+        elapsed = max(now - started, 1e-9)
+        m = self.metrics
+        with m.lock:
+            line = (f"\rspockwire ingest: {rows:,} rows ({rows / elapsed:,.0f}/s), "
+                    f"{m.bytes_written_total / elapsed / 1e6:.1f} MB/s written, {len(m.rows_total)} tables, "
+                    f"acked {_format_lsn(m.acked_lsn)}, lag "
+                    f"{'?' if m.lag_bytes is None else f'{m.lag_bytes:,} B'}   ")
+        self._out.write(line + ("\n" if final else ""))
+        self._out.flush()
