@@ -15,11 +15,20 @@ from .model import ChangeBatch, Column, LogicalMessage, Relation, Truncate
 from .wire import load_implementation as _load_implementation
 
 _impl = _load_implementation()
+
+
+def connect(dsn: str, **kwargs: object):  # noqa: ANN201 - see spockwire.connection.connect
+    """Stream committed change events from a replication slot: see `spockwire.connection.connect`."""
+    from .connection import connect as _connect
+
+    return _connect(dsn, **kwargs)
+
+
 Decoder = _impl.Decoder
 __impl__: str = _impl.IMPLEMENTATION
 __version__ = "0.1.0"
 
 __all__ = [
-    "Decoder", "ChangeBatch", "Truncate", "LogicalMessage", "Relation", "Column",
+    "Decoder", "connect", "ChangeBatch", "Truncate", "LogicalMessage", "Relation", "Column",
     "SpockwireError", "ProtocolError", "TruncatedMessage", "FrameError", "__impl__", "__version__",
 ]

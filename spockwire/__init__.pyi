@@ -2,6 +2,7 @@ from .errors import FrameError as FrameError, ProtocolError as ProtocolError, Sp
     TruncatedMessage as TruncatedMessage
 from .model import ChangeBatch as ChangeBatch, Column as Column, LogicalMessage as LogicalMessage, \
     Relation as Relation, Truncate as Truncate
+from .connection.stream import connect as connect
 from .wire._decoder import Decoder as Decoder
 
 __impl__: str

@@ -1,0 +1,141 @@
+"""End-to-end streaming throughput on a 1M-row workload, against the server's own decode rate for the same slot.
+
+    python -m pytest benchmarks/bench_connection.py --benchmark-only
+
+Four measurements of the same 1,000 transactions x 1,000 rows (pgoutput proto 1, text):
+
+* ``server_decode``: ``pg_logical_slot_peek_binary_changes`` counted on the server (the walsender's ceiling);
+* ``pump_c`` / ``pump_python``: ``spockwire.connection.connect`` with the Cython / pure-Python batch pump, rows
+  decoded into Arrow batches;
+* ``psycopg2_callback``: psycopg2's ``consume_stream`` with one Python callback per message feeding the decoder.
+
+``extra_info`` holds rows/s, messages/s, the client's CPU use (user+sys seconds per wall second) and, for the
+streams, the ratio to the server's decode rate. Set SPOCKWIRE_BENCH_ROWS to change the workload size.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+import pytest
+
+from spockwire.connection import connect, create_publication, create_slot
+from spockwire.testing import PostgresCluster
+
+ROWS = int(os.environ.get("SPOCKWIRE_BENCH_ROWS", "1000000"))
+PER_TXN = 1000
+RESULTS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def workload():
+    with PostgresCluster({"logical_decoding_work_mem": "256MB"}) as pg:
+        db = pg.create_database("bench")
+        pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text, n bigint)", dbname=db)
+        dsn = pg.dsn(dbname=db)
+        create_publication(dsn, "pub")
+        create_slot(dsn, "bench", "pgoutput")
+        conn = pg.connect(db)
+        with conn.cursor() as cur:
+            for lo in range(0, ROWS, PER_TXN):
+                cur.execute("INSERT INTO t SELECT g, 'value ' || g, g * 7 FROM generate_series(%s, %s) g",
+                            (lo, lo + PER_TXN - 1))
+        conn.close()
+        messages = pg.scalar("SELECT count(*) FROM pg_logical_slot_peek_binary_changes('bench', NULL, NULL, "
+                             "'proto_version', '1', 'publication_names', 'pub')", dbname=db)
+        yield pg, dsn, db, int(messages)
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _record(benchmark, name: str, rows: int, messages: int, wall: float, cpu: float | None) -> None:
+    RESULTS[name] = rows / wall
+    info = {"rows": rows, "messages": messages, "rows_per_s": round(rows / wall), "messages_per_s":
+            round(messages / wall), "seconds": round(wall, 3)}
+    if cpu is not None:
+        info["client_cpu_cores"] = round(cpu / wall, 3)
+    if "server_decode" in RESULTS and name != "server_decode":
+        info["ratio_to_server_decode"] = round(RESULTS[name] / RESULTS["server_decode"], 3)
+    benchmark.extra_info.update(info)
+
+
+def test_server_decode(benchmark, workload):
+    pg, _dsn, db, messages = workload
+
+    def run():
+        t0 = time.perf_counter()
+        n = pg.scalar("SELECT count(*) FROM pg_logical_slot_peek_binary_changes('bench', NULL, NULL, "
+                      "'proto_version', '1', 'publication_names', 'pub')", dbname=db)
+        return n, time.perf_counter() - t0
+
+    n, wall = benchmark.pedantic(run, rounds=2, iterations=1)
+    _record(benchmark, "server_decode", ROWS, n, wall, None)
+
+
+def _stream_all(dsn: str, pump: str) -> tuple[int, int, float, float]:
+    stream = connect(dsn, slot="bench", publication="pub", proto_version=1, pump=pump, read_timeout=5.0)
+    try:
+        rows = 0
+        c0, t0 = _cpu(), time.perf_counter()
+        while rows < ROWS:
+            for ev in stream.read():
+                ev.to_arrow()
+                rows += ev.num_rows
+        wall, cpu = time.perf_counter() - t0, _cpu() - c0
+        return rows, stream.stats()["messages"], wall, cpu
+    finally:
+        stream.close()  # nothing acknowledged: the next round streams the same changes again
+
+
+@pytest.mark.parametrize("pump", ["c", "python"])
+def test_stream(benchmark, workload, pump):
+    _pg, dsn, _db, _messages = workload
+    rows, messages, wall, cpu = benchmark.pedantic(lambda: _stream_all(dsn, pump), rounds=2, iterations=1)
+    assert rows == ROWS
+    _record(benchmark, f"pump_{pump}", rows, messages, wall, cpu)
+
+
+def test_psycopg2_callback(benchmark, workload):
+    import psycopg2
+    import psycopg2.extras
+
+    from spockwire.wire import load_implementation
+
+    _pg, dsn, _db, messages = workload
+
+    def run():
+        conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+        cur = conn.cursor()
+        cur.start_replication(slot_name="bench", decode=False,
+                              options={"proto_version": "1", "publication_names": "pub"})
+        dec = load_implementation().Decoder("pgoutput")
+        state = {"rows": 0, "messages": 0}
+
+        def consume(msg):
+            dec.feed(msg.payload)
+            state["messages"] += 1
+            if state["messages"] % 10000 == 0:
+                for ev in dec.drain():
+                    ev.to_arrow()
+                    state["rows"] += ev.num_rows
+            if state["messages"] >= messages:
+                raise psycopg2.extras.StopReplication()
+
+        c0, t0 = _cpu(), time.perf_counter()
+        try:
+            cur.consume_stream(consume)
+        except psycopg2.extras.StopReplication:
+            pass
+        for ev in dec.drain():
+            state["rows"] += ev.num_rows
+        wall, cpu = time.perf_counter() - t0, _cpu() - c0
+        conn.close()
+        return state["rows"], state["messages"], wall, cpu
+
+    rows, n, wall, cpu = benchmark.pedantic(run, rounds=2, iterations=1)
+    assert rows == ROWS
+    _record(benchmark, "psycopg2_callback", rows, n, wall, cpu)

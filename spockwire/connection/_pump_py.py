@@ -1,0 +1,218 @@
+"""Pure-Python twin of the Cython batch pump (spockwire.connection._pump).
+
+Same class, same behaviour and errors; libpq is reached through ctypes (the library psycopg2 already loaded), so
+this twin needs no compiler. It makes several Python calls per message and is therefore slower than the Cython
+pump; it exists for platforms without the extension and as the readable reference of the pump's logic.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import select
+import struct
+import time
+
+from .errors import ConnectionLost, ReplicationError, classify
+
+__all__ = ["FramePump", "IMPLEMENTATION"]
+
+IMPLEMENTATION = "python"
+
+_PG_EPOCH_OFFSET_US = 946_684_800_000_000
+_XLOGDATA_HEADER = 25
+_KEEPALIVE_LENGTH = 18
+_W = struct.Struct(">QQ")          # dataStart, walEnd after the 'w'
+_K = struct.Struct(">QqB")         # walEnd, sendTime, replyRequested after the 'k'
+_FRAME = struct.Struct(">IQ")
+_STATUS = struct.Struct(">cQQQqB")
+_PGRES_FATAL_ERROR = 7
+_PG_DIAG_SQLSTATE = ord("C")
+
+
+def _load_libpq() -> ctypes.CDLL:
+    name = ctypes.util.find_library("pq") or "libpq.so.5"
+    lib = ctypes.CDLL(name)
+    vp, cp, ci = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int
+    for fname, restype, argtypes in (
+        ("PQgetCopyData", ci, [vp, ctypes.POINTER(vp), ci]),
+        ("PQputCopyData", ci, [vp, cp, ci]),
+        ("PQflush", ci, [vp]),
+        ("PQconsumeInput", ci, [vp]),
+        ("PQsocket", ci, [vp]),
+        ("PQfreemem", None, [vp]),
+        ("PQgetResult", vp, [vp]),
+        ("PQresultStatus", ci, [vp]),
+        ("PQresultErrorMessage", cp, [vp]),
+        ("PQresultErrorField", cp, [vp, ci]),
+        ("PQerrorMessage", cp, [vp]),
+        ("PQclear", None, [vp]),
+    ):
+        fn = getattr(lib, fname)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+_lib: ctypes.CDLL | None = None
+
+
+def _libpq() -> ctypes.CDLL:
+    global _lib
+    if _lib is None:
+        _lib = _load_libpq()
+    return _lib
+
+
+def _pg_now_us() -> int:
+    return time.time_ns() // 1000 - _PG_EPOCH_OFFSET_US
+
+
+class FramePump:
+    """Reads one replication connection (already in CopyBoth mode) batch by batch. See the Cython twin."""
+
+    def __init__(self, pgconn_ptr: int, *, status_interval: float = 10.0, max_batch_bytes: int = 4 << 20,
+                 flush_lsn: int = 0) -> None:
+        if not pgconn_ptr:
+            raise ValueError("pgconn_ptr is NULL: the connection is closed")
+        if max_batch_bytes < 1024:
+            raise ValueError("max_batch_bytes must be at least 1024")
+        self._lib = _libpq()
+        self._conn: int | None = int(pgconn_ptr)
+        self.status_interval = float(status_interval)
+        self.max_batch_bytes = int(max_batch_bytes)
+        self._flush_lsn = int(flush_lsn)
+        self.write_lsn = 0
+        self.wal_end = 0
+        self.messages = 0
+        self.bytes = 0
+        self.keepalives = 0
+        self.status_sent = 0
+        self._last_status = time.monotonic()
+        self._deferred: BaseException | None = None
+
+    @property
+    def flush_lsn(self) -> int:
+        return self._flush_lsn
+
+    @flush_lsn.setter
+    def flush_lsn(self, value: int) -> None:
+        if value > self._flush_lsn:
+            self._flush_lsn = int(value)
+
+    @property
+    def seconds_since_status(self) -> float:
+        return time.monotonic() - self._last_status
+
+    def detach(self) -> None:
+        self._conn = None
+
+    def _errmsg(self) -> str:
+        raw = self._lib.PQerrorMessage(self._conn)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def _send_status(self, reply: bool) -> None:
+        flush = self._flush_lsn
+        msg = _STATUS.pack(b"r", max(self.write_lsn, flush), flush, flush, _pg_now_us(), 1 if reply else 0)
+        if self._lib.PQputCopyData(self._conn, msg, len(msg)) <= 0 or self._lib.PQflush(self._conn) != 0:
+            raise classify("could not send a standby status update: " + self._errmsg(), None)
+        self.status_sent += 1
+        self._last_status = time.monotonic()
+
+    def send_status(self, reply: bool = False) -> None:
+        if self._conn is None:
+            raise ConnectionLost("the replication connection is closed")
+        self._send_status(reply)
+
+    def read(self, timeout: float = 1.0) -> bytes:
+        if self._conn is None:
+            raise ConnectionLost("the replication connection is closed")
+        if self._deferred is not None:
+            exc, self._deferred = self._deferred, None
+            raise exc
+        out = bytearray()
+        try:
+            self._read_into(out, timeout)
+        except ReplicationError as exc:
+            if not out:
+                raise
+            self._deferred = exc  # hand out what arrived before the failure first
+        return bytes(out)
+
+    def _read_into(self, out: bytearray, timeout: float) -> None:
+        lib, conn = self._lib, self._conn
+        ptr = ctypes.c_void_p()
+        consumed = False
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            n = lib.PQgetCopyData(conn, ctypes.byref(ptr), 1)
+            if n > 0:
+                try:
+                    msg = ctypes.string_at(ptr.value, n)
+                finally:
+                    lib.PQfreemem(ptr)
+                kind = msg[0]
+                if kind == 0x77 and n >= _XLOGDATA_HEADER:  # 'w'
+                    start, end = _W.unpack_from(msg, 1)
+                    out += _FRAME.pack(n - _XLOGDATA_HEADER, start)
+                    out += memoryview(msg)[_XLOGDATA_HEADER:]
+                    self.messages += 1
+                    self.bytes += n - _XLOGDATA_HEADER
+                    if start > self.write_lsn:
+                        self.write_lsn = start
+                    if end > self.wal_end:
+                        self.wal_end = end
+                elif kind == 0x6B and n >= _KEEPALIVE_LENGTH:  # 'k'
+                    end, _ts, reply = _K.unpack_from(msg, 1)
+                    if end > self.wal_end:
+                        self.wal_end = end
+                    self.keepalives += 1
+                    if reply:
+                        self._send_status(False)
+                else:
+                    raise ReplicationError(f"unexpected CopyData message type 0x{kind:02x} in the replication "
+                                           f"stream (expected 'w' XLogData or 'k' keepalive)")
+                if len(out) >= self.max_batch_bytes:
+                    break
+                continue
+            if n == -1:
+                self._raise_result()
+            if n != 0:
+                raise classify(self._errmsg(), None)
+            if not consumed:
+                consumed = True
+                if lib.PQconsumeInput(conn) == 0:
+                    raise classify(self._errmsg(), None)
+                continue
+            if out:
+                break
+            now = time.monotonic()
+            if now - self._last_status >= self.status_interval:
+                self._send_status(False)
+            if now >= deadline:
+                break
+            wait = min(deadline - now, self.status_interval - (now - self._last_status))
+            sock = lib.PQsocket(conn)
+            if sock < 0:
+                raise classify(self._errmsg(), None)
+            select.select([sock], [], [], max(wait, 0.0) + 0.001)
+            consumed = False
+        if time.monotonic() - self._last_status >= self.status_interval:
+            self._send_status(False)
+
+    def _raise_result(self) -> None:
+        lib, conn = self._lib, self._conn
+        res = lib.PQgetResult(conn)
+        message = "the server ended the replication stream"
+        sqlstate = None
+        if res:
+            if lib.PQresultStatus(res) == _PGRES_FATAL_ERROR:
+                raw = lib.PQresultErrorMessage(res)
+                message = raw.decode("utf-8", "replace") if raw else message
+                field = lib.PQresultErrorField(res, _PG_DIAG_SQLSTATE)
+                sqlstate = field.decode("ascii", "replace") if field else None
+            lib.PQclear(res)
+            res = lib.PQgetResult(conn)
+            while res:
+                lib.PQclear(res)
+                res = lib.PQgetResult(conn)
+        raise classify(message, sqlstate)

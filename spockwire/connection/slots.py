@@ -1,0 +1,182 @@
+"""Replication slot and publication helpers (plain SQL over an ordinary connection).
+
+Every function takes a libpq connection string or an open psycopg2 connection (used as is, in autocommit).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+from .options import plugin_protocol
+
+__all__ = ["SlotInfo", "create_slot", "drop_slot", "list_slots", "slot_info", "create_publication",
+           "drop_publication", "format_lsn", "parse_lsn"]
+
+#: Output plugin library for each plugin name a user may give.
+SLOT_PLUGIN = {"pgoutput": "pgoutput", "pglogical": "pglogical_output", "pglogical_output": "pglogical_output",
+               "spock": "spock_output", "spock_output": "spock_output"}
+
+
+def format_lsn(lsn: int) -> str:
+    """An LSN as PostgreSQL prints it (``16/B374D848``)."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(text: str | int | None) -> int:
+    """``'16/B374D848'`` (or an int, or None = 0) as an int."""
+    if text is None:
+        return 0
+    if isinstance(text, int):
+        return text
+    hi, sep, lo = str(text).partition("/")
+    if not sep:
+        raise ValueError(f"not an LSN: {text!r}")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """One logical replication slot and how far behind it is.
+
+    `lag_bytes` is the WAL written since the slot's confirmed flush position (what a consumer has not
+    acknowledged); `retained_bytes` is the WAL the server keeps for the slot (since its restart_lsn).
+    """
+
+    name: str
+    plugin: str
+    database: str
+    active: bool
+    active_pid: int | None
+    temporary: bool
+    two_phase: bool
+    restart_lsn: int
+    confirmed_flush_lsn: int
+    lag_bytes: int | None
+    retained_bytes: int | None
+
+
+@contextmanager
+def _connection(conn_or_dsn: Any) -> Iterator[Any]:
+    if isinstance(conn_or_dsn, str):
+        import psycopg2
+
+        conn = psycopg2.connect(conn_or_dsn)
+        conn.autocommit = True
+        try:
+            yield conn
+        finally:
+            conn.close()
+    else:
+        yield conn_or_dsn
+
+
+def _slot_plugin(plugin: str) -> str:
+    plugin_protocol(plugin)  # validates the name
+    return SLOT_PLUGIN[plugin]
+
+
+_SLOT_QUERY = """
+SELECT slot_name, plugin, database, active, active_pid, temporary, two_phase,
+       restart_lsn::text, confirmed_flush_lsn::text,
+       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) END,
+       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) END
+  FROM pg_replication_slots
+ WHERE slot_type = 'logical'
+"""
+
+
+def _row_to_info(row: tuple) -> SlotInfo:
+    return SlotInfo(name=row[0], plugin=row[1], database=row[2], active=bool(row[3]), active_pid=row[4],
+                    temporary=bool(row[5]), two_phase=bool(row[6]), restart_lsn=parse_lsn(row[7]),
+                    confirmed_flush_lsn=parse_lsn(row[8]),
+                    lag_bytes=None if row[9] is None else int(row[9]),
+                    retained_bytes=None if row[10] is None else int(row[10]))
+
+
+def list_slots(conn_or_dsn: Any, *, database: str | None = None) -> list[SlotInfo]:
+    """The logical slots of the cluster (of one database if given), with their lag in bytes."""
+    with _connection(conn_or_dsn) as conn, conn.cursor() as cur:
+        if database is None:
+            cur.execute(_SLOT_QUERY + " ORDER BY slot_name")
+        else:
+            cur.execute(_SLOT_QUERY + " AND database = %s ORDER BY slot_name", (database,))
+        return [_row_to_info(r) for r in cur.fetchall()]
+
+
+def slot_info(conn_or_dsn: Any, slot: str) -> SlotInfo | None:
+    """One slot by name, or None."""
+    with _connection(conn_or_dsn) as conn, conn.cursor() as cur:
+        cur.execute(_SLOT_QUERY + " AND slot_name = %s", (slot,))
+        row = cur.fetchone()
+        return None if row is None else _row_to_info(row)
+
+
+def create_slot(conn_or_dsn: Any, slot: str, plugin: str = "pgoutput", *, two_phase: bool = False,
+                temporary: bool = False, if_missing: bool = True) -> SlotInfo:
+    """Create a logical slot in the connection's database unless it exists; return it.
+
+    An existing slot with another output plugin is an error (its stream would not decode as asked).
+    """
+    library = _slot_plugin(plugin)
+    with _connection(conn_or_dsn) as conn:
+        existing = slot_info(conn, slot)
+        if existing is not None:
+            if not if_missing:
+                raise ValueError(f"replication slot {slot!r} already exists")
+            if existing.plugin != library and not (library.startswith(existing.plugin)):
+                raise ValueError(f"replication slot {slot!r} exists with plugin {existing.plugin!r}, "
+                                 f"not {library!r}")
+            return existing
+        with conn.cursor() as cur:
+            cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, %s, %s)",
+                        (slot, library, temporary, two_phase))
+        info = slot_info(conn, slot)
+        assert info is not None
+        return info
+
+
+def drop_slot(conn_or_dsn: Any, slot: str, *, if_exists: bool = True) -> bool:
+    """Drop a slot; True if it existed. An active slot (a stream still reads it) is an error."""
+    with _connection(conn_or_dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        if cur.fetchone() is None:
+            if not if_exists:
+                raise ValueError(f"replication slot {slot!r} does not exist")
+            return False
+        cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        return True
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def create_publication(conn_or_dsn: Any, name: str, tables: Iterable[str] | None = None, *,
+                       if_missing: bool = True) -> bool:
+    """Create a publication FOR ALL TABLES (or for `tables`, names as ``schema.table`` or ``table``).
+
+    Returns True when it was created, False when it already existed.
+    """
+    if tables is None:
+        target = "FOR ALL TABLES"
+    else:
+        parts = []
+        for t in tables:
+            parts.append(".".join(_ident(p) for p in t.split(".", 1)))
+        if not parts:
+            raise ValueError("tables must name at least one table (or be None for all tables)")
+        target = "FOR TABLE " + ", ".join(parts)
+    with _connection(conn_or_dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,))
+        if cur.fetchone() is not None:
+            if not if_missing:
+                raise ValueError(f"publication {name!r} already exists")
+            return False
+        cur.execute(f"CREATE PUBLICATION {_ident(name)} {target}")
+        return True
+
+
+def drop_publication(conn_or_dsn: Any, name: str, *, if_exists: bool = True) -> None:
+    with _connection(conn_or_dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"DROP PUBLICATION {'IF EXISTS ' if if_exists else ''}{_ident(name)}")
