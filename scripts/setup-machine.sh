@@ -37,8 +37,9 @@ PIP_PACKAGES=(
     build
 )
 
-# Hook for the Spark integration: off by default (large download).
-SPARK_PACKAGES=("pyspark>=4.0,<5" "delta-spark>=4.0")
+# The Spark integration (the test command installs it: the Spark tests are part of the suite). Delta tables
+# are written through delta-rs (deltalake); delta-spark's jars come from Maven, which a cluster provides.
+SPARK_PACKAGES=("pyspark>=4.2,<5" "deltalake>=0.20")
 
 log() { printf 'setup-machine: %s\n' "$*" >&2; }
 
@@ -87,6 +88,9 @@ install_apt() {
         return
     fi
     local wanted=("${APT_PACKAGES[@]}")
+    if [ "${SPOCKWIRE_SETUP_SPARK:-0}" = "1" ] && ! command -v java >/dev/null 2>&1; then
+        wanted+=(openjdk-17-jre-headless)
+    fi
     if python_needs_system_packages; then
         wanted+=(python3 python3-dev python3-pip python3-venv)
     fi

@@ -7,6 +7,13 @@ import pytest
 
 pytest_plugins = ["tests.pg_fixtures"]
 
+
+def pytest_collection_modifyitems(config, items):
+    """Tests in tests/test_spark*.py start a local SparkSession: they get the `spark` marker (nothing is skipped)."""
+    for item in items:
+        if item.path.name.startswith("test_spark"):
+            item.add_marker(pytest.mark.spark)
+
 IMPLEMENTATIONS = ("c", "python")
 
 

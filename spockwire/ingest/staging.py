@@ -465,14 +465,12 @@ class _Group:
 
 
 def _batch_bounds(rb: pa.RecordBatch) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The lowest and highest (`_commit_lsn`, `_seq`) of a non-empty batch."""
-    lsn = rb.column("_commit_lsn")
-    seq = rb.column("_seq")
-    mm = pc.min_max(lsn)
-    lo, hi = mm["min"].as_py(), mm["max"].as_py()
-    lo_seq = pc.min(pc.filter(seq, pc.equal(lsn, pa.scalar(lo, _U64)))).as_py()
-    hi_seq = pc.max(pc.filter(seq, pc.equal(lsn, pa.scalar(hi, _U64)))).as_py()
-    return (lo, lo_seq), (hi, hi_seq)
+    """The lowest and highest (`_commit_lsn`, `_seq`) of a non-empty batch: its first and last rows, since the
+    rows of a decoder batch are in (`_commit_lsn`, `_seq`) order (docs/architecture.md)."""
+    lsn = rb.column(1)
+    seq = rb.column(4)
+    n = rb.num_rows - 1
+    return (lsn[0].as_py(), seq[0].as_py()), (lsn[n].as_py(), seq[n].as_py())
 
 
 def _drop_staged(rb: pa.RecordBatch, floor: int, hwm: tuple[int, int] | None) -> pa.RecordBatch:

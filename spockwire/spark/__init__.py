@@ -1,0 +1,39 @@
+"""spockwire on Spark: a streaming/batch data source over a replication slot, the Parquet staging as a
+DataFrame, `apply_changes` to Delta/Parquet/in-memory tables, and distributed decoding of frame files.
+
+    import spockwire.spark as sws
+    sws.register(spark)                     # spark.readStream.format("spockwire") ...
+    changes = sws.read_staging(spark, "staging/", "public.orders")
+    sws.apply_changes(changes, target="/data/orders", format="delta", keys=["id"])
+    df = sws.decode_frame_file(spark, "capture.spwf", table="public.orders")
+
+See docs/spark.md.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["register", "apply_changes", "apply_to_dataframe", "decode_frame_file", "read_staging",
+           "read_staging_stream", "select_table"]
+
+
+def register(spark: Any) -> None:
+    """Register the ``spockwire`` and ``spockwire_staging`` data sources with a SparkSession."""
+    from .datasource import SpockwireDataSource
+    from .staging import StagingDataSource
+
+    spark.dataSource.register(SpockwireDataSource)
+    spark.dataSource.register(StagingDataSource)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("apply_changes", "apply_to_dataframe", "select_table"):
+        from . import apply
+        return getattr(apply, name)
+    if name == "decode_frame_file":
+        from .distributed import decode_frame_file
+        return decode_frame_file
+    if name in ("read_staging", "read_staging_stream"):
+        from . import staging
+        return getattr(staging, name)
+    raise AttributeError(name)

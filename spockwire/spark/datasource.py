@@ -1,0 +1,321 @@
+"""The ``spockwire`` Spark data source: changes of a logical replication slot, batch and streaming.
+
+    spockwire.spark.register(spark)
+    df = (spark.readStream.format("spockwire")
+          .option("dsn", "host=db dbname=shop user=cdc").option("slot", "orders_cdc")
+          .option("plugin", "pgoutput").option("publication", "orders_pub")
+          .option("table", "public.orders").load())
+
+Offsets are LSNs (``{"lsn": "16/B374D848"}``). A micro-batch holds the transactions committed in
+``[start, end)``; its single partition peeks the slot up to `end` with ``pg_logical_slot_peek_binary_changes``
+(replayable: nothing moves), decodes on the executor and yields Arrow record batches. Once Spark has committed a
+batch to the checkpoint, the slot is advanced with ``pg_replication_slot_advance``. See docs/spark.md.
+
+Options (all strings, as Spark passes them):
+
+| option | meaning |
+|---|---|
+| dsn | libpq connection string, reachable from the driver and the executors (required) |
+| slot | logical replication slot (required) |
+| plugin | pgoutput (default), pglogical_output / pglogical, spock_output / spock |
+| publication | pgoutput publication name(s), comma-separated |
+| replicationSets | pglogical/spock replication sets, comma-separated (default: ``default``) |
+| table / tables | one table (``schema.name``) / several tables, comma-separated (multi-table layout) |
+| binary | true: ask the plugin for the types' binary send format (default false) |
+| protoVersion | pgoutput protocol version (default: the server's highest) |
+| types | auto (default: typed values when the decoder has them) / typed / raw |
+| createSlot | true: create the slot when it does not exist (default false) |
+| maxChangesPerBatch | streaming: about this many plugin messages per micro-batch (whole transactions) |
+| maxWalBytesPerBatch | streaming: at most this many bytes of WAL per micro-batch |
+| idleAdvanceBytes | streaming: move the slot over this much WAL without output for the tables (default 64 MiB) |
+| startingLsn / endingLsn | batch reads: the range (default: the slot's position / the server's flush LSN) |
+| pluginOption.NAME | any extra output-plugin option, passed as is |
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+
+from ..connection.slots import format_lsn, parse_lsn
+from ..model import Relation
+from . import schema as S
+from .slot import SlotSpec, _connect, current_flush_lsn, ensure_slot, make_decoder, plan_end, read_range, \
+    slot_position, advance_slot
+
+try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python streaming sources
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+except ImportError:  # pragma: no cover - Spark 4.0 / 4.1
+    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        pass
+
+__all__ = ["SpockwireDataSource", "LsnRange", "options_to_spec"]
+
+
+def _flag(value: Any, default: bool = False) -> bool:
+    if value is None:
+        return default
+    return str(value).strip().lower() in ("1", "true", "t", "yes", "on")
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if not value:
+        return ()
+    return tuple(v.strip() for v in str(value).split(",") if v.strip())
+
+
+def options_to_spec(options: Any) -> SlotSpec:
+    """The SlotSpec a set of data source options describes (option names are case-insensitive)."""
+    opts = {str(k).lower(): v for k, v in dict(options).items()}
+    dsn = opts.get("dsn")
+    slot = opts.get("slot")
+    if not dsn or not slot:
+        raise ValueError("the spockwire data source needs the options dsn and slot")
+    extra = {str(k)[len("pluginOption."):]: v for k, v in dict(options).items()
+             if str(k).lower().startswith("pluginoption.")}
+    proto = opts.get("protoversion")
+    return SlotSpec(dsn=dsn, slot=slot, plugin=opts.get("plugin", "pgoutput"),
+                    publication=_names(opts.get("publication")),
+                    replication_sets=_names(opts.get("replicationsets")),
+                    binary=_flag(opts.get("binary")), proto_version=int(proto) if proto else None,
+                    types=str(opts.get("types", "auto")).lower(), extra_options=extra)
+
+
+def _tables(options: Any) -> tuple[tuple[str, ...], bool]:
+    opts = {str(k).lower(): v for k, v in dict(options).items()}
+    if opts.get("table") and opts.get("tables"):
+        raise ValueError("give either table or tables, not both")
+    if opts.get("table"):
+        return (_qualify(opts["table"]),), False
+    tables = tuple(_qualify(t) for t in _names(opts.get("tables")))
+    if not tables:
+        raise ValueError("the spockwire data source needs the option table (or tables)")
+    return tables, True
+
+
+def _qualify(name: str) -> str:
+    nsp, rel = S.split_table_name(name)
+    return f"{nsp}.{rel}"
+
+
+class LsnRange(InputPartition):
+    """One read: the transactions committed in ``[start, end)``."""
+
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__((start, end))
+        self.start = start
+        self.end = end
+
+    def __repr__(self) -> str:
+        return f"LsnRange({format_lsn(self.start)}, {format_lsn(self.end)})"
+
+
+class _Layout:
+    """Turns (table, decoder batch) into batches of the query's Arrow schema."""
+
+    def __init__(self, spark_schema: Any, tables: Sequence[str], multi: bool) -> None:
+        self.target = S.target_arrow_schema(spark_schema)
+        self.tables = tuple(tables)
+        self.multi = multi
+        if multi:
+            self.struct_types = {t: self.target.field(S.table_struct_name(t)).type for t in tables}
+
+    def convert(self, table: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if not self.multi:
+            return S.conform_batch(batch, self.target)
+        extra = {S.TABLE_COLUMN: lambda n: pa.array([table] * n, pa.string())}
+        for t in self.tables:
+            col = S.table_struct_name(t)
+            stype = self.struct_types[t]
+            if t == table:
+                extra[col] = lambda n, b=batch, st=stype: self._struct(b, st)
+            else:
+                extra[col] = lambda n, st=stype: pa.nulls(n, st)
+        return S.conform_batch(batch, self.target, extra=extra)
+
+    @staticmethod
+    def _struct(batch: pa.RecordBatch, stype: pa.StructType) -> pa.Array:
+        n = batch.num_rows
+        names = batch.schema.names
+        children = []
+        for f in stype:
+            if f.name in names:
+                children.append(S.conform_array(batch.column(names.index(f.name)), f.type, f.name))
+            else:
+                children.append(pa.nulls(n, f.type))
+        is_truncate = pc.equal(batch.column(0), "truncate")
+        return pa.StructArray.from_arrays(children, fields=list(stype), mask=is_truncate)
+
+
+def _read(spec: SlotSpec, layout_args: tuple, start: int, end: int) -> Iterator[pa.RecordBatch]:
+    layout = _Layout(*layout_args)
+    for table, batch in read_range(spec, start, end, layout.tables):
+        yield layout.convert(table, batch)
+
+
+class SpockwireDataSource(DataSource):
+    """``spark.read/readStream.format("spockwire")``: changes of one slot for one or more tables."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "spockwire"
+
+    def _spec(self) -> SlotSpec:
+        return options_to_spec(self.options)
+
+    def schema(self) -> Any:
+        spec = self._spec()
+        tables, multi = _tables(self.options)
+        catalog = None
+        if spec.types != "raw":
+            from .slot import _catalog
+            catalog = _catalog(spec.dsn)
+        found: list[tuple[Relation, pa.Schema]] = []
+        with _connect(spec.dsn) as conn, conn.cursor() as cur:
+            for table in tables:
+                relation = S.read_table_relation(cur, table, spec.protocol)
+                arrow = S.probe_arrow_schema(relation, spec.protocol,
+                                             lambda p: make_decoder(p, spec.types, catalog))
+                if spec.binary:
+                    arrow = _raw_as_binary(arrow, relation)
+                found.append((relation, arrow))
+        return S.spark_schema(found, multi_table=multi)
+
+    def reader(self, schema: Any) -> "SpockwireBatchReader":
+        return SpockwireBatchReader(self._spec(), schema, self.options)
+
+    def streamReader(self, schema: Any) -> "SpockwireStreamReader":
+        return SpockwireStreamReader(self._spec(), schema, self.options)
+
+
+def _raw_as_binary(arrow: pa.Schema, relation: Relation) -> pa.Schema:
+    """With binary=true, untyped columns arrive as the types' send format: binary, not string."""
+    try:
+        from ..values.catalog import column_specs
+    except ImportError:  # pragma: no cover
+        column_specs = None
+    fields = list(arrow)
+    offset = len(fields) - len(relation.columns)
+    specs = None
+    if column_specs is not None:
+        try:
+            specs = column_specs(relation, {}, None, True)
+        except Exception:  # noqa: BLE001 - fall back to treating every string column as raw
+            specs = None
+    for i, column in enumerate(relation.columns):
+        f = fields[offset + i]
+        raw = specs is None or specs[i].is_raw
+        if raw and (pa.types.is_string(f.type) or pa.types.is_null(f.type)):
+            fields[offset + i] = pa.field(f.name, pa.binary(), f.nullable)
+    return pa.schema(fields, metadata=arrow.metadata)
+
+
+class SpockwireBatchReader(DataSourceReader):
+    """A batch read of ``[startingLsn, endingLsn)`` (default: from the slot's position to the flush LSN)."""
+
+    def __init__(self, spec: SlotSpec, schema: Any, options: Any) -> None:
+        self.spec = spec
+        tables, multi = _tables(options)
+        self.layout_args = (schema, tables, multi)
+        opts = {str(k).lower(): v for k, v in dict(options).items()}
+        with _connect(spec.dsn) as conn, conn.cursor() as cur:
+            pos = slot_position(cur, spec.slot)
+            if pos is None:
+                raise ValueError(f"replication slot {spec.slot!r} does not exist")
+            self.start = parse_lsn(opts["startinglsn"]) if opts.get("startinglsn") else pos[0]
+            self.end = parse_lsn(opts["endinglsn"]) if opts.get("endinglsn") else current_flush_lsn(cur)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [LsnRange(self.start, self.end)]
+
+    def read(self, partition: LsnRange) -> Iterator[pa.RecordBatch]:
+        yield from _read(self.spec, self.layout_args, partition.start, partition.end)
+
+
+class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of committed transactions; the slot moves only after Spark committed a batch."""
+
+    def __init__(self, spec: SlotSpec, schema: Any, options: Any) -> None:
+        self.spec = spec
+        tables, multi = _tables(options)
+        self.layout_args = (schema, tables, multi)
+        opts = {str(k).lower(): v for k, v in dict(options).items()}
+        self.create_slot = _flag(opts.get("createslot"))
+        self.max_messages = int(opts["maxchangesperbatch"]) if opts.get("maxchangesperbatch") else None
+        self.max_wal_bytes = int(opts["maxwalbytesperbatch"]) if opts.get("maxwalbytesperbatch") else None
+        idle = opts.get("idleadvancebytes")
+        self.idle_advance = int(idle) if idle not in (None, "") else 64 << 20
+        self.starting = parse_lsn(opts["startinglsn"]) if opts.get("startinglsn") else None
+        self._until: int | None = None
+        self._known_start: int | None = None
+
+    # offsets ---------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _offset(lsn: int) -> dict:
+        return {"lsn": format_lsn(lsn)}
+
+    def initialOffset(self) -> dict:
+        if self.create_slot:
+            confirmed = ensure_slot(self.spec)
+        else:
+            with _connect(self.spec.dsn) as conn, conn.cursor() as cur:
+                pos = slot_position(cur, self.spec.slot)
+            if pos is None:
+                raise ValueError(f"replication slot {self.spec.slot!r} does not exist (create it first, or set "
+                                 "createSlot=true)")
+            confirmed = pos[0]
+        start = max(confirmed, self.starting or 0)
+        self._known_start = start
+        return self._offset(start)
+
+    def getDefaultReadLimit(self) -> Any:
+        if self.max_messages and ReadMaxRows is not None:
+            return ReadMaxRows(self.max_messages)
+        return ReadAllAvailable() if ReadAllAvailable is not None else None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        with _connect(self.spec.dsn) as conn, conn.cursor() as cur:
+            self._until = current_flush_lsn(cur)
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        """The end of the next micro-batch.
+
+        Spark calls this only once every earlier batch is committed in the checkpoint, so the slot may move to
+        `start` first. Without `start` (Spark before 4.2) the slot's own position is used.
+        """
+        if start is not None:
+            begin = parse_lsn(start["lsn"])
+        elif self._known_start is not None:
+            begin = self._known_start
+        else:
+            with _connect(self.spec.dsn) as conn, conn.cursor() as cur:
+                pos = slot_position(cur, self.spec.slot)
+            begin = pos[0] if pos else 0
+        unlimited = limit is None or (ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable))
+        max_messages = None
+        if not unlimited and ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            max_messages = limit.max_rows
+        plan = plan_end(self.spec, begin, max_messages=max_messages,
+                        max_wal_bytes=None if unlimited else self.max_wal_bytes, until=self._until,
+                        idle_advance_bytes=self.idle_advance)
+        self._known_start = plan.end
+        return self._offset(plan.end)
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        lo, hi = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
+        if hi <= lo:
+            return []
+        return [LsnRange(lo, hi)]
+
+    def read(self, partition: LsnRange) -> Iterator[pa.RecordBatch]:
+        yield from _read(self.spec, self.layout_args, partition.start, partition.end)
+
+    def commit(self, end: dict) -> None:
+        advance_slot(self.spec, parse_lsn(end["lsn"]))
+
+    def stop(self) -> None:
+        pass

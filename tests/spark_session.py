@@ -1,0 +1,42 @@
+"""One local SparkSession for the whole test run (local[2], 2 shuffle partitions, no UI), shared by every
+tests/test_spark*.py module through `spark_session()`; stopped when the interpreter exits."""
+from __future__ import annotations
+
+import atexit
+import os
+import pathlib
+import threading
+from typing import Any
+
+_LOCK = threading.Lock()
+_SESSION: Any = None
+ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
+
+
+def spark_session() -> Any:
+    global _SESSION
+    with _LOCK:
+        if _SESSION is None:
+            from pyspark.sql import SparkSession
+
+            # Python workers are started by the JVM: they find spockwire through PYTHONPATH
+            paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            if ROOT not in paths:
+                os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *paths])
+            _SESSION = (SparkSession.builder.master("local[2]").appName("spockwire-tests")
+                        .config("spark.ui.enabled", "false")
+                        .config("spark.ui.showConsoleProgress", "false")
+                        .config("spark.sql.shuffle.partitions", "2")
+                        .config("spark.default.parallelism", "2")
+                        .config("spark.sql.session.timeZone", "UTC")
+                        .config("spark.driver.memory", "1g")
+                        .config("spark.sql.streaming.pollingDelay", "10ms")
+                        # tiny test data: adaptive re-planning only adds jobs
+                        .config("spark.sql.adaptive.enabled", "false")
+                        .getOrCreate())
+            _SESSION.sparkContext.setLogLevel("ERROR")
+            import spockwire.spark
+
+            spockwire.spark.register(_SESSION)
+            atexit.register(_SESSION.stop)
+        return _SESSION

@@ -1,0 +1,317 @@
+"""The `spockwire` Spark data source against a real PostgreSQL 15 and a real local Spark.
+
+Streaming queries read a live slot while a workload runs; the applied result must equal the PostgreSQL table
+row by row, and a query stopped mid-way and restarted from its checkpoint must neither lose nor repeat a change.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import random
+import threading
+import time
+import uuid
+
+import pytest
+
+from spockwire.connection.slots import format_lsn, parse_lsn
+from spockwire.spark import apply_changes, select_table
+from spockwire.spark.slot import SlotAheadError, SlotSpec, plan_end
+from tests.spark_session import spark_session
+
+pytestmark = pytest.mark.pg
+
+ORDERS_DDL = """
+CREATE TABLE orders (
+    id int PRIMARY KEY,
+    qty int,
+    price numeric(12,2),
+    note text,
+    tags text[],
+    placed timestamptz
+);
+ALTER TABLE orders ALTER COLUMN note SET STORAGE EXTERNAL;
+"""
+COLUMNS = ("id", "qty", "price", "note", "tags", "placed")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    return spark_session()
+
+
+def _slot(db, name: str = "s1") -> str:
+    """Slots are cluster-wide: name them after the test's own database."""
+    return f"{db.name}_{name}"[:63]
+
+
+def _setup_orders(db, publication: str = "pub", extra_slots: tuple[str, ...] = ()) -> dict:
+    db.execute(ORDERS_DDL)
+    db.execute(f"CREATE PUBLICATION {publication} FOR TABLE orders")
+    for name in ("s1", *extra_slots):
+        db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (_slot(db, name),))
+    return dict(dsn=db.dsn, slot=_slot(db), plugin="pgoutput", publication=publication, table="public.orders")
+
+
+def _workload(db, rng: random.Random, txns: int, start_id: int = 1, pause: float = 0.0) -> None:
+    """Inserts, updates (some of a TOASTed column, some leaving it unchanged), NULLs, key changes, deletes."""
+    conn = db.connect(autocommit=False)
+    try:
+        cur = conn.cursor()
+        next_id = start_id
+        for _ in range(txns):
+            for _ in range(rng.randint(1, 6)):
+                op = rng.random()
+                if op < 0.45:
+                    note = "x" * 4000 + str(next_id) if rng.random() < 0.3 else f"n{next_id}"
+                    cur.execute("INSERT INTO orders VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                                (next_id, rng.randint(0, 100), decimal.Decimal(rng.randint(0, 10**6)) / 100,
+                                 note, ["a", "b'c", None] if rng.random() < 0.5 else [],
+                                 dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+                                 + dt.timedelta(microseconds=rng.randint(0, 10**12))))
+                    next_id += 1
+                elif op < 0.7:
+                    cur.execute("UPDATE orders SET qty = qty + 1, price = CASE WHEN qty %% 3 = 0 THEN NULL "
+                                "ELSE price END WHERE id = %s", (rng.randint(start_id, next_id),))
+                elif op < 0.8:
+                    cur.execute("UPDATE orders SET note = repeat('y', 3000) || %s WHERE id = %s",
+                                (str(rng.random()), rng.randint(start_id, next_id)))
+                elif op < 0.85:
+                    cur.execute("UPDATE orders SET id = id + 1000000 WHERE id = %s AND id < 1000000",
+                                (rng.randint(start_id, next_id),))
+                else:
+                    cur.execute("DELETE FROM orders WHERE id = %s", (rng.randint(start_id, next_id),))
+            conn.commit()
+            if pause:
+                time.sleep(pause)
+    finally:
+        conn.close()
+
+
+def _norm(value):
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _pg_rows(db) -> list[tuple]:
+    return sorted(tuple(_norm(v) for v in r) for r in db.query(f"SELECT {', '.join(COLUMNS)} FROM orders"))
+
+
+def _spark_rows(df) -> list[tuple]:
+    return sorted(tuple(_norm(v) for v in r) for r in df.select(*COLUMNS).collect())
+
+
+def _flush_lsn(db) -> int:
+    return parse_lsn(db.query("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+
+
+def _slot_lsn(db, slot: str) -> int:
+    return parse_lsn(db.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                              (slot,))[0][0])
+
+
+def _end_lsn(progress) -> int | None:
+    """The end offset (an LSN) of the source in a query progress report."""
+    end = progress and progress["sources"][0].get("endOffset")
+    if not end:
+        return None
+    if isinstance(end, str):
+        end = json.loads(end)
+    return parse_lsn(end["lsn"])
+
+
+def _wait_caught_up(query, db, slot: str, timeout: float = 120) -> None:
+    """Until the query has read (and the slot moved to) everything committed so far."""
+    target = _flush_lsn(db)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if query.exception() is not None:
+            raise query.exception()
+        end = _end_lsn(query.lastProgress)
+        if end is not None and end >= target and not query.status["isDataAvailable"]:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"query did not catch up with {target:X} (last progress: {query.lastProgress})")
+
+
+# ------------------------------------------------------------------------------------------------------- types
+
+def test_schema_and_typed_values_survive(spark, pg_db):
+    pg_db.execute("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
+    pg_db.execute("""CREATE TABLE typed (
+        id bigint PRIMARY KEY, small smallint, flag boolean, ratio float8, amount numeric(20,4), big numeric,
+        label varchar(20), at timestamptz, local_at timestamp, day date, doc jsonb, uid uuid, blob bytea,
+        ints int4[], amounts numeric(10,2)[], words text[], feeling mood, gen int GENERATED ALWAYS AS (id * 2) STORED)""")
+    pg_db.execute("CREATE PUBLICATION pub FOR TABLE typed")
+    pg_db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (_slot(pg_db),))
+    u = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    pg_db.execute("""INSERT INTO typed (id, small, flag, ratio, amount, big, label, at, local_at, day, doc, uid, blob,
+                     ints, amounts, words, feeling) VALUES
+        (1, -3, true, 0.25, 12345.6789, 123456789012345678901234567890.5, 'héllo',
+         '2024-02-29 12:34:56.789012+02', '2024-02-29 12:34:56.789012', '2024-02-29', '{"a": [1, 2]}', %s,
+         '\\x00ff', ARRAY[1, NULL, 3], ARRAY[1.50, -2.25]::numeric(10,2)[], ARRAY['x', NULL, 'y,z'], 'happy'),
+        (2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)""",
+                  (str(u),))
+    df = (spark.read.format("spockwire").option("dsn", pg_db.dsn).option("slot", _slot(pg_db))
+          .option("publication", "pub").option("table", "public.typed").load())
+    types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    assert types["_commit_lsn"] == "bigint" and types["_xid"] == "bigint"
+    assert types["_commit_ts"] == "timestamp" and types["_unchanged_toast"] == "array<string>"
+    assert types["id"] == "bigint" and types["small"] == "smallint" and types["flag"] == "boolean"
+    assert types["amount"] == "decimal(20,4)" and types["at"] == "timestamp" and types["local_at"] == "timestamp_ntz"
+    assert types["day"] == "date" and types["ints"] == "array<int>" and types["amounts"] == "array<decimal(10,2)>"
+    assert types["words"] == "array<string>" and types["feeling"] == "string" and types["uid"] == "binary"
+    assert "gen" not in types  # pgoutput does not send generated columns
+    assert [f.name for f in df.schema.fields if f.metadata.get("spockwire.key")] == ["id"]
+    rows = {r["id"]: r for r in df.collect()}
+    one = rows[1]
+    assert one["_change_type"] == "insert" and one["_commit_lsn"] > 0
+    assert one["amount"] == decimal.Decimal("12345.6789")
+    assert one["big"] == "123456789012345678901234567890.5"   # numeric without typmod keeps its exact text
+    assert one["at"] == dt.datetime(2024, 2, 29, 10, 34, 56, 789012)  # UTC session time zone
+    assert one["local_at"] == dt.datetime(2024, 2, 29, 12, 34, 56, 789012)
+    assert one["day"] == dt.date(2024, 2, 29) and one["label"] == "héllo" and one["flag"] is True
+    assert one["ints"] == [1, None, 3] and one["amounts"] == [decimal.Decimal("1.50"), decimal.Decimal("-2.25")]
+    assert one["words"] == ["x", None, "y,z"] and one["feeling"] == "happy" and one["uid"] == u.bytes
+    assert bytes(one["blob"]) == b"\x00\xff" and one["ratio"] == 0.25 and one["small"] == -3
+    two = rows[2]
+    assert all(two[c] is None for c in ("small", "amount", "at", "ints", "words", "feeling"))
+    assert two["_unchanged_toast"] is None
+
+
+def test_null_versus_unchanged_toast(spark, pg_db):
+    opts = _setup_orders(pg_db)
+    big = "t" * 10000
+    pg_db.execute("INSERT INTO orders VALUES (1, 1, 1.00, %s, '{}', now()), (2, 2, 2.00, %s, '{}', now())",
+                  (big, big))
+    pg_db.execute("UPDATE orders SET qty = 10 WHERE id = 1")            # note unchanged: not sent
+    pg_db.execute("UPDATE orders SET qty = 20, note = NULL WHERE id = 2")  # note really NULL
+    df = spark.read.format("spockwire").options(**opts).load()
+    posts = {r["id"]: r for r in df.filter("_change_type = 'update_postimage'").collect()}
+    assert posts[1]["_unchanged_toast"] == ["note"] and posts[1]["note"] is None
+    assert posts[2]["_unchanged_toast"] is None and posts[2]["note"] is None
+    applied = apply_changes(df, None, format="memory")
+    assert _spark_rows(applied) == _pg_rows(pg_db)
+    assert {r["id"]: r["note"] for r in applied.collect()} == {1: big, 2: None}
+
+
+# --------------------------------------------------------------------------------------------------- streaming
+
+def test_stream_live_workload_into_memory_sink_equals_table(spark, pg_db, tmp_path):
+    opts = _setup_orders(pg_db)
+    rng = random.Random(7)
+    _workload(pg_db, rng, 20)                                   # before the query starts
+    query = (spark.readStream.format("spockwire").options(**opts).load()
+             .writeStream.format("memory").queryName("live_orders").outputMode("append")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="500 milliseconds")
+             .start())
+    try:
+        writer = threading.Thread(target=_workload, args=(pg_db, random.Random(8), 60, 5000))
+        writer.start()
+        writer.join()
+        _wait_caught_up(query, pg_db, _slot(pg_db))
+    finally:
+        query.stop()
+    changes = spark.table("live_orders")
+    assert changes.count() > 100
+    dup = changes.groupBy("_commit_lsn", "_seq").count().filter("count > 1").count()
+    assert dup == 0
+    assert _spark_rows(apply_changes(changes, None, format="memory")) == _pg_rows(pg_db)
+    # the slot moved only as far as the committed batches
+    assert _slot_lsn(pg_db, _slot(pg_db)) <= _flush_lsn(pg_db)
+
+
+def test_stream_stop_and_restart_loses_and_repeats_nothing(spark, pg_db, tmp_path):
+    # slot "oracle" is never read by the stream: a batch read of it afterwards is the expected change set
+    opts = _setup_orders(pg_db, extra_slots=("oracle",))
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+
+    def start():
+        return (spark.readStream.format("spockwire").options(**opts).option("maxChangesPerBatch", "40").load()
+                .writeStream.format("parquet").option("path", out).option("checkpointLocation", ck)
+                .trigger(processingTime="200 milliseconds").start())
+
+    _workload(pg_db, random.Random(1), 30)
+    query = start()
+    writer = threading.Thread(target=_workload, args=(pg_db, random.Random(2), 40, 5000, 0.1))
+    writer.start()
+    deadline = time.monotonic() + 90
+    while not any(p["numInputRows"] for p in query.recentProgress) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()                          # mid-way: the workload is still running
+    first_end = _end_lsn(query.lastProgress)
+    writer.join()
+    _workload(pg_db, random.Random(3), 20, 9000)   # while no query runs
+    query = start()
+    try:
+        _wait_caught_up(query, pg_db, _slot(pg_db))
+        batches = query.recentProgress
+    finally:
+        query.stop()
+    assert first_end is not None and first_end < _flush_lsn(pg_db)
+    assert any(p["numInputRows"] > 0 for p in batches)  # the restarted query read on from its checkpoint
+    got = spark.read.parquet(out)
+    expected = (spark.read.format("spockwire").options(**{**opts, "slot": _slot(pg_db, "oracle")}).load())
+    assert got.groupBy("_commit_lsn", "_seq").count().filter("count > 1").count() == 0
+    key = ["_commit_lsn", "_seq", "_change_type", "id"]
+    assert sorted(map(tuple, got.select(*key).collect())) == sorted(map(tuple, expected.select(*key).collect()))
+    assert _spark_rows(apply_changes(got, None, format="memory", keys=["id"])) == _pg_rows(pg_db)
+
+
+def test_batch_limits_and_available_now(spark, pg_db, tmp_path):
+    opts = _setup_orders(pg_db)
+    _workload(pg_db, random.Random(5), 25)
+    total = spark.read.format("spockwire").options(**opts).load().count()
+    query = (spark.readStream.format("spockwire").options(**opts).option("maxChangesPerBatch", "30").load()
+             .writeStream.format("memory").queryName("limited_orders")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sum(sizes) == total == spark.table("limited_orders").count()
+    assert len(sizes) >= 3 and max(sizes) < total
+    # a WAL byte limit also splits the range; whole transactions only
+    spec = SlotSpec(dsn=pg_db.dsn, slot=_slot(pg_db), publication=("pub",))
+    start = _slot_lsn(pg_db, _slot(pg_db))
+    assert start >= _end_lsn(query.lastProgress)
+    pg_db.execute("INSERT INTO orders SELECT g, g FROM generate_series(100000, 100200) g")
+    plan = plan_end(spec, start, max_wal_bytes=4096)
+    assert start < plan.end <= start + 4096
+
+
+def test_multi_table_layout_with_truncate(spark, pg_db):
+    pg_db.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+    pg_db.execute("CREATE TABLE b (k text PRIMARY KEY, n numeric(6,1))")
+    pg_db.execute("CREATE PUBLICATION pub FOR TABLE a, b")
+    pg_db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (_slot(pg_db),))
+    pg_db.execute("INSERT INTO a VALUES (1, 'one'), (2, 'two')")
+    pg_db.execute("INSERT INTO b VALUES ('x', 1.5)")
+    pg_db.execute("TRUNCATE a")
+    pg_db.execute("INSERT INTO a VALUES (3, 'three')")
+    pg_db.execute("UPDATE b SET n = 2.5 WHERE k = 'x'")
+    df = (spark.read.format("spockwire").option("dsn", pg_db.dsn).option("slot", _slot(pg_db))
+          .option("publication", "pub").option("tables", "public.a, public.b").load())
+    assert df.columns[-3:] == ["_table", "public_a", "public_b"]
+    assert dict(df.groupBy("_table").count().collect()) == {"public.a": 4, "public.b": 2}
+    a = select_table(df, "public.a")
+    assert [r["_change_type"] for r in a.orderBy("_commit_lsn", "_seq").collect()] == \
+        ["insert", "insert", "truncate", "insert"]
+    assert sorted(map(tuple, apply_changes(a, None, format="memory", keys=["id"]).collect())) == [(3, "three")]
+    b = apply_changes(select_table(df, "b"), None, format="memory", keys=["k"])
+    assert [tuple(r) for r in b.collect()] == [("x", decimal.Decimal("2.5"))]
+
+
+def test_reading_past_an_advanced_slot_is_refused(spark, pg_db):
+    opts = _setup_orders(pg_db)
+    start = _slot_lsn(pg_db, _slot(pg_db))
+    pg_db.execute("INSERT INTO orders (id) VALUES (1)")
+    pg_db.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_flush_lsn())", (_slot(pg_db),))
+    df = spark.read.format("spockwire").options(**opts).option("startingLsn", format_lsn(start)).load()
+    with pytest.raises(Exception, match="past the start"):
+        df.collect()
+    from spockwire.spark.slot import read_range
+    with pytest.raises(SlotAheadError):
+        list(read_range(SlotSpec(dsn=pg_db.dsn, slot=_slot(pg_db), publication=("pub",)), start, _flush_lsn(pg_db)))
