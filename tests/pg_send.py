@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import struct
-from decimal import Decimal
 from typing import Any, Sequence
 
 __all__ = ["bool_send", "int2_send", "int4_send", "int8_send", "oid_send", "float4_send", "float8_send",

@@ -1,10 +1,10 @@
 """Python-object and numpy exports of change batches.
 
 `to_pylist` gives Decimal, datetime (UTC-aware for timestamptz), date, time, uuid.UUID, (months, days, nanoseconds)
-intervals, lists, str and bytes. Dates and timestamps that Python's datetime cannot hold — PostgreSQL's
-`infinity`/`-infinity` (stored as the Arrow type's largest/smallest value) and years before 1 or after 9999 —
-come out as PostgreSQL's own text (`"infinity"`, `"0044-03-15 BC"`, `"10000-01-01 00:00:00+00"`), never as a
-wrong or missing value.
+intervals, lists, str and bytes. Dates, timestamps and times that Python's datetime cannot hold — PostgreSQL's
+`infinity`/`-infinity` (stored as the Arrow type's largest/smallest value), years before 1 or after 9999 and the
+time 24:00:00 — come out as PostgreSQL's own text (`"infinity"`, `"0044-03-15 BC"`, `"10000-01-01 00:00:00+00"`,
+`"24:00:00"`), never as a wrong or missing value.
 """
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ _INT64_MAX, _INT64_MIN = (1 << 63) - 1, -(1 << 63)
 _UNIX = dt.datetime(1970, 1, 1)
 _MIN_DAYS = (dt.date(1, 1, 1) - dt.date(1970, 1, 1)).days
 _MAX_DAYS = (dt.date(9999, 12, 31) - dt.date(1970, 1, 1)).days
-UUID_OID = 2950
+_US_PER_DAY = 86_400_000_000
 
 
 def _civil_from_days(z: int) -> tuple[int, int, int]:
     """Proleptic Gregorian (astronomical year) of a day count since 1970-01-01."""
     z += 719468
-    era = (z if z >= 0 else z - 146096) // 146097
+    era = z // 146097          # floor division: the era that holds day z, also before year 0
     doe = z - era * 146097
     yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
     y = yoe + era * 400
@@ -99,26 +99,46 @@ def _timestamps(array: pa.Array, tz: str | None) -> list[Any]:
     return out
 
 
-def _column(array: pa.Array, type_oid: int | None) -> list[Any]:
+def _times(array: pa.Array) -> list[Any]:
+    # pyarrow would turn 24:00:00 (a valid PostgreSQL time) into 00:00:00
+    out: list[Any] = []
+    for v in array.cast(pa.int64()).to_pylist():
+        if v is None:
+            out.append(None)
+        elif v >= _US_PER_DAY:
+            out.append("24:00:00")
+        else:
+            secs, frac = divmod(v, 1_000_000)
+            out.append(dt.time(secs // 3600, secs // 60 % 60, secs % 60, frac))
+    return out
+
+
+def _column(array: pa.Array) -> list[Any]:
     t = array.type
     if pa.types.is_date32(t):
         return _dates(array)
     if pa.types.is_timestamp(t):
         return _timestamps(array, t.tz)
+    if pa.types.is_time64(t):
+        return _times(array)
     if pa.types.is_list(t):
-        flat = _column(array.values, None)
+        flat = _column(array.values)
         offsets = array.offsets.to_pylist()
         return [None if not array[i].is_valid else flat[offsets[i]:offsets[i + 1]] for i in range(len(array))]
-    if pa.types.is_fixed_size_binary(t) and t.byte_width == 16 and type_oid == UUID_OID:
+    if pa.types.is_fixed_size_binary(t) and t.byte_width == 16:
+        # uuid is the only type decoded to fixed_size_binary(16): also uuid[], domains over uuid, and pglogical
+        # columns typed by a catalog (whose Relation carries no type OIDs)
         return [None if v is None else uuid.UUID(bytes=v) for v in array.to_pylist()]
     return array.to_pylist()
 
 
 def to_pylist(batch: pa.RecordBatch, relation: Relation) -> list[dict[str, Any]]:
-    """Rows of a change batch as dicts of Python values (see the module description)."""
-    oids = {c.name: c.type_oid for c in relation.columns}
+    """Rows of a change batch as dicts of Python values (see the module description).
+
+    Values are converted by their Arrow types alone, so columns typed through a catalog (pglogical, whose
+    `relation` carries no type OIDs) convert like pgoutput's."""
     names = batch.schema.names
-    columns = [_column(batch.column(i), oids.get(name) if i >= 7 else None) for i, name in enumerate(names)]
+    columns = [_column(batch.column(i)) for i in range(len(names))]
     return [dict(zip(names, row)) for row in zip(*columns)]
 
 

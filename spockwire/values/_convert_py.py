@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .catalog import ARRAY, BOOL, BYTEA, DATE, DECIMAL, ENUM, FLOAT4, FLOAT8, INT2, INT4, INT8, INTERVAL, JSON, \
+from .catalog import ARRAY, BOOL, BYTEA, CHAR, DATE, DECIMAL, ENUM, FLOAT4, FLOAT8, INT2, INT4, INT8, INTERVAL, JSON, \
     JSONB, NUMERIC_TEXT, OID, OTHER, RAW, TEXT, TIME, TIMESTAMP, TIMESTAMPTZ, TIMETZ, UUID, ColumnSpec
 from .failures import BYTE_ORDER_UNKNOWN, INTERNAL_UNSUPPORTED, INVALID, INVALID_UTF8, MULTIDIMENSIONAL, \
     OUT_OF_RANGE, SPECIAL_DECIMAL
@@ -457,11 +457,23 @@ def _binary_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
     return out
 
 
+def char_text(raw: bytes) -> str:
+    """PostgreSQL's charout text of a "char" value (one byte in the binary and internal forms)."""
+    if len(raw) != 1:
+        raise _fail()
+    b = raw[0]
+    if b >= 0x80:
+        return f"\\{b:03o}"
+    return chr(b) if b else ""
+
+
 def _binary(spec: ColumnSpec, raw: bytes) -> Any:
     kind = spec.kind
     n = len(raw)
     if kind in (TEXT, JSON, ENUM):
         return _utf8(raw)
+    if kind == CHAR:
+        return char_text(raw)
     if kind in _BE_INT:
         if n != _BE_INT[kind].size:
             raise _fail()
@@ -558,6 +570,8 @@ def _internal(spec: ColumnSpec, raw: bytes, big_endian: bool | None) -> Any:
         if len(raw) != 16:
             raise _fail()
         return raw
+    if kind == CHAR:
+        return char_text(raw)
     code = _INTERNAL_STRUCTS.get(kind)
     if code is None:
         raise _fail(INTERNAL_UNSUPPORTED)
@@ -587,7 +601,7 @@ def decode_value(spec: ColumnSpec, fmt: int, raw: bytes, big_endian: bool | None
         return _internal(spec, raw, big_endian)
     if fmt == B:
         return _binary(spec, raw)
-    if kind in (TEXT, JSON, JSONB, ENUM, NUMERIC_TEXT, TIMETZ):
+    if kind in (TEXT, JSON, JSONB, ENUM, NUMERIC_TEXT, TIMETZ, CHAR):
         return _utf8(raw)
     if kind in _RANGES:
         return _text_int(kind, raw)
@@ -645,4 +659,4 @@ def build_array(spec: ColumnSpec, values: list[Any]) -> pa.Array:
     return pa.array(values, spec.arrow_type)
 
 
-__all__ += ["numeric_text_from_binary", "timetz_text", "days_from_civil", "RAW", "OTHER"]
+__all__ += ["numeric_text_from_binary", "timetz_text", "char_text", "days_from_civil", "RAW", "OTHER"]

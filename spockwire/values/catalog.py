@@ -10,7 +10,8 @@ column with the kind it returns. The mapping:
 | float4, float8 | FLOAT4, FLOAT8 | float32, float64 (NaN, ±Infinity kept) |
 | numeric(p,s), p <= 38 | DECIMAL | decimal128(p, s) (negative scale s: decimal128(p-s, 0); s > p: decimal128(s, s)); NaN, which decimal128 cannot hold, is an error naming the column — decode with `numeric="text"` where a column holds NaN |
 | numeric without typmod, or p > 38, or any numeric with `numeric="text"` | NUMERIC_TEXT | string, PostgreSQL's exact text (NaN, Infinity, -Infinity kept as text) |
-| text, varchar, bpchar, name, char, citext, xml | TEXT | string |
+| text, varchar, bpchar, name, citext, xml | TEXT | string |
+| "char" | CHAR | string, PostgreSQL's text of the byte (byte 0: empty; 0x80-0xff: backslash and 3 octal digits) |
 | json, jsonb | JSON, JSONB | string (jsonb binary format: version byte 1 dropped) |
 | bytea | BYTEA | binary |
 | date | DATE | date32 (±infinity: int32 max/min) |
@@ -44,15 +45,15 @@ __all__ = [
 
 # value kinds (the Cython decoder uses the same numbers)
 RAW, BOOL, INT2, INT4, INT8, OID, FLOAT4, FLOAT8, DECIMAL, NUMERIC_TEXT, TEXT, JSON, JSONB, BYTEA, DATE, \
-    TIMESTAMP, TIMESTAMPTZ, TIME, TIMETZ, INTERVAL, UUID, ENUM, ARRAY, OTHER = range(24)
+    TIMESTAMP, TIMESTAMPTZ, TIME, TIMETZ, INTERVAL, UUID, ENUM, ARRAY, OTHER, CHAR = range(25)
 
 KIND_NAMES = ("raw", "bool", "int2", "int4", "int8", "oid", "float4", "float8", "numeric", "numeric", "text",
               "json", "jsonb", "bytea", "date", "timestamp", "timestamptz", "time", "timetz", "interval", "uuid",
-              "enum", "array", "other")
+              "enum", "array", "other", "char")
 
 # builtin type OID -> (name, kind); array type OID -> element OID
 BUILTIN_TYPES: dict[int, tuple[str, int]] = {
-    16: ("bool", BOOL), 17: ("bytea", BYTEA), 18: ("char", TEXT), 19: ("name", TEXT), 20: ("int8", INT8),
+    16: ("bool", BOOL), 17: ("bytea", BYTEA), 18: ("char", CHAR), 19: ("name", TEXT), 20: ("int8", INT8),
     21: ("int2", INT2), 23: ("int4", INT4), 25: ("text", TEXT), 26: ("oid", OID), 114: ("json", JSON),
     142: ("xml", TEXT), 700: ("float4", FLOAT4), 701: ("float8", FLOAT8), 1042: ("bpchar", TEXT),
     1043: ("varchar", TEXT), 1082: ("date", DATE), 1083: ("time", TIME), 1114: ("timestamp", TIMESTAMP),
@@ -73,7 +74,7 @@ _BY_NAME.update({"boolean": 16, "smallint": 21, "integer": 23, "bigint": 20, "re
 
 # bytes of the internal ('i') representation of by-value / fixed-length types that can be read safely
 INTERNAL_SIZES = {BOOL: 1, INT2: 2, INT4: 4, INT8: 8, OID: 4, FLOAT4: 4, FLOAT8: 8, DATE: 4, TIMESTAMP: 8,
-                  TIMESTAMPTZ: 8, TIME: 8, UUID: 16}
+                  TIMESTAMPTZ: 8, TIME: 8, UUID: 16, CHAR: 1}
 
 
 class TypeCatalogError(SpockwireError):
@@ -247,7 +248,7 @@ _SIMPLE_ARROW: dict[int, pa.DataType] = {
     FLOAT4: pa.float32(), FLOAT8: pa.float64(), TEXT: pa.string(), JSON: pa.string(), JSONB: pa.string(),
     BYTEA: pa.binary(), DATE: pa.date32(), TIMESTAMP: pa.timestamp("us"), TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
     TIME: pa.time64("us"), TIMETZ: pa.string(), INTERVAL: pa.month_day_nano_interval(), UUID: pa.binary(16),
-    ENUM: pa.dictionary(pa.int32(), pa.string()),
+    ENUM: pa.dictionary(pa.int32(), pa.string()), CHAR: pa.string(),
 }
 
 
