@@ -32,7 +32,8 @@ def _message(event) -> dict:
 
 
 def batch_rows(batch) -> list[dict]:
-    return batch.to_arrow().to_pylist()
+    """Rows as Python values; ChangeBatch.to_pylist keeps values outside datetime's range as text."""
+    return batch.to_pylist()
 
 
 def plain_events(events) -> list:

@@ -81,6 +81,20 @@ cdef inline int get_i64(Cur* c, int64_t* out, str what) except -1:
     return 0
 
 
+# transaction timestamps (µs since 2000-01-01) that a datetime can hold: years 1 to 9999
+cdef int64_t MIN_TXN_TS = -63082281600000000
+cdef int64_t MAX_TXN_TS = 252455615999999999
+
+
+cdef int get_timestamp(Cur* c, int64_t* out, str what) except -1:
+    """A transaction timestamp: one outside years 1-9999 is no clock time a server wrote."""
+    cdef Py_ssize_t at = c.pos
+    get_i64(c, out, what)
+    if out[0] < MIN_TXN_TS or out[0] > MAX_TXN_TS:
+        raise_bad(c, at, f"{what} {out[0]} is outside years 1-9999")
+    return 0
+
+
 cdef inline int skip(Cur* c, Py_ssize_t n, str what) except -1:
     if c.end - c.pos < n:
         raise_truncated(c, c.pos, n, what)

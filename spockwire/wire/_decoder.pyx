@@ -464,7 +464,7 @@ cdef class Decoder:
             return self._row_message(c, t, subxid)
         elif t == 0x42:  # B
             get_u64(c, &a, "the final LSN")
-            get_i64(c, &ts, "the commit timestamp")
+            get_timestamp(c, &ts, "the commit timestamp")
             get_u32(c, &xid, "the xid")
             done(c)
             self._begin(c, PLAIN, xid, a, ts)
@@ -472,7 +472,7 @@ cdef class Decoder:
             get_flags(c, 0, &flags)
             get_u64(c, &a, "the commit LSN")
             get_u64(c, &b, "the end LSN")
-            get_i64(c, &ts, "the commit timestamp")
+            get_timestamp(c, &ts, "the commit timestamp")
             done(c)
             self._commit_plain(c, a, b, ts)
         elif t == 0x4F:  # O
@@ -545,7 +545,7 @@ cdef class Decoder:
             get_flags(c, 0, &flags)
             get_u64(c, &a, "the commit LSN")
             get_u64(c, &b, "the end LSN")
-            get_i64(c, &ts, "the commit timestamp")
+            get_timestamp(c, &ts, "the commit timestamp")
             done(c)
             self._stream_commit(c, xid, a, b, ts)
         elif t == 0x41:  # A stream abort
@@ -559,7 +559,7 @@ cdef class Decoder:
         elif t == 0x62:  # b begin prepare
             get_u64(c, &a, "the prepare LSN")
             skip(c, 8, "the end LSN")
-            get_i64(c, &ts, "the prepare timestamp")
+            get_timestamp(c, &ts, "the prepare timestamp")
             get_u32(c, &xid, "the xid")
             gid = get_cstring(c, "the gid")
             done(c)
@@ -581,7 +581,7 @@ cdef class Decoder:
             get_flags(c, 0, &flags)
             get_u64(c, &a, "the commit LSN")
             get_u64(c, &b, "the end LSN")
-            get_i64(c, &ts, "the commit timestamp")
+            get_timestamp(c, &ts, "the commit timestamp")
             get_u32(c, &xid, "the xid")
             gid = get_cstring(c, "the gid")
             done(c)
@@ -631,7 +631,7 @@ cdef class Decoder:
         if t == 0x42:  # B
             get_flags(c, 0, &flags)
             get_u64(c, &a, "the final LSN")
-            get_i64(c, &ts, "the commit timestamp")
+            get_timestamp(c, &ts, "the commit timestamp")
             get_u32(c, &xid, "the xid")
             done(c)
             self._begin(c, PLAIN, xid, a, ts)
@@ -639,7 +639,7 @@ cdef class Decoder:
             get_flags(c, 0, &flags)
             get_u64(c, &a, "the commit LSN")
             get_u64(c, &b, "the end LSN")
-            get_i64(c, &ts, "the commit timestamp")
+            get_timestamp(c, &ts, "the commit timestamp")
             if spock and (self.spock_version == 3 or self.spock_version == 4):
                 get_u64(c, &self.remote_insert_lsn, "the remote_insert_lsn")
             done(c)

@@ -37,6 +37,10 @@ _FRAME_HEAD = struct.Struct(">IQ")
 
 INSERT, UPDATE_PRE, UPDATE_POST, DELETE = 0, 1, 2, 3
 
+#: transaction timestamps (µs since 2000-01-01) that a datetime can hold: years 1 to 9999
+MIN_TXN_TS = -63_082_281_600_000_000
+MAX_TXN_TS = 252_455_615_999_999_999
+
 #: rows in one batch at most (a batch is closed and a new one started beyond it)
 DEFAULT_BATCH_ROWS = 1 << 18
 #: value bytes in one batch at most (keeps Arrow's 32-bit offsets safe: a PostgreSQL value is at most 1 GiB)
@@ -104,6 +108,14 @@ class _Reader:
         self.need(8, what)
         v = _I64.unpack_from(self.buf, self.pos)[0]
         self.pos += 8
+        return v
+
+    def timestamp(self, what: str) -> int:
+        """A transaction timestamp (µs since 2000): one outside years 1-9999 is no clock time a server wrote."""
+        at = self.pos
+        v = self.i64(what)
+        if not MIN_TXN_TS <= v <= MAX_TXN_TS:
+            raise protocol_error(self.mtype, at, f"{what} {v} is outside years 1-9999")
         return v
 
     def take(self, n: int, what: str, column: int | None = None, name: str | None = None) -> bytes:
@@ -384,7 +396,7 @@ class Decoder:
     def _pgoutput(self, t: int, r: _Reader, after: int) -> None:
         if t == 0x42:  # B
             final_lsn = r.u64("the final LSN")
-            ts = r.i64("the commit timestamp")
+            ts = r.timestamp("the commit timestamp")
             xid = r.u32("the xid")
             r.done()
             self._begin(r, _PLAIN, xid, final_lsn, ts)
@@ -392,7 +404,7 @@ class Decoder:
             r.flags(0)
             commit_lsn = r.u64("the commit LSN")
             end_lsn = r.u64("the end LSN")
-            ts = r.i64("the commit timestamp")
+            ts = r.timestamp("the commit timestamp")
             r.done()
             self._commit_plain(r, commit_lsn, end_lsn, ts)
         elif t == 0x4F:  # O
@@ -457,7 +469,7 @@ class Decoder:
             r.flags(0)
             commit_lsn = r.u64("the commit LSN")
             end_lsn = r.u64("the end LSN")
-            ts = r.i64("the commit timestamp")
+            ts = r.timestamp("the commit timestamp")
             r.done()
             self._stream_commit(r, xid, commit_lsn, end_lsn, ts)
         elif t == 0x41:  # A stream abort
@@ -471,7 +483,7 @@ class Decoder:
         elif t == 0x62:  # b begin prepare
             prepare_lsn = r.u64("the prepare LSN")
             r.u64("the end LSN")
-            ts = r.i64("the prepare timestamp")
+            ts = r.timestamp("the prepare timestamp")
             xid = r.u32("the xid")
             gid = r.cstring("the gid")
             r.done()
@@ -490,7 +502,7 @@ class Decoder:
             r.flags(0)
             commit_lsn = r.u64("the commit LSN")
             end_lsn = r.u64("the end LSN")
-            ts = r.i64("the commit timestamp")
+            ts = r.timestamp("the commit timestamp")
             xid = r.u32("the xid")
             gid = r.cstring("the gid")
             r.done()
@@ -538,7 +550,7 @@ class Decoder:
         if t == 0x42:  # B
             r.flags(0)
             final_lsn = r.u64("the final LSN")
-            ts = r.i64("the commit timestamp")
+            ts = r.timestamp("the commit timestamp")
             xid = r.u32("the xid")
             r.done()
             self._begin(r, _PLAIN, xid, final_lsn, ts)
@@ -546,7 +558,7 @@ class Decoder:
             r.flags(0)
             commit_lsn = r.u64("the commit LSN")
             end_lsn = r.u64("the end LSN")
-            ts = r.i64("the commit timestamp")
+            ts = r.timestamp("the commit timestamp")
             if spock and self._spock_version in (3, 4):
                 self.remote_insert_lsn = r.u64("the remote_insert_lsn")
             r.done()
