@@ -87,16 +87,16 @@ class ChangeBatch:
         (months, days, nanoseconds), lists, str, bytes; dates and timestamps outside Python's range (infinity,
         BC, after 9999) as PostgreSQL's text."""
         from .export.python import to_pylist
-        return to_pylist(self._record_batch, self.relation)
+        return to_pylist(self.to_arrow(), self.relation)
 
     def to_pandas(self, **kwargs: Any) -> Any:
         """The batch as a pandas DataFrame (`pyarrow.RecordBatch.to_pandas` options apply)."""
-        return self._record_batch.to_pandas(**kwargs)
+        return self.to_arrow().to_pandas(**kwargs)
 
     def column_numpy(self, name: str) -> Any:
         """A zero-copy numpy view of a fixed-width column without NULLs."""
         from .export.python import numpy_view
-        return numpy_view(self._record_batch, name)
+        return numpy_view(self.to_arrow(), name)
 
     def __len__(self) -> int:
         return self._record_batch.num_rows

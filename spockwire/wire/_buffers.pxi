@@ -14,7 +14,12 @@ cdef struct Buf:
 
 
 cdef int buf_grow(Buf* b, Py_ssize_t need) except -1:
-    """Grow to at least `need` bytes: max(need, 2 × capacity), new bytes zeroed."""
+    """Grow to at least `need` bytes: max(need, 2 × capacity).
+
+    New bytes are not zeroed: every slot a builder hands to Arrow is written row by row (validity and flag bits
+    set or cleared, offsets, values, NULL slots cleared). Only a fresh buffer's first 64 bytes are zeroed, which
+    makes offsets[0] = 0. Not touching the new capacity keeps large values from paying a page fault per page twice.
+    """
     cdef Py_ssize_t cap = b.cap * 2
     cdef char* p
     if cap < need:
@@ -24,7 +29,8 @@ cdef int buf_grow(Buf* b, Py_ssize_t need) except -1:
     p = <char*>realloc(b.data, cap)
     if p == NULL:
         raise MemoryError(f"cannot grow a column buffer to {cap} bytes")
-    memset(p + b.cap, 0, cap - b.cap)
+    if b.cap == 0:
+        memset(p, 0, 64)
     b.data = p
     b.cap = cap
     return 0
