@@ -33,6 +33,7 @@ PIP_PACKAGES=(
     hypothesis
     pytest
     pytest-benchmark
+    pytest-timeout
     pandas
     build
 )

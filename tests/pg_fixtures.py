@@ -65,8 +65,15 @@ def pg_cluster() -> Iterator[PostgresCluster]:
 
 
 @pytest.fixture
-def pg_db(pg_cluster: PostgresCluster, request: pytest.FixtureRequest) -> PgDatabase:
-    """A database no other test has used, named after the test for easier post-mortems."""
+def pg_db(pg_cluster: PostgresCluster, request: pytest.FixtureRequest) -> Iterator[PgDatabase]:
+    """A database no other test has used, named after the test for easier post-mortems.
+
+    At the end, prepared transactions the test left in it are rolled back: a prepared transaction holds back
+    every later logical slot creation on the cluster (it waits for all running transactions to end)."""
     prefix = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:24]
     name = pg_cluster.create_database(pg_cluster.new_database_name(prefix))
-    return PgDatabase(pg_cluster, name)
+    yield PgDatabase(pg_cluster, name)
+    if pg_cluster.running:
+        for (gid,) in pg_cluster.query("SELECT gid FROM pg_prepared_xacts WHERE database = %s", (name,),
+                                       dbname=name):
+            pg_cluster.execute(f"ROLLBACK PREPARED '{gid.replace(chr(39), chr(39) * 2)}'", dbname=name)
