@@ -9,6 +9,7 @@ import json
 import struct
 import threading
 import time
+from typing import Iterator
 
 import pytest
 
@@ -23,9 +24,19 @@ PUMPS = ["c", "python"]
 
 
 @pytest.fixture
-def slot(pg_db) -> str:
-    """A slot name no other test uses (slots are cluster-wide)."""
-    return "s_" + "_".join(pg_db.name.rsplit("_", 2)[-2:])
+def slot(pg_db) -> Iterator[str]:
+    """A slot name no other test uses (slots are cluster-wide); the test's slots are dropped afterwards, since
+    the session cluster has a limited number of them."""
+    yield "s_" + "_".join(pg_db.name.rsplit("_", 2)[-2:])
+    deadline = time.monotonic() + 10
+    while True:
+        rows = pg_db.query("SELECT slot_name, active FROM pg_replication_slots WHERE database = %s", (pg_db.name,))
+        for name, active in rows:
+            if not active:
+                drop_slot(pg_db.dsn, name)
+        if not any(active for _, active in rows) or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 SCHEMA = """
 CREATE TABLE a (id int PRIMARY KEY, v text, flag bool, n bigint);
@@ -385,7 +396,8 @@ def test_slot_helpers_report_lag(pg_db, slot):
 # ------------------------------------------------------------------------------------------------------------------
 # kill the server mid-stream
 
-def test_resume_after_server_crash():
+@pytest.mark.parametrize("transport", ["replication", "sql"])
+def test_resume_after_server_crash(transport):
     with PostgresCluster(durable=True) as pg:
         db = pg.create_database("crash")
         pg.execute("CREATE TABLE t (id int PRIMARY KEY, batch int)", dbname="crash")
@@ -402,7 +414,8 @@ def test_resume_after_server_crash():
 
         txns(0, 200)
         persisted: list[tuple[int, int, int]] = []
-        with connect(dsn, slot="crashslot", publication="pub", max_backoff=0.5, reconnect_timeout=120) as stream:
+        with connect(dsn, slot="crashslot", publication="pub", max_backoff=0.5, reconnect_timeout=120,
+                     transport=transport, sql_batch_changes=5000) as stream:
             deadline = time.monotonic() + 60
             while len(persisted) < 1000 and time.monotonic() < deadline:
                 for ev in stream.read(0.5):
@@ -437,3 +450,148 @@ def test_resume_after_server_crash():
         for lsn, seq, i in resumed:
             assert by_key.setdefault((lsn, seq), i) == i
         assert db == "crash"
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# clean close: the last acknowledgement survives a close while the server is still sending
+
+@pytest.mark.parametrize("transport", ["replication", "sql"])
+@pytest.mark.parametrize("pump", PUMPS)
+def test_close_mid_stream_keeps_the_acknowledgement(pg_db, pump, transport, slot):
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    create_publication(pg_db.dsn, "pub")
+    create_slot(pg_db.dsn, slot, "pgoutput")
+    conn = pg_db.connect()
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        for i in range(300):
+            cur.execute("INSERT INTO t SELECT g, repeat('v', 40) FROM generate_series(%s, %s) g",
+                        (i * 1000, i * 1000 + 999))
+    conn.close()
+    previous = slot_info(pg_db.dsn, slot).confirmed_flush_lsn
+    for _ in range(5):
+        stream = connect(pg_db.dsn, slot=slot, publication="pub", pump=pump, max_batch_bytes=64 << 10,
+                         transport=transport, sql_batch_changes=20_000)
+        try:
+            rows = 0
+            while rows < 3000:
+                rows += row_count(stream.read(1.0))
+            # not sent: close() reports it, while the server still has plenty to send (sql: the call still runs)
+            stream.ack()
+            acked = stream.acked_lsn
+        finally:
+            stream.close()
+        if transport == "sql":
+            assert pg_db.query("SELECT count(*) FROM pg_replication_slots WHERE temporary")[0][0] == 0
+        assert acked > previous
+        info = slot_info(pg_db.dsn, slot)
+        assert info.confirmed_flush_lsn == acked
+        deadline = time.monotonic() + 10
+        while slot_info(pg_db.dsn, slot).active and time.monotonic() < deadline:
+            time.sleep(0.02)
+        previous = acked
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the SQL transport: same events as the replication protocol, same acknowledgement rules
+
+def read_all(stream, expected_rows: int, timeout: float = 30.0) -> list:
+    events = collect(stream, lambda evs: row_count(evs) >= expected_rows, timeout)
+    assert row_count(events) == expected_rows
+    return events
+
+
+def both_transports(db, slot: str, plugin: str, **kwargs) -> tuple[list, list]:
+    """The events of the same workload read from two slots created together: replication and sql."""
+    types = column_types(db)
+    expected, _ = oracle(db, slot + "_w2j", full_tables=kwargs.pop("full_tables", ("public.full_t",)))
+    got = []
+    for transport, name in (("replication", slot), ("sql", slot + "_sql")):
+        with connect(db.dsn, slot=name, plugin=plugin, transport=transport, **kwargs) as stream:
+            events = collect(stream, lambda evs: len(ours(evs, types)[0]) >= len(expected))
+            got.append(ours(events, types)[0])
+            assert stream.transport == transport
+            if transport == "sql":
+                calls = stream.stats()["calls"]
+    return got[0], got[1], calls
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_sql_transport_pgoutput_matches_replication(pg_db, binary, slot):
+    setup_pgoutput(pg_db, slot)
+    create_slot(pg_db.dsn, slot + "_sql", "pgoutput")
+    run(pg_db, WORKLOAD + ["TRUNCATE full_t"])
+    replication, sql, _calls = both_transports(pg_db, slot, "pgoutput", publication="pub", binary=binary)
+    assert sql == replication
+    assert len(sql) > 100
+
+
+def test_sql_transport_pglogical_matches_replication(pg_db, slot):
+    setup_pglogical(pg_db, slot)
+    create_slot(pg_db.dsn, slot + "_sql", "pglogical")
+    run(pg_db, WORKLOAD)
+    # several calls: pglogical starts each with its startup message
+    replication, sql, calls = both_transports(pg_db, slot, "pglogical", binary=True, full_tables=(),
+                                              sql_batch_changes=50)
+    assert sql == replication
+    assert calls > 3
+
+
+@pytest.mark.parametrize("pump", PUMPS)
+def test_sql_transport_streaming_two_phase(pg_db, pump, slot):
+    setup_pgoutput(pg_db, slot, two_phase=True)
+    with connect(pg_db.dsn, slot=slot, publication="pub", two_phase=True, streaming=True, binary=True,
+                 transport="sql", pump=pump, read_timeout=0.2) as stream:
+        assert stream.impl == pump
+        run(pg_db, ["BEGIN; INSERT INTO a VALUES (1, 'committed prepared'); PREPARE TRANSACTION 'g1'",
+                    "COMMIT PREPARED 'g1'",
+                    "BEGIN; INSERT INTO a VALUES (4, 'still prepared'); PREPARE TRANSACTION 'g3'",
+                    # larger than logical_decoding_work_mem while g3 waits
+                    "INSERT INTO b SELECT g, repeat('v', 50) || g, NULL FROM generate_series(1, 3000) g"])
+        events = read_all(stream, 3001)
+        assert [r["v"] for ev in events if ev.relation.name == "a" for r in ev.to_arrow().to_pylist()] == [
+            "committed prepared"]
+        for _ in range(3):
+            assert stream.read(0.3) == []  # later calls: the prepared transaction stays open, nothing repeats
+        stream.ack()
+        pg_db.execute("COMMIT PREPARED 'g3'")  # decoded by an earlier call, released by this one
+        events = read_all(stream, 1)
+        assert [r["v"] for ev in events for r in ev.to_arrow().to_pylist()] == ["still prepared"]
+        assert stream.stats()["calls"] >= 3
+
+
+@pytest.mark.parametrize("pump", PUMPS)
+def test_sql_transport_ack_semantics(pg_db, pump, slot):
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    create_publication(pg_db.dsn, "pub")
+    start = create_slot(pg_db.dsn, slot, "pgoutput").confirmed_flush_lsn
+    conn = pg_db.connect()
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        for i in range(40):
+            cur.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(%s, %s) g", (i * 100, i * 100 + 99))
+    kwargs = dict(slot=slot, publication="pub", transport="sql", pump=pump, sql_batch_changes=500,
+                  status_interval=0.05)
+    with connect(pg_db.dsn, **kwargs) as stream:
+        rows = []
+        while len(rows) < 4000:
+            for ev in stream.read(1.0):
+                rows += [(r["_commit_lsn"], int(r["id"])) for r in ev.to_arrow().to_pylist()]
+            # nothing acknowledged: the slot stays where it was, however many calls read ahead
+            assert slot_info(pg_db.dsn, slot).confirmed_flush_lsn == start
+        assert stream.stats()["calls"] >= 8
+        commits = sorted({lsn for lsn, _ in rows})
+        middle = commits[len(commits) // 2]  # acknowledge up to (not including) this transaction
+        stream.ack(middle, send=True)
+        assert slot_info(pg_db.dsn, slot).confirmed_flush_lsn == middle
+        stream.read(0.2)
+        assert slot_info(pg_db.dsn, slot).confirmed_flush_lsn == middle  # status_interval passed: no move
+    info = slot_info(pg_db.dsn, slot)
+    assert info.confirmed_flush_lsn == middle and not info.active
+    assert pg_db.query("SELECT count(*) FROM pg_replication_slots WHERE temporary")[0][0] == 0
+    # everything not acknowledged comes again, nothing acknowledged does
+    with connect(pg_db.dsn, **kwargs) as stream:
+        again = [(r["_commit_lsn"], int(r["id"])) for ev in read_all(stream, 2000)
+                 for r in ev.to_arrow().to_pylist()]
+        assert stream.read(0.3) == []
+    assert sorted(again) == sorted(x for x in rows if x[0] >= middle)

@@ -1,10 +1,14 @@
 # cython: language_level=3
-"""Batch pump for logical-replication CopyBoth streams, driven straight from libpq (Cython fast path).
+"""Batch pumps driven straight from libpq (Cython fast path).
 
-psycopg2 sets the connection up and sends START_REPLICATION; from then on `FramePump.read()` pulls every CopyData
-message libpq has (``PQgetCopyData`` in async mode, without the GIL), answers primary keepalives, sends periodic
-standby status updates, and returns the XLogData payloads as one buffer of frame records (u32 payload length,
-u64 dataStart, payload; big-endian) ready for `Decoder.feed_frames`. One Python call per batch, not per message.
+* `FramePump` - logical-replication CopyBoth streams. psycopg2 sets the connection up and sends START_REPLICATION;
+  from then on `FramePump.read()` pulls every CopyData message libpq has (``PQgetCopyData`` in async mode, without
+  the GIL), answers primary keepalives, sends periodic standby status updates, and returns the XLogData payloads
+  as one buffer of frame records (u32 payload length, u64 dataStart, payload; big-endian) ready for
+  `Decoder.feed_frames`. One Python call per batch, not per message. `finish()` ends the stream cleanly.
+* `CopyPump` - the SQL transport: runs ``COPY (SELECT lsn, data FROM pg_logical_slot_peek_binary_changes(...))
+  TO STDOUT (FORMAT binary)`` on an ordinary connection and turns the binary COPY rows into the same frame
+  records, batch by batch, optionally skipping the first rows of the result.
 
 The pure-Python twin is `spockwire.connection._pump_py` (same class, same behaviour, libpq through ctypes).
 """
@@ -15,7 +19,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 
 from .errors import ConnectionLost, ReplicationError, classify
 
-__all__ = ["FramePump", "IMPLEMENTATION"]
+__all__ = ["FramePump", "CopyPump", "IMPLEMENTATION"]
 
 IMPLEMENTATION = "c"
 
@@ -33,13 +37,23 @@ cdef extern from "libpq-fe.h":
         pass
     ctypedef enum ExecStatusType:
         PGRES_COMMAND_OK
+        PGRES_COPY_OUT
         PGRES_COPY_BOTH
         PGRES_FATAL_ERROR
+    ctypedef struct PGcancel:
+        pass
     ctypedef enum ConnStatusType:
         CONNECTION_OK
         CONNECTION_BAD
     int PQgetCopyData(PGconn *conn, char **buffer, int async_) nogil
     int PQputCopyData(PGconn *conn, const char *buffer, int nbytes) nogil
+    int PQputCopyEnd(PGconn *conn, const char *errormsg) nogil
+    int PQsetnonblocking(PGconn *conn, int arg) nogil
+    int PQisBusy(PGconn *conn) nogil
+    int PQsendQuery(PGconn *conn, const char *query) nogil
+    PGcancel *PQgetCancel(PGconn *conn) nogil
+    int PQcancel(PGcancel *cancel, char *errbuf, int errbufsize) nogil
+    void PQfreeCancel(PGcancel *cancel) nogil
     int PQflush(PGconn *conn) nogil
     int PQconsumeInput(PGconn *conn) nogil
     int PQsocket(const PGconn *conn) nogil
@@ -61,6 +75,7 @@ cdef extern from "<poll.h>" nogil:
         short revents
     int poll(pollfd *fds, unsigned long nfds, int timeout)
     short POLLIN
+    short POLLOUT
 
 
 cdef extern from "<time.h>" nogil:
@@ -181,6 +196,20 @@ cdef class FramePump:
     def detach(self):
         """Forget the connection (call before the psycopg2 connection closes); later calls raise."""
         self.conn = NULL
+
+    cdef int _queue_status(self, int reply) noexcept nogil:
+        cdef char msg[STATUS_LENGTH]
+        msg[0] = b'r'
+        put_u64(msg + 1, self.write_lsn if self.write_lsn > self._flush_lsn else self._flush_lsn)
+        put_u64(msg + 9, self._flush_lsn)
+        put_u64(msg + 17, self._flush_lsn)
+        put_u64(msg + 25, <uint64_t>pg_now_us())
+        msg[33] = 1 if reply else 0
+        if PQputCopyData(self.conn, msg, STATUS_LENGTH) <= 0:
+            return -1
+        self.status_sent += 1
+        self.last_status = monotonic()
+        return 0
 
     cdef int _send_status(self, int reply) noexcept nogil:
         cdef char msg[STATUS_LENGTH]
@@ -377,3 +406,407 @@ cdef class FramePump:
     @property
     def seconds_since_status(self):
         return monotonic() - self.last_status
+
+    def finish(self, double timeout=5.0):
+        """End the stream cleanly: a last status update, CopyDone, then read (and drop) whatever the server still
+        sends until it ends the copy too, and collect its final results.
+
+        Closing the socket while the server is still sending would make the kernel answer with a reset, and the
+        walsender could lose the status update sent just before. Gives up after `timeout` s. Returns True when
+        the server acknowledged the end of the stream (the connection is idle again), False otherwise; either way
+        the caller closes the connection next.
+        """
+        cdef int rc
+        if self.conn == NULL:
+            return False
+        with nogil:
+            rc = self._finish(timeout)
+        return rc == 0
+
+    cdef int _finish(self, double timeout) noexcept nogil:
+        cdef double deadline = monotonic() + (timeout if timeout > 0 else 0)
+        cdef double now
+        cdef char *msg = NULL
+        cdef int n, pending
+        cdef int copying = 1
+        cdef PGresult *res
+        cdef pollfd pfd
+        # non-blocking from here on, so that a server that stopped reading cannot hold close() up
+        if PQsetnonblocking(self.conn, 1) != 0:
+            return -1
+        if self._queue_status(0) != 0:
+            return -1
+        if PQputCopyEnd(self.conn, NULL) != 1:
+            return -1
+        while True:
+            pending = PQflush(self.conn)
+            if pending < 0:
+                return -1
+            if copying:
+                n = PQgetCopyData(self.conn, &msg, 1)
+                if n > 0:
+                    PQfreemem(msg)  # the rest of what the server had sent: nobody will see it
+                    msg = NULL
+                    continue
+                if n == -1:
+                    copying = 0  # the server ended the copy: its results follow
+                    continue
+                if n < -1:
+                    return -1
+            elif not PQisBusy(self.conn):
+                res = PQgetResult(self.conn)
+                if res == NULL:
+                    return 0
+                PQclear(res)
+                continue
+            now = monotonic()
+            if now >= deadline:
+                return -1
+            pfd.fd = PQsocket(self.conn)
+            if pfd.fd < 0:
+                return -1
+            pfd.events = POLLIN
+            if pending:
+                pfd.events = POLLIN | POLLOUT
+            pfd.revents = 0
+            poll(&pfd, 1, <int>((deadline - now) * 1000.0) + 1)
+            if PQconsumeInput(self.conn) == 0:
+                return -1
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the SQL transport: binary COPY of pg_logical_slot_peek_binary_changes
+
+cdef extern from *:
+    """
+    static const char SW_COPY_SIGNATURE[11] = {'P', 'G', 'C', 'O', 'P', 'Y', '\\n', '\\377', '\\r', '\\n', '\\0'};
+    """
+    const char SW_COPY_SIGNATURE[11]
+
+cdef extern from "<string.h>" nogil:
+    int memcmp(const void *a, const void *b, size_t n)
+
+# states of a CopyPump
+cdef enum:
+    C_IDLE = 0        # no call running; the connection is free for other queries
+    C_STARTING = 1    # query sent, waiting for CopyOutResponse (the server is decoding)
+    C_COPYING = 2     # rows arriving
+    C_RESULTS = 3     # the copy ended: collecting the final results
+
+cdef enum:
+    C_OK = 0
+    C_FAILED = 1      # the server reported an error (kept in err_res)
+    C_BROKEN = 2      # the connection broke
+    C_BAD_ROW = 3     # not a (pg_lsn, bytea) binary COPY row
+    C_NO_MEMORY = 4
+    LINGER_MS = 2     # a batch is handed out once no row arrived for this long (or it is full)
+
+
+cdef inline uint32_t load_u32(const char *p) noexcept nogil:
+    cdef uint32_t v
+    memcpy(&v, p, 4)
+    return SW_BE32(v)
+
+
+cdef class CopyPump:
+    """Runs one binary COPY of ``lsn, data`` rows at a time on an ordinary connection, batch by batch.
+
+    ``pgconn_ptr`` is psycopg2's ``connection.pgconn_ptr`` (autocommit, idle). `start(query, skip)` sends the
+    query; `read(timeout)` returns the next frame records (u32 payload length, u64 lsn, payload) - ``b""`` when
+    nothing arrived in time - dropping the first `skip` rows of the result; `finished` is True once the COPY
+    completed and the connection is idle again. psycopg2 must not use the connection while a COPY runs.
+
+    Per call: ``rows`` (including skipped ones), ``skipped``, ``max_lsn`` (highest lsn of the rows returned).
+    Counters over the pump's life: ``messages``, ``bytes`` (payload bytes returned), ``batches``.
+    """
+
+    cdef PGconn *conn
+    cdef char *buf
+    cdef Py_ssize_t cap
+    cdef Py_ssize_t used
+    cdef public Py_ssize_t max_batch_bytes
+    cdef int state
+    cdef int header_seen
+    cdef int deferred
+    cdef PGresult *err_res
+    cdef unsigned long long skip
+    cdef readonly unsigned long long rows
+    cdef readonly unsigned long long skipped
+    cdef readonly uint64_t max_lsn
+    cdef readonly unsigned long long messages
+    cdef readonly unsigned long long bytes
+    cdef readonly unsigned long long batches
+
+    def __cinit__(self, pgconn_ptr, *, Py_ssize_t max_batch_bytes=4 << 20):
+        cdef size_t address = <size_t>int(pgconn_ptr)
+        if address == 0:
+            raise ValueError("pgconn_ptr is NULL: the connection is closed")
+        if max_batch_bytes < 1024:
+            raise ValueError("max_batch_bytes must be at least 1024")
+        self.conn = <PGconn *>address
+        self.max_batch_bytes = max_batch_bytes
+        self.cap = 64 * 1024
+        self.buf = <char *>malloc(self.cap)
+        if self.buf == NULL:
+            raise MemoryError()
+        self.state = C_IDLE
+
+    def __dealloc__(self):
+        if self.err_res != NULL:
+            PQclear(self.err_res)
+            self.err_res = NULL
+        if self.buf != NULL:
+            free(self.buf)
+            self.buf = NULL
+
+    def detach(self):
+        """Forget the connection (call before the psycopg2 connection closes); later calls raise."""
+        self.conn = NULL
+        self.state = C_IDLE
+
+    @property
+    def active(self):
+        """True while a COPY is running (the connection is busy)."""
+        return self.state != C_IDLE
+
+    @property
+    def finished(self):
+        """True when no COPY is running and nothing is left to hand out."""
+        return self.state == C_IDLE and self.deferred == C_OK
+
+    def start(self, query, unsigned long long skip=0):
+        """Send a ``COPY (SELECT lsn, data ...) TO STDOUT (FORMAT binary)`` query; drop its first `skip` rows."""
+        cdef bytes q = query if isinstance(query, bytes) else query.encode("utf-8")
+        cdef const char *text = q
+        cdef int ok
+        if self.conn == NULL:
+            raise ConnectionLost("the connection is closed")
+        if self.state != C_IDLE:
+            raise ReplicationError("a COPY is already running on this connection")
+        self.rows = 0
+        self.skipped = 0
+        self.max_lsn = 0
+        self.skip = skip
+        self.header_seen = 0
+        self.deferred = C_OK
+        with nogil:
+            ok = PQsendQuery(self.conn, text)
+        if ok != 1:
+            raise classify((<bytes>PQerrorMessage(self.conn)).decode("utf-8", "replace"), None)
+        self.state = C_STARTING
+
+    cdef int _reserve(self, Py_ssize_t extra) noexcept nogil:
+        cdef Py_ssize_t need = self.used + extra
+        cdef Py_ssize_t cap
+        cdef char *grown
+        if need <= self.cap:
+            return 0
+        cap = self.cap * 2
+        if cap < need:
+            cap = need
+        grown = <char *>realloc(self.buf, cap)
+        if grown == NULL:
+            return -1
+        self.buf = grown
+        self.cap = cap
+        return 0
+
+    cdef int _row(self, const char *msg, int n) noexcept nogil:
+        """One CopyData message: (the file header, on the first,) one (lsn, data) row, or the trailer."""
+        cdef const char *p = msg
+        cdef const char *end = msg + n
+        cdef uint32_t ext, dlen
+        cdef uint64_t lsn
+        if not self.header_seen:
+            if n < 19 or memcmp(p, SW_COPY_SIGNATURE, 11) != 0:
+                return C_BAD_ROW
+            ext = load_u32(p + 15)
+            p += 19
+            if <Py_ssize_t>(end - p) < <Py_ssize_t>ext:
+                return C_BAD_ROW
+            p += ext
+            self.header_seen = 1
+            if p == end:
+                return C_OK
+        if end - p == 2 and <unsigned char>p[0] == 0xFF and <unsigned char>p[1] == 0xFF:
+            return C_OK  # the trailer
+        # i16 2 fields, i32 8, u64 lsn, i32 length, data
+        if end - p < 22 or p[0] != 0 or p[1] != 2 or load_u32(p + 2) != 8:
+            return C_BAD_ROW
+        lsn = sw_load_u64(p + 6)
+        dlen = load_u32(p + 14)
+        if dlen == <uint32_t>0xFFFFFFFFU or <Py_ssize_t>(end - p - 18) != <Py_ssize_t>dlen:
+            return C_BAD_ROW
+        self.rows += 1
+        if self.rows <= self.skip:
+            self.skipped += 1
+            return C_OK
+        if self._reserve(FRAME_HEADER + dlen) != 0:
+            return C_NO_MEMORY
+        put_u32(self.buf + self.used, dlen)
+        memcpy(self.buf + self.used + 4, p + 6, 8)
+        memcpy(self.buf + self.used + FRAME_HEADER, p + 18, dlen)
+        self.used += FRAME_HEADER + dlen
+        self.messages += 1
+        self.bytes += dlen
+        if lsn > self.max_lsn:
+            self.max_lsn = lsn
+        return C_OK
+
+    cdef int _pump(self, double timeout) noexcept nogil:
+        cdef char *msg = NULL
+        cdef int n, rc
+        cdef int consumed = 0
+        cdef double now
+        cdef double deadline = monotonic() + (timeout if timeout > 0 else 0)
+        cdef PGresult *res
+        cdef ExecStatusType st
+        cdef pollfd pfd
+        while True:
+            if self.state == C_COPYING:
+                n = PQgetCopyData(self.conn, &msg, 1)
+                if n > 0:
+                    rc = self._row(msg, n)
+                    PQfreemem(msg)
+                    msg = NULL
+                    if rc != C_OK:
+                        return rc
+                    if self.used >= self.max_batch_bytes:
+                        return C_OK
+                    continue
+                if n == -1:
+                    self.state = C_RESULTS
+                    continue
+                if n < -1:
+                    return C_BROKEN
+            elif self.state != C_IDLE:
+                # STARTING or RESULTS: read results without blocking
+                if not PQisBusy(self.conn):
+                    res = PQgetResult(self.conn)
+                    if res == NULL:
+                        self.state = C_IDLE
+                        return C_FAILED if self.err_res != NULL else C_OK
+                    st = PQresultStatus(res)
+                    if st == PGRES_COPY_OUT:
+                        PQclear(res)
+                        self.state = C_COPYING
+                        continue
+                    if st == PGRES_FATAL_ERROR and self.err_res == NULL:
+                        self.err_res = res
+                    else:
+                        PQclear(res)
+                    if self.state == C_STARTING:
+                        self.state = C_RESULTS
+                    continue
+            else:
+                return C_OK
+            # nothing complete in libpq's buffer
+            if not consumed:
+                consumed = 1
+                if PQconsumeInput(self.conn) == 0:
+                    return C_BROKEN
+                continue
+            pfd.fd = PQsocket(self.conn)
+            if pfd.fd < 0:
+                return C_BROKEN
+            pfd.events = POLLIN
+            pfd.revents = 0
+            if self.used > 0:
+                # unlike a walsender, the COPY's sender does not wait for us: fill the batch while rows keep coming
+                if poll(&pfd, 1, LINGER_MS) > 0:
+                    consumed = 0
+                    continue
+                return C_OK
+            now = monotonic()
+            if now >= deadline:
+                return C_OK
+            poll(&pfd, 1, <int>((deadline - now) * 1000.0) + 1)
+            consumed = 0
+
+    def read(self, double timeout=1.0):
+        """Frame records of the rows available now (waiting up to `timeout` s for the first); ``b""`` if none.
+
+        After the last rows the COPY's results are collected and `finished` becomes True. A server error
+        raises ServerError / ConnectionLost (after the rows that arrived before it were returned).
+        """
+        cdef int status
+        cdef char *small
+        if self.conn == NULL:
+            raise ConnectionLost("the connection is closed")
+        if self.deferred != C_OK:
+            status = self.deferred
+            self.deferred = C_OK
+            self._raise(status)
+        self.used = 0
+        with nogil:
+            status = self._pump(timeout)
+        if status != C_OK and status != C_NO_MEMORY and self.used > 0:
+            self.deferred = status
+            status = C_OK
+        if status == C_OK:
+            if self.used == 0:
+                return b""
+            data = PyBytes_FromStringAndSize(self.buf, self.used)
+            self.used = 0
+            self.batches += 1
+            if self.cap > 4 * self.max_batch_bytes:
+                small = <char *>realloc(self.buf, 64 * 1024)
+                if small != NULL:
+                    self.buf = small
+                    self.cap = 64 * 1024
+            return data
+        self.used = 0
+        self._raise(status)
+
+    cdef _raise(self, int status):
+        cdef char *field
+        cdef PGresult *res
+        if status == C_NO_MEMORY:
+            raise MemoryError("a logical decoding row does not fit in memory")
+        if status == C_BAD_ROW:
+            raise ReplicationError("unexpected COPY data: expected binary (pg_lsn, bytea) rows")
+        if status == C_FAILED and self.err_res != NULL:
+            res = self.err_res
+            self.err_res = NULL
+            message = (<bytes>PQresultErrorMessage(res)).decode("utf-8", "replace")
+            field = PQresultErrorField(res, PG_DIAG_SQLSTATE)
+            sqlstate = (<bytes>field).decode("ascii", "replace") if field != NULL else None
+            PQclear(res)
+            raise classify(message, sqlstate)
+        self.state = C_IDLE
+        raise classify((<bytes>PQerrorMessage(self.conn)).decode("utf-8", "replace"), None)
+
+    def cancel(self, double timeout=5.0):
+        """Stop a running COPY: ask the server to cancel it, drop what still arrives, collect the results.
+
+        Returns True when the connection is idle again within `timeout` s (it can be used or closed cleanly).
+        """
+        cdef PGcancel *c
+        cdef char errbuf[256]
+        cdef double deadline
+        cdef int status
+        if self.conn == NULL:
+            return False
+        if self.state == C_IDLE:
+            return True
+        deadline = monotonic() + (timeout if timeout > 0 else 0)
+        with nogil:
+            c = PQgetCancel(self.conn)
+            if c != NULL:
+                PQcancel(c, errbuf, 256)
+                PQfreeCancel(c)
+        self.skip = 0xFFFFFFFFFFFFFFFFULL  # drop every row still to come
+        while self.state != C_IDLE:
+            self.used = 0
+            with nogil:
+                status = self._pump(deadline - monotonic())
+            self.used = 0
+            if status == C_BROKEN or status == C_BAD_ROW or status == C_NO_MEMORY:
+                return False
+            if self.err_res != NULL:
+                PQclear(self.err_res)
+                self.err_res = NULL
+            if self.state != C_IDLE and monotonic() >= deadline:
+                return False
+        self.deferred = C_OK
+        return True

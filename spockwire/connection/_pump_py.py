@@ -1,7 +1,7 @@
-"""Pure-Python twin of the Cython batch pump (spockwire.connection._pump).
+"""Pure-Python twin of the Cython batch pumps (spockwire.connection._pump).
 
-Same class, same behaviour and errors; libpq is reached through ctypes (the library psycopg2 already loaded), so
-this twin needs no compiler. It makes several Python calls per message and is therefore slower than the Cython
+Same classes (`FramePump` for replication streams, `CopyPump` for the SQL transport), same behaviour and errors;
+libpq is reached through ctypes (the library psycopg2 already loaded), so this twin needs no compiler. It makes several Python calls per message and is therefore slower than the Cython
 pump; it exists for platforms without the extension and as the readable reference of the pump's logic.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 from .errors import ConnectionLost, ReplicationError, classify
 
-__all__ = ["FramePump", "IMPLEMENTATION"]
+__all__ = ["FramePump", "CopyPump", "IMPLEMENTATION"]
 
 IMPLEMENTATION = "python"
 
@@ -25,7 +25,11 @@ _W = struct.Struct(">QQ")          # dataStart, walEnd after the 'w'
 _K = struct.Struct(">QqB")         # walEnd, sendTime, replyRequested after the 'k'
 _FRAME = struct.Struct(">IQ")
 _STATUS = struct.Struct(">cQQQqB")
+_PGRES_COPY_OUT = 3
 _PGRES_FATAL_ERROR = 7
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+_COPY_ROW = struct.Struct(">hiQi")  # 2 fields, 8, lsn, data length
+_LINGER = 0.002  # a COPY batch is handed out once no row arrived for this long (or it is full)
 _PG_DIAG_SQLSTATE = ord("C")
 
 
@@ -36,6 +40,13 @@ def _load_libpq() -> ctypes.CDLL:
     for fname, restype, argtypes in (
         ("PQgetCopyData", ci, [vp, ctypes.POINTER(vp), ci]),
         ("PQputCopyData", ci, [vp, cp, ci]),
+        ("PQputCopyEnd", ci, [vp, cp]),
+        ("PQsetnonblocking", ci, [vp, ci]),
+        ("PQisBusy", ci, [vp]),
+        ("PQsendQuery", ci, [vp, cp]),
+        ("PQgetCancel", vp, [vp]),
+        ("PQcancel", ci, [vp, cp, ci]),
+        ("PQfreeCancel", None, [vp]),
         ("PQflush", ci, [vp]),
         ("PQconsumeInput", ci, [vp]),
         ("PQsocket", ci, [vp]),
@@ -110,13 +121,60 @@ class FramePump:
         raw = self._lib.PQerrorMessage(self._conn)
         return raw.decode("utf-8", "replace") if raw else ""
 
-    def _send_status(self, reply: bool) -> None:
+    def _send_status(self, reply: bool, *, flush_now: bool = True) -> None:
         flush = self._flush_lsn
         msg = _STATUS.pack(b"r", max(self.write_lsn, flush), flush, flush, _pg_now_us(), 1 if reply else 0)
-        if self._lib.PQputCopyData(self._conn, msg, len(msg)) <= 0 or self._lib.PQflush(self._conn) != 0:
+        lib = self._lib
+        if lib.PQputCopyData(self._conn, msg, len(msg)) <= 0 or (flush_now and lib.PQflush(self._conn) != 0):
             raise classify("could not send a standby status update: " + self._errmsg(), None)
         self.status_sent += 1
         self._last_status = time.monotonic()
+
+    def finish(self, timeout: float = 5.0) -> bool:
+        """End the stream cleanly (status update, CopyDone, drain until the server ends the copy); see the C pump."""
+        if self._conn is None:
+            return False
+        lib, conn = self._lib, self._conn
+        deadline = time.monotonic() + max(timeout, 0.0)
+        if lib.PQsetnonblocking(conn, 1) != 0:
+            return False
+        try:
+            self._send_status(False, flush_now=False)
+        except ReplicationError:
+            return False
+        if lib.PQputCopyEnd(conn, None) != 1:
+            return False
+        ptr = ctypes.c_void_p()
+        copying = True
+        while True:
+            pending = lib.PQflush(conn)
+            if pending < 0:
+                return False
+            if copying:
+                n = lib.PQgetCopyData(conn, ctypes.byref(ptr), 1)
+                if n > 0:
+                    lib.PQfreemem(ptr)  # the rest of what the server had sent: nobody will see it
+                    continue
+                if n == -1:
+                    copying = False
+                    continue
+                if n < -1:
+                    return False
+            elif not lib.PQisBusy(conn):
+                res = lib.PQgetResult(conn)
+                if not res:
+                    return True
+                lib.PQclear(res)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            sock = lib.PQsocket(conn)
+            if sock < 0:
+                return False
+            select.select([sock], [sock] if pending else [], [], remaining)
+            if lib.PQconsumeInput(conn) == 0:
+                return False
 
     def send_status(self, reply: bool = False) -> None:
         if self._conn is None:
@@ -216,3 +274,198 @@ class FramePump:
                 lib.PQclear(res)
                 res = lib.PQgetResult(conn)
         raise classify(message, sqlstate)
+
+
+class CopyPump:
+    """Runs one binary COPY of ``lsn, data`` rows at a time on an ordinary connection. See the Cython twin."""
+
+    def __init__(self, pgconn_ptr: int, *, max_batch_bytes: int = 4 << 20) -> None:
+        if not pgconn_ptr:
+            raise ValueError("pgconn_ptr is NULL: the connection is closed")
+        if max_batch_bytes < 1024:
+            raise ValueError("max_batch_bytes must be at least 1024")
+        self._lib = _libpq()
+        self._conn: int | None = int(pgconn_ptr)
+        self.max_batch_bytes = int(max_batch_bytes)
+        self._state = "idle"  # idle | starting | copying | results
+        self._header_seen = False
+        self._skip = 0
+        self._error: tuple[str, str | None] | None = None
+        self._deferred: BaseException | None = None
+        self._is_broken = False
+        self.rows = 0
+        self.skipped = 0
+        self.max_lsn = 0
+        self.messages = 0
+        self.bytes = 0
+        self.batches = 0
+
+    def detach(self) -> None:
+        self._conn = None
+        self._state = "idle"
+
+    @property
+    def active(self) -> bool:
+        return self._state != "idle"
+
+    @property
+    def finished(self) -> bool:
+        return self._state == "idle" and self._deferred is None
+
+    def _errmsg(self) -> str:
+        raw = self._lib.PQerrorMessage(self._conn)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def start(self, query: bytes | str, skip: int = 0) -> None:
+        if self._conn is None:
+            raise ConnectionLost("the connection is closed")
+        if self._state != "idle":
+            raise ReplicationError("a COPY is already running on this connection")
+        self.rows = self.skipped = self.max_lsn = 0
+        self._skip = int(skip)
+        self._header_seen = False
+        self._deferred = None
+        self._error = None
+        self._is_broken = False
+        if self._lib.PQsendQuery(self._conn, query if isinstance(query, bytes) else query.encode()) != 1:
+            raise classify(self._errmsg(), None)
+        self._state = "starting"
+
+    def _row(self, msg: bytes, out: bytearray) -> None:
+        pos = 0
+        if not self._header_seen:
+            if len(msg) < 19 or msg[:11] != _COPY_SIGNATURE:
+                raise ReplicationError("unexpected COPY data: expected binary (pg_lsn, bytea) rows")
+            pos = 19 + struct.unpack_from(">I", msg, 15)[0]
+            self._header_seen = True
+            if pos == len(msg):
+                return
+        if len(msg) - pos == 2 and msg[pos:] == b"\xff\xff":
+            return  # the trailer
+        if len(msg) - pos < 22:
+            raise ReplicationError("unexpected COPY data: expected binary (pg_lsn, bytea) rows")
+        nfields, l1, lsn, dlen = _COPY_ROW.unpack_from(msg, pos)
+        if nfields != 2 or l1 != 8 or dlen < 0 or len(msg) - pos - 18 != dlen:
+            raise ReplicationError("unexpected COPY data: expected binary (pg_lsn, bytea) rows")
+        self.rows += 1
+        if self.rows <= self._skip:
+            self.skipped += 1
+            return
+        out += _FRAME.pack(dlen, lsn)
+        out += memoryview(msg)[pos + 18:]
+        self.messages += 1
+        self.bytes += dlen
+        if lsn > self.max_lsn:
+            self.max_lsn = lsn
+
+    def _pump(self, out: bytearray, timeout: float) -> None:
+        lib, conn = self._lib, self._conn
+        ptr = ctypes.c_void_p()
+        consumed = False
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            if self._state == "copying":
+                n = lib.PQgetCopyData(conn, ctypes.byref(ptr), 1)
+                if n > 0:
+                    try:
+                        msg = ctypes.string_at(ptr.value, n)
+                    finally:
+                        lib.PQfreemem(ptr)
+                    self._row(msg, out)
+                    if len(out) >= self.max_batch_bytes:
+                        return
+                    continue
+                if n == -1:
+                    self._state = "results"
+                    continue
+                if n < -1:
+                    self._broken()
+            elif self._state != "idle":
+                if not lib.PQisBusy(conn):
+                    res = lib.PQgetResult(conn)
+                    if not res:
+                        self._state = "idle"
+                        if self._error is not None:
+                            message, sqlstate = self._error
+                            self._error = None
+                            raise classify(message, sqlstate)
+                        return
+                    status = lib.PQresultStatus(res)
+                    if status == _PGRES_COPY_OUT:
+                        self._state = "copying"
+                    elif status == _PGRES_FATAL_ERROR and self._error is None:
+                        raw = lib.PQresultErrorMessage(res)
+                        field = lib.PQresultErrorField(res, _PG_DIAG_SQLSTATE)
+                        self._error = (raw.decode("utf-8", "replace") if raw else "the query failed",
+                                       field.decode("ascii", "replace") if field else None)
+                    if self._state == "starting":
+                        self._state = "results"
+                    lib.PQclear(res)
+                    continue
+            else:
+                return
+            if not consumed:
+                consumed = True
+                if lib.PQconsumeInput(conn) == 0:
+                    self._broken()
+                continue
+            sock = lib.PQsocket(conn)
+            if sock < 0:
+                self._broken()
+            if out:
+                # unlike a walsender, the COPY's sender does not wait for us: fill the batch while rows keep coming
+                if select.select([sock], [], [], _LINGER)[0]:
+                    consumed = False
+                    continue
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                return
+            select.select([sock], [], [], deadline - now + 0.001)
+            consumed = False
+
+    def _broken(self) -> None:
+        self._state = "idle"
+        self._is_broken = True
+        raise classify(self._errmsg(), None)
+
+    def read(self, timeout: float = 1.0) -> bytes:
+        if self._conn is None:
+            raise ConnectionLost("the connection is closed")
+        if self._deferred is not None:
+            exc, self._deferred = self._deferred, None
+            raise exc
+        out = bytearray()
+        try:
+            self._pump(out, timeout)
+        except ReplicationError as exc:
+            if not out:
+                raise
+            self._deferred = exc
+        if out:
+            self.batches += 1
+        return bytes(out)
+
+    def cancel(self, timeout: float = 5.0) -> bool:
+        if self._conn is None:
+            return False
+        if self._state == "idle":
+            return True
+        deadline = time.monotonic() + max(timeout, 0.0)
+        lib = self._lib
+        handle = lib.PQgetCancel(self._conn)
+        if handle:
+            errbuf = ctypes.create_string_buffer(256)
+            lib.PQcancel(handle, errbuf, 256)
+            lib.PQfreeCancel(handle)
+        self._skip = 1 << 64  # drop every row still to come
+        while self._state != "idle":
+            try:
+                self._pump(bytearray(), deadline - time.monotonic())
+            except ReplicationError:
+                if self._is_broken:
+                    return False  # otherwise: "canceling statement due to user request"
+            if self._state != "idle" and time.monotonic() >= deadline:
+                return False
+        self._deferred = None
+        return True

@@ -1,5 +1,9 @@
 """A live logical-replication stream: psycopg2 sets it up, a batch pump reads it, the Decoder decodes it.
 
+Two transports deliver the same events: ``"replication"`` (a walsender connection, START_REPLICATION, status
+updates; the default) and ``"sql"`` (an ordinary connection reading the slot through the SQL functions, see
+`spockwire.connection.sql`).
+
 See docs/connection.md for the delivery and acknowledgement rules. In short: events are handed out in commit
 order; `ack()` confirms that everything handed out so far is persisted; only confirmed positions are ever sent
 to the server as flushed, never past the decoder's `committed_lsn`; after a reconnect the server resends
@@ -16,11 +20,11 @@ import time
 from types import ModuleType, TracebackType
 from typing import Any, Callable, Iterator, Mapping
 
-from ..errors import SpockwireError
 from .errors import ConnectionLost, ReplicationError, ServerError, StartupRejected, classify
 from .options import check_startup, native_options, parse_startup_message, pgoutput_options, plugin_protocol
 from .slots import create_slot as _create_slot
 from .slots import format_lsn, parse_lsn
+from .sql import SqlSource, advance_slot, sql_options
 
 __all__ = ["ReplicationStream", "load_pump", "connect"]
 
@@ -28,6 +32,9 @@ log = logging.getLogger("spockwire.connection")
 
 _FRAME_HEAD = struct.Struct(">IQ")
 _RETRYABLE_ON_RECONNECT = ("55006",)  # object in use: the old walsender still holds the slot
+TRANSPORTS = ("replication", "sql")
+#: how long close() waits for the server to end the stream (or a running SQL call) before it just disconnects
+CLOSE_TIMEOUT = 5.0
 
 
 def load_pump(choice: str | None = None) -> ModuleType:
@@ -84,7 +91,8 @@ class ReplicationStream:
 
     Build it with :func:`connect`. Iterate it for events (``ChangeBatch`` | ``Truncate`` | ``LogicalMessage``), or
     call :meth:`read` for the events of one batch of frames. Call :meth:`ack` once the events handed out so far are
-    persisted. :meth:`close` (or the ``with`` block) sends the last acknowledged position and disconnects.
+    persisted. :meth:`close` (or the ``with`` block) reports the last acknowledged position, ends the stream
+    cleanly and disconnects.
     """
 
     def __init__(self, dsn: str, *, slot: str, plugin: str = "pgoutput", publication: Any = None,
@@ -95,7 +103,14 @@ class ReplicationStream:
                  reconnect: bool = True, reconnect_timeout: float | None = 300.0, max_backoff: float = 5.0,
                  max_batch_bytes: int = 4 << 20, read_timeout: float = 1.0, pump: str | ModuleType | None = None,
                  decoder_factory: Callable[[str], Any] | None = None,
-                 connect_kwargs: Mapping[str, Any] | None = None) -> None:
+                 connect_kwargs: Mapping[str, Any] | None = None, transport: str = "replication",
+                 sql_batch_changes: int = 4_000_000) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be 'replication' or 'sql', not {transport!r}")
+        if sql_batch_changes < 1:
+            raise ValueError("sql_batch_changes must be at least 1")
+        self.transport = transport
+        self.sql_batch_changes = int(sql_batch_changes)
         self.dsn = dsn
         self.slot = slot
         self.plugin = plugin
@@ -136,6 +151,7 @@ class ReplicationStream:
         self._delivered = self._start_lsn
         self._conn: Any = None
         self._pump: Any = None
+        self._source: SqlSource | None = None
         self.decoder: Any = None
         self._startup_checked = False
         self._closed = False
@@ -143,7 +159,10 @@ class ReplicationStream:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
-        self._totals = {"messages": 0, "bytes": 0, "keepalives": 0, "status_sent": 0}
+        self._totals = {"messages": 0, "bytes": 0, "keepalives": 0, "status_sent": 0, "batches": 0, "calls": 0}
+        self._batches = 0
+        self._write_lsn = 0
+        self._wal_end = 0
 
     # ---------------------------------------------------------------------------------------------- positions
     @property
@@ -162,19 +181,34 @@ class ReplicationStream:
         return self.decoder.committed_lsn if self.decoder is not None else self._delivered
 
     @property
+    def connected(self) -> bool:
+        """True while a connection is open (False between a broken connection and the reconnect)."""
+        return self._pump is not None or self._source is not None
+
+    @property
     def impl(self) -> str:
         """"c" or "python": which pump reads the connection."""
         return self._pump_module.IMPLEMENTATION
 
     def stats(self) -> dict[str, int]:
-        """Counters over the stream's life: messages, payload bytes, keepalives, status updates, reconnects."""
+        """Counters over the stream's life: messages, payload bytes, batches, keepalives, status updates (sql:
+        slot advances), calls (sql), reconnects; positions: ``write_lsn`` (highest received), ``wal_end`` (the
+        server's WAL end as last seen), ``acked_lsn``, ``delivered_lsn``."""
         out = dict(self._totals)
-        pump = self._pump
+        pump, source = self._pump, self._source
         if pump is not None:
-            for key in out:
+            for key in ("messages", "bytes", "keepalives", "status_sent"):
                 out[key] += getattr(pump, key)
-            out["write_lsn"] = pump.write_lsn
-            out["wal_end"] = pump.wal_end
+            out["batches"] += self._batches
+            self._write_lsn = max(self._write_lsn, pump.write_lsn)
+            self._wal_end = max(self._wal_end, pump.wal_end)
+        elif source is not None:
+            for key, value in source.counters().items():
+                out[key] += value
+            self._write_lsn = max(self._write_lsn, source.write_lsn)
+            self._wal_end = max(self._wal_end, source.wal_end)
+        out["write_lsn"] = self._write_lsn
+        out["wal_end"] = self._wal_end
         out["reconnects"] = self.reconnects
         out["acked_lsn"] = self._acked
         out["delivered_lsn"] = self._delivered
@@ -193,16 +227,21 @@ class ReplicationStream:
                              f"{format_lsn(self._delivered)} were handed out")
         if target > self._acked:
             self._acked = target
-            pump = self._pump
+            pump = self._pump if self._pump is not None else self._source
             if pump is not None:
                 pump.flush_lsn = target
         if send:
             with self._lock:
-                if self._pump is not None:
-                    try:
+                try:
+                    if self._pump is not None:
                         self._pump.send_status()
-                    except ConnectionLost:
-                        pass  # the next read reconnects; the position is kept
+                    elif self._source is not None:
+                        self._source.request_advance()  # now, or when the running call ends
+                except ConnectionLost:
+                    pass  # the next read reconnects; the position is kept
+                except Exception as exc:  # noqa: BLE001 - a broken SQL connection: same as above
+                    if not isinstance(self._connect_error(exc), ConnectionLost):
+                        raise
         return self._acked
 
     # ---------------------------------------------------------------------------------------------- lifecycle
@@ -210,7 +249,7 @@ class ReplicationStream:
         """Connect and start streaming (done by `connect()`; reconnects call it again)."""
         if self._closed:
             raise ReplicationError("the stream is closed")
-        if self._pump is None:
+        if not self.connected:
             self._open_once()
         if self._heartbeat is None:
             self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"spockwire-status-{self.slot}",
@@ -231,6 +270,9 @@ class ReplicationStream:
                               forward_origins=w["forward_origins"], binary=w["binary"], extra=w["extra"])
 
     def _open_once(self) -> None:
+        if self.transport == "sql":
+            self._open_sql()
+            return
         import psycopg2
         import psycopg2.extras
 
@@ -257,13 +299,48 @@ class ReplicationStream:
         self._startup_checked = self.protocol == "pgoutput"
         log.info("streaming slot %s (%s) from %s", self.slot, self.plugin, format_lsn(start))
 
+    def _open_sql(self) -> None:
+        import psycopg2
+
+        conn = psycopg2.connect(self.dsn, **self._connect_kwargs)
+        try:
+            conn.autocommit = True
+            self.server_version_num = conn.server_version
+            if not self.options:
+                self.options = self._build_options(self.server_version_num)
+            if self.create_slot:
+                _create_slot(conn, self.slot, self.plugin, two_phase=bool(self._want["two_phase"]))
+                self.create_slot = False
+            source = SqlSource(conn, self._pump_module, slot=self.slot, options=sql_options(self.options),
+                               batch_changes=self.sql_batch_changes, max_batch_bytes=self.max_batch_bytes,
+                               start_lsn=self._start_lsn, flush_lsn=self._acked,
+                               status_interval=self.status_interval, max_idle_wait=self.read_timeout)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        self._source = source
+        self.decoder = self._decoder_factory(self.protocol)
+        self._startup_checked = self.protocol == "pgoutput"
+        log.info("reading slot %s (%s) over SQL from %s", self.slot, self.plugin, format_lsn(source.start_position))
+
     def _teardown(self) -> None:
-        pump, conn = self._pump, self._conn
-        self._pump = self._conn = None
+        pump, source, conn = self._pump, self._source, self._conn
+        self._pump = self._source = self._conn = None
         if pump is not None:
-            for key in self._totals:
+            for key in ("messages", "bytes", "keepalives", "status_sent"):
                 self._totals[key] += getattr(pump, key)
+            self._totals["batches"] += self._batches
+            self._batches = 0
+            self._write_lsn = max(self._write_lsn, pump.write_lsn)
+            self._wal_end = max(self._wal_end, pump.wal_end)
             pump.detach()
+        if source is not None:
+            for key, value in source.counters().items():
+                self._totals[key] += value
+            self._write_lsn = max(self._write_lsn, source.write_lsn)
+            self._wal_end = max(self._wal_end, source.wal_end)
+            source.detach()
         if conn is not None:
             try:
                 conn.close()
@@ -271,17 +348,23 @@ class ReplicationStream:
                 pass
 
     def close(self) -> None:
-        """Send the last acknowledged position, disconnect and stop the status thread. Idempotent."""
+        """Report the last acknowledged position, end the stream cleanly, disconnect, stop the status thread.
+
+        Replication: a last status update, then CopyDone; what the server still sends is read and dropped until
+        it ends the copy too (at most CLOSE_TIMEOUT s), so the update cannot be lost to a connection reset.
+        SQL: a running call is cancelled and the slot is advanced to the acknowledged position. Idempotent.
+        """
         if self._closed:
             return
         self._closed = True
         self._stop.set()
         with self._lock:
             if self._pump is not None:
-                try:
-                    self._pump.send_status()
-                except ReplicationError:
-                    pass
+                if not self._pump.finish(CLOSE_TIMEOUT):
+                    log.info("slot %s: the server did not end the stream within %s s; disconnecting",
+                             self.slot, CLOSE_TIMEOUT)
+            elif self._source is not None:
+                self._close_sql(self._source)
             self._teardown()
         if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
             self._heartbeat.join(timeout=5)
@@ -297,18 +380,35 @@ class ReplicationStream:
                  tb: TracebackType | None) -> None:
         self.close()
 
+    def _close_sql(self, source: SqlSource) -> None:
+        acked = self._acked
+        try:
+            if (not source.busy or source.stop(CLOSE_TIMEOUT)) and source.advance_now():
+                return
+        except Exception as exc:  # noqa: BLE001 - the connection is unusable: fall back below
+            log.debug("slot %s: final advance on the stream's connection failed: %s", self.slot, exc)
+        if acked > source.real_confirmed:
+            # the connection cannot take the query: a fresh one moves the slot (the cursor slot goes with the old)
+            self._teardown()
+            if not advance_slot(self.dsn, self.slot, acked, self._connect_kwargs, timeout=CLOSE_TIMEOUT):
+                log.warning("slot %s: could not advance to the acknowledged %s at close", self.slot,
+                            format_lsn(acked))
+
     def _heartbeat_loop(self) -> None:
-        """Keep the server from timing the walsender out while the consumer is busy between reads."""
+        """Keep the server from timing the walsender out while the consumer is busy between reads (replication),
+        move the slot to acknowledged positions while the consumer does not read (sql)."""
         period = max(self.status_interval / 2.0, 0.05)
         while not self._stop.wait(period):
             if not self._lock.acquire(blocking=False):
                 continue  # a read is running: it sends status updates itself
             try:
-                pump = self._pump
+                pump, source = self._pump, self._source
                 if pump is not None and pump.seconds_since_status >= self.status_interval:
                     pump.send_status()
-            except SpockwireError:
-                pass  # the consumer's next read sees the broken connection and reconnects
+                elif source is not None:
+                    source.housekeeping()
+            except Exception:  # noqa: BLE001 - the consumer's next read sees the broken connection and reconnects
+                pass
             finally:
                 self._lock.release()
 
@@ -371,10 +471,13 @@ class ReplicationStream:
         if self._closed:
             raise ReplicationError("the stream is closed")
         with self._lock:
-            if self._pump is None:
+            if not self.connected:
                 self._reconnect(ConnectionLost("not connected"))
             try:
-                data = self._pump.read(timeout)
+                if self._source is not None:
+                    data = self._source.read(timeout)
+                else:
+                    data = self._pump.read(timeout)
             except ConnectionLost as exc:
                 if not self.reconnect:
                     raise
@@ -382,12 +485,27 @@ class ReplicationStream:
                 return [], self._delivered
             except ServerError:
                 raise
+            except Exception as exc:  # noqa: BLE001 - psycopg2 errors of the SQL transport's own queries
+                err = self._connect_error(exc)
+                if err is exc:
+                    raise
+                if isinstance(err, ConnectionLost) and self.reconnect:
+                    self._reconnect(err)
+                    return [], self._delivered
+                raise err from exc
             if not data:
                 return [], self.decoder.committed_lsn
-            if not self._startup_checked:
-                self._check_startup(data)
-            self.decoder.feed_frames(data)
-            events = self.decoder.drain()
+            self._batches += 1
+            try:
+                if not self._startup_checked:
+                    self._check_startup(data)
+                self.decoder.feed_frames(data)
+                events = self.decoder.drain()
+            except BaseException:
+                if self._source is not None:
+                    # the cursor slot has moved past these rows: read them again from the acknowledged position
+                    self._teardown()
+                raise
             return events, self.decoder.committed_lsn
 
     def read(self, timeout: float | None = None) -> list[Any]:
@@ -440,9 +558,9 @@ class ReplicationStream:
                 yield event.to_arrow()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("streaming" if self._pump is not None else "disconnected")
-        return (f"<ReplicationStream {state} slot={self.slot!r} plugin={self.plugin} impl={self.impl} "
-                f"acked={format_lsn(self._acked)}>")
+        state = "closed" if self._closed else ("streaming" if self.connected else "disconnected")
+        return (f"<ReplicationStream {state} slot={self.slot!r} plugin={self.plugin} transport={self.transport} "
+                f"impl={self.impl} acked={format_lsn(self._acked)}>")
 
 
 def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: Any = None,
@@ -459,8 +577,12 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: Any =
       progress), `two_phase` (prepared transactions), `messages` (pg_logical_emit_message), `proto_version`
       (default: the highest the server speaks).
     * pglogical/spock: `binary` (send/recv format), `forward_origins` (default True).
-    * tuning: `status_interval` (10 s), `reconnect` (True), `reconnect_timeout` (300 s), `max_backoff` (5 s),
-      `max_batch_bytes` (4 MiB), `read_timeout` (1 s), `pump` ("c" | "python"), `connect_kwargs`.
+    * `transport`: "replication" (default: walsender connection, low latency, keepalives) or "sql" (an ordinary
+      connection reading the slot with the SQL functions: catch-up throughput; `sql_batch_changes` = changes per
+      call, default 4,000,000). The events and the acknowledgement rules are the same.
+    * tuning: `status_interval` (10 s; sql: how often acknowledged positions move the slot), `reconnect` (True),
+      `reconnect_timeout` (300 s), `max_backoff` (5 s), `max_batch_bytes` (4 MiB), `read_timeout` (1 s; sql: the
+      longest pause between polls when idle), `pump` ("c" | "python"), `connect_kwargs`.
     """
     stream = ReplicationStream(dsn, slot=slot, plugin=plugin, publication=publication,
                                replication_sets=replication_sets, create_slot=create_slot, start_lsn=start_lsn,

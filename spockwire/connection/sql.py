@@ -1,0 +1,242 @@
+"""The SQL transport: read a logical slot through ``pg_logical_slot_get_binary_changes`` on an ordinary connection.
+
+Why a second slot. The SQL functions decode from a slot's confirmed position: ``peek`` never moves it (every call
+would decode the same changes again), ``get`` moves it past everything it returned (before the consumer has
+persisted anything). So the stream copies the slot into a private *temporary* slot (``pg_copy_logical_replication_
+slot``, owned by this connection's backend and dropped with it) and reads that one with ``get``: each call returns
+the changes after the previous call, nothing is decoded twice. The real slot moves only when the consumer
+acknowledges: ``pg_replication_slot_advance(slot, acked)``, never past the acknowledged position. When the
+connection breaks, the temporary slot goes with it and the next connection copies the real slot again, so
+everything not acknowledged comes again (at-least-once, as with the replication protocol).
+
+Each call runs ``COPY (SELECT lsn, data FROM pg_logical_slot_get_binary_changes(cursor, NULL, <batch_changes>,
+<options>)) TO STDOUT (FORMAT binary)``; the pump (`CopyPump`) turns the binary rows into frame records, one
+bounded batch at a time, so a large call never sits in client memory. The server materializes one call's result
+(a tuplestore: memory up to work_mem, then a temporary file) before sending it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+from .errors import ConnectionLost, ServerError
+from .slots import format_lsn, parse_lsn
+
+__all__ = ["SqlSource", "sql_options", "cursor_slot_name", "advance_slot"]
+
+#: pause before the next call after one that reached the end of the WAL (lets a trickle gather)
+_CAUGHT_UP_PAUSE = 0.05
+
+
+def sql_options(options: Mapping[str, str]) -> dict[str, str]:
+    """The plugin options for the SQL functions: those of START_REPLICATION minus pgoutput's ``streaming``.
+
+    Each call of the SQL functions is a decoding session of its own: a transaction streamed in part by one call
+    would be streamed again from its start by the next. Without ``streaming`` the server spills large
+    transactions to disk and sends them at commit; the events handed out are the same.
+    """
+    return {k: v for k, v in options.items() if k != "streaming"}
+
+
+def cursor_slot_name(slot: str, backend_pid: int) -> str:
+    """The temporary slot of one connection (slot names: at most 63 of [a-z0-9_])."""
+    return f"{slot[:40]}_swsql_{backend_pid}"
+
+
+class SqlSource:
+    """One connection's worth of the SQL transport: the temporary cursor slot, the running COPY, the acks.
+
+    `read(timeout)` returns frame records (``b""`` when none arrived in time). `flush_lsn` is the acknowledged
+    position (only grows); `advance_real(force)` moves the real slot there - between calls, at most every
+    `status_interval` s unless forced. Not thread-safe: the stream serializes access.
+    """
+
+    def __init__(self, conn: Any, pump_module: Any, *, slot: str, options: Mapping[str, str],
+                 batch_changes: int, max_batch_bytes: int, start_lsn: int, flush_lsn: int,
+                 status_interval: float, max_idle_wait: float) -> None:
+        self.conn = conn
+        self.slot = slot
+        self.batch_changes = int(batch_changes)
+        self.status_interval = status_interval
+        self.max_idle_wait = max(max_idle_wait, 0.05)
+        self._flush_lsn = flush_lsn
+        self.calls = 0
+        self.status_sent = 0
+        self.wal_end = 0
+        self.write_lsn = 0
+        self._backoff = 0.0
+        self._next_call = 0.0
+        self._last_advance = time.monotonic()
+        self._last_wal_check = 0.0
+        self._advance_wanted = False
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            self.cursor_slot = cursor_slot_name(slot, cur.fetchone()[0])
+            cur.execute("SELECT confirmed_flush_lsn::text, active_pid FROM pg_replication_slots "
+                        "WHERE slot_name = %s AND slot_type = 'logical'", (slot,))
+            row = cur.fetchone()
+            if row is None:
+                raise ServerError(f'replication slot "{slot}" does not exist (SQLSTATE 42704)', sqlstate="42704")
+            if row[1] is not None:
+                # the replication protocol refuses a slot in use the same way (retried while reconnecting)
+                raise ConnectionLost(f'replication slot "{slot}" is active for PID {row[1]}', sqlstate="55006")
+            #: the real slot's confirmed position as far as this connection knows
+            self.real_confirmed = parse_lsn(row[0])
+            cur.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (slot, self.cursor_slot))
+            #: where the cursor slot starts: the server's position, or a later one asked for / acknowledged
+            self.start_position = max(self.real_confirmed, start_lsn, flush_lsn)
+            if self.start_position > self.real_confirmed:
+                cur.execute("SELECT pg_replication_slot_advance(%s, %s)",
+                            (self.cursor_slot, format_lsn(self.start_position)))
+            pairs: list[str] = []
+            for key, value in options.items():
+                pairs += [key, value]
+            self._query = cur.mogrify(
+                "COPY (SELECT lsn, data FROM pg_logical_slot_get_binary_changes(%s, NULL, %s"
+                + ", %s" * len(pairs) + ")) TO STDOUT (FORMAT binary)",
+                [self.cursor_slot, self.batch_changes, *pairs])
+        self.pump = pump_module.CopyPump(conn.pgconn_ptr, max_batch_bytes=max_batch_bytes)
+
+    # ------------------------------------------------------------------------------------------------ positions
+    @property
+    def flush_lsn(self) -> int:
+        return self._flush_lsn
+
+    @flush_lsn.setter
+    def flush_lsn(self, value: int) -> None:
+        if value > self._flush_lsn:
+            self._flush_lsn = value
+
+    @property
+    def busy(self) -> bool:
+        """True while a call's COPY runs (the connection cannot take other queries)."""
+        return self.pump.active
+
+    def counters(self) -> dict[str, int]:
+        return {"messages": self.pump.messages, "bytes": self.pump.bytes, "batches": self.pump.batches,
+                "calls": self.calls, "status_sent": self.status_sent}
+
+    # ------------------------------------------------------------------------------------------------ reading
+    def read(self, timeout: float) -> bytes:
+        """Frame records of the next batch of rows, starting the next call when one is due; ``b""`` if none."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        pump = self.pump
+        while True:
+            if not pump.active:
+                now = time.monotonic()
+                if now < self._next_call:
+                    if self._next_call > deadline:
+                        time.sleep(max(deadline - now, 0.0))
+                        return b""
+                    time.sleep(self._next_call - now)
+                self.housekeeping()
+                pump.start(self._query)
+                self.calls += 1
+            data = pump.read(max(deadline - time.monotonic(), 0.0))
+            if pump.max_lsn > self.write_lsn:
+                self.write_lsn = pump.max_lsn
+            if not pump.active:
+                self._call_done(pump.rows)
+            if data or time.monotonic() >= deadline:
+                return data
+
+    def _call_done(self, rows: int) -> None:
+        now = time.monotonic()
+        if rows == 0:
+            # nothing new: back off up to max_idle_wait
+            self._backoff = min(max(self._backoff * 2, _CAUGHT_UP_PAUSE), self.max_idle_wait)
+        elif rows < self.batch_changes:
+            self._backoff = _CAUGHT_UP_PAUSE  # reached the end of the WAL
+        else:
+            self._backoff = 0.0  # more is waiting
+        self._next_call = now + self._backoff
+
+    # ------------------------------------------------------------------------------------------------ acks
+    def request_advance(self) -> None:
+        """Move the real slot to the acknowledged position now if the connection is free, else after this call."""
+        self._advance_wanted = True
+        if not self.pump.active:
+            self.housekeeping()
+
+    def housekeeping(self) -> None:
+        """Between calls: move the real slot when due; refresh the server's WAL position for lag figures."""
+        if self.pump.active:
+            return
+        now = time.monotonic()
+        if self._flush_lsn > self.real_confirmed and (
+                self._advance_wanted or now - self._last_advance >= self.status_interval):
+            self._advance_real()
+        if now - self._last_wal_check >= 1.0:
+            self._last_wal_check = now
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT pg_current_wal_lsn()::text")
+                self.wal_end = max(self.wal_end, parse_lsn(cur.fetchone()[0]))
+
+    def _advance_real(self) -> None:
+        import psycopg2
+
+        target = self._flush_lsn
+        self._last_advance = time.monotonic()
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s)",
+                            (self.slot, format_lsn(target)))
+                self.real_confirmed = max(self.real_confirmed, parse_lsn(cur.fetchone()[0]), target)
+        except psycopg2.Error as exc:
+            code = getattr(exc, "pgcode", None)
+            if code is None or code[:2] in ("08", "57", "53"):
+                raise
+            # in use by another process for a moment ("55006"), or already further ("55000"): try again later
+            return
+        self._advance_wanted = False
+        self.status_sent += 1
+
+    def advance_now(self) -> bool:
+        """The final advance (close): True when the real slot is at the acknowledged position."""
+        if self.pump.active:
+            return False
+        if self._flush_lsn > self.real_confirmed:
+            self._advance_real()
+        return self._flush_lsn <= self.real_confirmed
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """End a running call (cancel, drain, collect its results); True when the connection is idle again."""
+        return bool(self.pump.cancel(timeout))
+
+    def detach(self) -> None:
+        self.pump.detach()
+
+
+def advance_slot(dsn: str, slot: str, lsn: int, connect_kwargs: Mapping[str, Any] | None = None,
+                 timeout: float = 5.0) -> bool:
+    """Move `slot` to `lsn` over a fresh connection (when the stream's own connection is unusable).
+
+    Retries for up to `timeout` s while the slot is in use (the old backend may still be leaving). Returns True
+    when the slot's confirmed position is at `lsn` or later.
+    """
+    import psycopg2
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn = psycopg2.connect(dsn, **dict(connect_kwargs or {}))
+        except psycopg2.Error:
+            return False
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                            (slot,))
+                row = cur.fetchone()
+                if row is None:
+                    return False
+                if parse_lsn(row[0]) >= lsn:
+                    return True
+                cur.execute("SELECT pg_replication_slot_advance(%s, %s)", (slot, format_lsn(lsn)))
+                return True
+        except psycopg2.Error as exc:
+            if getattr(exc, "pgcode", None) != "55006" or time.monotonic() >= deadline:
+                return False
+        finally:
+            conn.close()
+        time.sleep(0.05)
