@@ -34,7 +34,8 @@ def slot_with_workload():
                    "note text, attrs jsonb, ref uuid)", dbname=db)
         dsn = pg.dsn(dbname=db)
         create_publication(dsn, "pub")
-        create_slot(dsn, "bench", "pgoutput")
+        for name in ("bench", "bench_replication", "bench_sql"):
+            create_slot(dsn, name, "pgoutput")
         conn = pg.connect(db)
         conn.autocommit = True
         with conn.cursor() as cur:
@@ -60,7 +61,8 @@ def test_server_decode(benchmark, slot_with_workload):
                                 messages=int(messages))
 
 
-def test_ingest_worker(benchmark, slot_with_workload):
+@pytest.mark.parametrize("transport", ["replication", "sql"])
+def test_ingest_worker(benchmark, slot_with_workload, transport):
     pg, dsn, db = slot_with_workload
     benchmark.group = f"ingest {ROWS:,} rows"
     out = tempfile.mkdtemp(prefix="spockwire-bench-ingest-")
@@ -68,8 +70,8 @@ def test_ingest_worker(benchmark, slot_with_workload):
 
     def ingest():
         shutil.rmtree(out, ignore_errors=True)
-        worker = IngestWorker(IngestConfig(dsn=dsn, slot="bench", out=out, publication=["pub"], idle_exit=1.0,
-                                           flush_seconds=2.0, progress=False))
+        worker = IngestWorker(IngestConfig(dsn=dsn, slot=f"bench_{transport}", out=out, publication=["pub"], idle_exit=1.0,
+                                           flush_seconds=2.0, progress=False, transport=transport))
         started["t"] = time.time()
         worker.run()
         return worker
@@ -80,7 +82,7 @@ def test_ingest_worker(benchmark, slot_with_workload):
     rows = sum(f.rows for fs in state.files.values() for f in fs)
     parquet = sum(f.bytes for fs in state.files.values() for f in fs)
     assert rows == ROWS
-    extra = dict(rows=ROWS, label="spockwire ingest (stream + decode + Parquet + fsync + ack)",
+    extra = dict(rows=ROWS, label=f"spockwire ingest over {transport} (stream + decode + Parquet + fsync + ack)",
                  rows_per_s=ROWS / busy, parquet_mb_per_s=parquet / busy / 1e6, parquet_bytes=parquet)
     if "server" in RESULTS:
         extra["ratio_to_server_decode"] = (ROWS / busy) / RESULTS["server"]

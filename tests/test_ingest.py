@@ -361,3 +361,23 @@ def test_capture_then_decode_equals_the_live_stream(pg_db, tmp_path):
     assert [r["_change_type"] for r in staged].count("insert") == 2000
     assert [r["_change_type"] for r in staged].count("update_postimage") == 99
     assert {r["id"]: r["v"] for r in staged if r["_change_type"] == "update_postimage"} == {i: "w" for i in range(1, 100)}
+
+
+def test_sql_transport_kill9_and_finish_exactly_once(durable_cluster, tmp_path):
+    """The same guarantees over the SQL transport (batched reads of the slot through the SQL interface)."""
+    pg = durable_cluster
+    db, dsn, slot, ref_slot = _setup(pg, "sqlt")
+    _workload(pg, db)
+    reference = _reference(pg, db, ref_slot)
+    out = tmp_path / "staging"
+    for _ in range(3):
+        proc = subprocess.Popen(_ingest_cmd(dsn, slot, out, "--idle-exit", "30", "--transport", "sql"), cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _wait_for_first_commit(out, proc)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    done = subprocess.run(_ingest_cmd(dsn, slot, out, "--idle-exit", "3", "--transport", "sql"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _assert_exactly_once(_staged(out), reference)

@@ -67,5 +67,5 @@ def run(args: argparse.Namespace) -> int:
         numeric=cfg.numeric or "decimal", compression=cfg.compression, flush_rows=cfg.flush_rows,
         flush_bytes=cfg.flush_bytes, flush_seconds=cfg.flush_seconds, spill_bytes=cfg.spill_bytes,
         metrics_port=cfg.metrics_port, progress=cfg.progress, max_runtime=cfg.max_runtime,
-        idle_exit=cfg.idle_exit, impl=cfg.impl)
+        idle_exit=cfg.idle_exit, impl=cfg.impl, transport=cfg.transport)
     return IngestWorker(config).run()

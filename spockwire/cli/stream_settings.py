@@ -18,9 +18,11 @@ BINARY = Setting("binary", "ask for the binary value format", is_flag=True, defa
 STREAMING = Setting("streaming", "pgoutput: stream large in-progress transactions", is_flag=True, default=False)
 TWO_PHASE = Setting("two_phase", "pgoutput: decode prepared transactions at PREPARE", is_flag=True, default=False)
 MESSAGES = Setting("messages", "pgoutput: include pg_logical_emit_message messages", is_flag=True, default=False)
+TRANSPORT = Setting("transport", "replication (walsender; low latency) or sql (batched reads of the slot through "
+                    "the SQL interface; catch-up throughput)", choices=("replication", "sql"), default="replication")
 
 STREAM_SETTINGS = (DSN, SLOT, PLUGIN, PUBLICATION, REPLICATION_SETS, CREATE_SLOT, BINARY, STREAMING, TWO_PHASE,
-                   MESSAGES)
+                   MESSAGES, TRANSPORT)
 
 
 def names(value: str | None) -> list[str] | None:
@@ -31,7 +33,8 @@ def names(value: str | None) -> list[str] | None:
 
 def stream_kwargs(cfg: Any) -> dict[str, Any]:
     """`spockwire.connection.connect` keyword arguments from resolved settings."""
-    kwargs: dict[str, Any] = dict(slot=cfg.slot, plugin=cfg.plugin, create_slot=cfg.create_slot, binary=cfg.binary)
+    kwargs: dict[str, Any] = dict(slot=cfg.slot, plugin=cfg.plugin, create_slot=cfg.create_slot, binary=cfg.binary,
+                                  transport=cfg.transport)
     if cfg.plugin == "pgoutput":
         kwargs.update(publication=names(cfg.publication), streaming=cfg.streaming, two_phase=cfg.two_phase,
                       messages=cfg.messages)

@@ -63,6 +63,7 @@ class IngestConfig:
     idle_exit: float | None = None        # stop by itself after this many seconds without changes
     lag_interval: float = 5.0
     impl: str | None = None               # "c" | "python"; default: the one `import spockwire` selected
+    transport: str = "replication"        # "replication" (low latency) | "sql" (catch-up throughput)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -203,7 +204,8 @@ class IngestWorker:
             return impl.Decoder(protocol, types=cfg.types, numeric=cfg.numeric, spill_bytes=cfg.spill_bytes)
 
         kwargs: dict[str, Any] = dict(slot=cfg.slot, plugin=cfg.plugin, create_slot=cfg.create_slot,
-                                      start_lsn=start_lsn, binary=cfg.binary, decoder_factory=factory, **cfg.extra)
+                                      start_lsn=start_lsn, binary=cfg.binary, decoder_factory=factory,
+                                      transport=cfg.transport, **cfg.extra)
         if cfg.plugin == "pgoutput":
             kwargs.update(publication=cfg.publication, streaming=cfg.streaming, two_phase=cfg.two_phase,
                           messages=cfg.messages)
