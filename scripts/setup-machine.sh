@@ -22,6 +22,7 @@ APT_PACKAGES=(
     postgresql-15-wal2json
     libpq-dev
     build-essential
+    clang
 )
 
 PIP_PACKAGES=(
@@ -34,6 +35,7 @@ PIP_PACKAGES=(
     pytest
     pytest-benchmark
     pytest-timeout
+    atheris
     pandas
     build
 )

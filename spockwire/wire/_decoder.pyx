@@ -69,6 +69,7 @@ cdef class _Builder:
     cdef public Py_ssize_t nrows
     cdef public Py_ssize_t committed
     cdef Py_ssize_t cap_rows
+    cdef Py_ssize_t initial_rows   # first reservation: 256 rows, fewer for very wide relations
     cdef readonly int64_t nbytes
     cdef ColBuf* cols
     cdef Buf change, lsn, ts, xid, seq, origin, subxid, toast_valid, toast_off, toast_idx
@@ -84,12 +85,9 @@ cdef class _Builder:
         self.names = relation.column_names
         self.specs = specs
         self.ncols = len(relation.columns)
-        self.cols = <ColBuf*>malloc(max(self.ncols, 1) * sizeof(ColBuf))
-        if self.cols == NULL:
-            raise MemoryError()
-        memset(self.cols, 0, max(self.ncols, 1) * sizeof(ColBuf))
-        for i in range(self.ncols):
-            col_init(&self.cols[i], specs[i])
+        self.cols = NULL             # allocated by the first reservation, once a row has passed its checks
+        # a first row must not reserve much more than the relation's own description took on the wire
+        self.initial_rows = max(1, min(256, 16384 // max(self.ncols, 1)))
         self.origins = []
         self.last_origin = None
         self.last_origin_idx = -1
@@ -117,10 +115,17 @@ cdef class _Builder:
         cdef Py_ssize_t i, cap = self.cap_rows * 2
         if rows <= self.cap_rows:
             return 0
+        if self.cols == NULL:
+            self.cols = <ColBuf*>malloc(max(self.ncols, 1) * sizeof(ColBuf))
+            if self.cols == NULL:
+                raise MemoryError()
+            memset(self.cols, 0, max(self.ncols, 1) * sizeof(ColBuf))
+            for i in range(self.ncols):
+                col_init(&self.cols[i], self.specs[i])
         if cap < rows:
             cap = rows
-        if cap < 256:
-            cap = 256
+        if cap < self.initial_rows:
+            cap = self.initial_rows
         buf_grow(&self.change, cap)
         buf_grow(&self.lsn, cap * 8)
         buf_grow(&self.ts, cap * 8)
@@ -867,6 +872,9 @@ cdef class Decoder:
         if natts != b.ncols:
             raise_bad(c, c.pos - 2, f"tuple has {natts} columns but relation "
                                     f"{b.relation.qualified_name} has {b.ncols}")
+        if c.end - c.pos < natts:
+            # every column takes at least its kind byte: refuse before reserving anything for the row
+            raise_truncated(c, c.pos, natts, "the tuple's values (at least one byte per column)")
         if row + 1 > b.cap_rows:
             b.reserve_rows(row + 1)
         toast_at = (<int32_t*>b.toast_off.data)[row]
@@ -900,7 +908,8 @@ cdef class Decoder:
                     pos = off[row]
                     if pos + <Py_ssize_t>n > col.data.cap:
                         buf_grow(&col.data, pos + n)
-                    memcpy(col.data.data + pos, p, n)
+                    if n:
+                        memcpy(col.data.data + pos, p, n)
                     off[row + 1] = <int32_t>(pos + n)
                     col.validity.data[byte] |= bit
                 else:

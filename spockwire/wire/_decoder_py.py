@@ -178,9 +178,10 @@ class _Builder:
         self.origin: list[str | None] = []
         self.toast: list[list[int] | None] = []
         self.subxid: list[int] = []
-        self.values: list[list[Any]] = [[] for _ in range(self.ncols)]
+        # per-column lists, made by the first row that passes its checks (init_columns)
+        self.values: list[list[Any]] | None = None
         # untyped columns: per row, True when the value did not arrive as UTF-8 text (decides string vs binary)
-        self.marks: list[list[bool] | None] = [[] if spec.is_raw else None for spec in specs]
+        self.marks: list[list[bool] | None] | None = None
         self.committed = 0
         self.nbytes = 0
 
@@ -188,12 +189,16 @@ class _Builder:
     def nrows(self) -> int:
         return len(self.change)
 
+    def init_columns(self) -> None:
+        self.values = [[] for _ in range(self.ncols)]
+        self.marks = [[] if spec.is_raw else None for spec in self.specs]
+
     def truncate_to(self, n: int) -> None:
         for lst in (self.change, self.lsn, self.ts, self.xid, self.seq, self.origin, self.toast, self.subxid):
             del lst[n:]
-        for col in self.values:
+        for col in self.values or ():
             del col[n:]
-        for marks in self.marks:
+        for marks in self.marks or ():
             if marks is not None:
                 del marks[n:]
 
@@ -743,6 +748,10 @@ class Decoder:
         if natts != b.ncols:
             raise protocol_error(r.mtype, r.pos - 2, f"tuple has {natts} columns but relation "
                                  f"{b.relation.qualified_name} has {b.ncols}")
+        # every column takes at least its kind byte: refuse before setting anything up for the row
+        r.need(natts, "the tuple's values (at least one byte per column)")
+        if b.values is None:
+            b.init_columns()
         cols = b.relation.columns
         toast: list[int] | None = None
         values = b.values

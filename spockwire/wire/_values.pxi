@@ -136,7 +136,8 @@ cdef inline int var_append(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_
     cdef Py_ssize_t pos = off[idx]
     if pos + n > col.data.cap:
         buf_grow(&col.data, pos + n)
-    memcpy(col.data.data + pos, p, n)
+    if n:
+        memcpy(col.data.data + pos, p, n)
     off[idx + 1] = <int32_t>(pos + n)
     return 0
 
@@ -1087,7 +1088,7 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
     """The 'i' form: only fixed-width by-value types (and uuid) in the server's announced byte order."""
     cdef int kind = col.kind, size
     cdef uint64_t raw
-    cdef char* slot = col.data.data + idx * col.width
+    cdef char* slot = col.data.data + idx * col.width if col.width else NULL
     cdef int32_t d32
     cdef int64_t d64
     cdef float f4
@@ -1152,7 +1153,7 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
 cdef int append_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ssize_t n, int order) except -1:
     """Decode one non-NULL value into slot `idx` of a typed column; 0 or a failure code."""
     cdef int kind = col.kind, rc = 0
-    cdef char* slot = col.data.data + idx * col.width
+    cdef char* slot = col.data.data + idx * col.width if col.width else NULL
     cdef int64_t v64
     cdef int32_t v32, months, days
     cdef double f8
