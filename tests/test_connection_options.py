@@ -100,3 +100,16 @@ def test_stream_argument_checks():
         ReplicationStream("dbname=x", slot="s", plugin="spock", streaming=True)
     with pytest.raises(ValueError, match="unknown output plugin"):
         ReplicationStream("dbname=x", slot="s", plugin="decoderbufs")
+    with pytest.raises(ValueError, match="transport"):
+        ReplicationStream("dbname=x", slot="s", publication="p", transport="walsender")
+    with pytest.raises(ValueError, match="sql_batch_changes"):
+        ReplicationStream("dbname=x", slot="s", publication="p", transport="sql", sql_batch_changes=0)
+
+
+def test_sql_options_and_cursor_slot_name():
+    from spockwire.connection.sql import cursor_slot_name, sql_options
+
+    opts = {"proto_version": "2", "publication_names": '"p"', "streaming": "true", "binary": "true"}
+    assert sql_options(opts) == {"proto_version": "2", "publication_names": '"p"', "binary": "true"}
+    name = cursor_slot_name("s" * 63, 4194304)
+    assert len(name) <= 63 and name.endswith("_swsql_4194304")
