@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import pathlib
+import sys
 import threading
 from typing import Any
 
@@ -19,7 +20,10 @@ def spark_session() -> Any:
         if _SESSION is None:
             from pyspark.sql import SparkSession
 
-            # Python workers are started by the JVM: they find spockwire through PYTHONPATH
+            # Python workers are started by the JVM: they run this interpreter (the one spockwire is installed in)
+            # and also find the test helpers through PYTHONPATH
+            os.environ["PYSPARK_PYTHON"] = sys.executable
+            os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
             paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
             if ROOT not in paths:
                 os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *paths])
