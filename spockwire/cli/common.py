@@ -7,9 +7,10 @@ from types import ModuleType
 from typing import Any
 
 from ..frames import parse_file_header, read_frame_file
-from .config import CONFIG, Setting
+from ..ingest.staging import COMPRESSIONS, DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS
+from .config import CONFIG, Setting, parse_size, positive_int
 
-__all__ = ["IMPL", "TYPES", "COMMON_SETTINGS", "decoder_module", "decoder_for", "load_frame_file", "parse_frame_bytes",
+__all__ = ["IMPL", "TYPES", "STAGING_SETTINGS", "COMMON_SETTINGS", "decoder_module", "decoder_for", "load_frame_file", "parse_frame_bytes",
            "format_lsn", "format_value", "format_row", "json_value", "human_bytes", "CliError"]
 
 IMPL = Setting("impl", "decoder implementation: c (compiled) or python (pure-Python twin); default: the one "
@@ -19,6 +20,16 @@ TYPES = Setting("types", "column values: typed (Arrow types from the column's Po
 NUMERIC = Setting("numeric", "numeric columns: decimal (numeric(p,s) as decimal128; a NaN there is an error) or "
                              "text (every numeric as its exact text); default: decimal", choices=("decimal", "text"))
 COMMON_SETTINGS = (CONFIG, IMPL, TYPES, NUMERIC)
+
+# where and how `ingest` and `decode` stage (the same layout either way)
+OUT = Setting("out", "staging folder to write (created if missing; an existing one is resumed)", required=True,
+              metavar="DIR", short="-o")
+COMPRESSION = Setting("compression", "Parquet compression", choices=COMPRESSIONS, default="zstd")
+FLUSH_ROWS = Setting("flush_rows", "commit to staging once this many rows are buffered", type=positive_int,
+                     default=DEFAULT_MAX_ROWS, metavar="N")
+FLUSH_BYTES = Setting("flush_bytes", "commit to staging once this much memory is buffered (e.g. 64MiB)",
+                      type=parse_size, default=DEFAULT_MAX_BYTES, metavar="SIZE")
+STAGING_SETTINGS = (OUT, COMPRESSION, FLUSH_ROWS, FLUSH_BYTES)
 
 
 class CliError(Exception):

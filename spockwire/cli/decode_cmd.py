@@ -7,21 +7,15 @@ import time
 from typing import Any, TextIO
 
 from ..frames import RECORD_HEADER_SIZE
-from ..ingest.staging import COMPRESSIONS, DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, StagingWriter
-from .common import COMMON_SETTINGS, decoder_for, decoder_module, format_lsn, human_bytes, load_frame_file
-from .config import Setting, add_settings, parse_size, positive_int, resolve
+from ..ingest.staging import StagingWriter
+from .common import (COMMON_SETTINGS, STAGING_SETTINGS, decoder_for, decoder_module, format_lsn, human_bytes,
+                     load_frame_file)
+from .config import add_settings, resolve
 
 NAME = "decode"
 HELP = "decode a frame file into the Parquet staging layout (as `ingest` writes it)"
 
-OUT = Setting("out", "staging folder to write (created if missing; an existing one is resumed)", required=True,
-              metavar="DIR", short="-o")
-COMPRESSION = Setting("compression", "Parquet compression", choices=COMPRESSIONS, default="zstd")
-FLUSH_ROWS = Setting("flush_rows", "commit to staging once this many rows are buffered", type=positive_int,
-                     default=DEFAULT_MAX_ROWS, metavar="N")
-FLUSH_BYTES = Setting("flush_bytes", "commit to staging once this much memory is buffered (e.g. 64MiB)",
-                      type=parse_size, default=DEFAULT_MAX_BYTES, metavar="SIZE")
-SETTINGS = (*COMMON_SETTINGS, OUT, COMPRESSION, FLUSH_ROWS, FLUSH_BYTES)
+SETTINGS = (*COMMON_SETTINGS, *STAGING_SETTINGS)
 
 #: bytes of frame records handed to the decoder at a time
 CHUNK = 64 << 10

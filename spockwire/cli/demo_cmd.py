@@ -90,7 +90,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     except ImportError as exc:
         raise CliError(f"the demo needs psycopg2 and a PostgreSQL 15 server: {exc}") from None
     out_dir = cfg.out or tempfile.mkdtemp(prefix="spockwire-demo-")
-    out.write(f"spockwire demo: starting a throwaway PostgreSQL 15 cluster\n")
+    out.write("spockwire demo: starting a throwaway PostgreSQL 15 cluster\n")
     with PostgresCluster({"logical_decoding_work_mem": "64kB"}) as pg:
         db = pg.create_database("demo")
         dsn = pg.dsn(dbname=db)

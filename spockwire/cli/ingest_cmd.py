@@ -6,22 +6,14 @@ import logging
 import sys
 from typing import Any
 
-from ..ingest.staging import COMPRESSIONS, DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS
 from ..ingest.worker import IngestConfig, IngestWorker
-from .common import COMMON_SETTINGS
-from .config import Setting, add_settings, parse_size, positive_int, resolve
+from .common import COMMON_SETTINGS, STAGING_SETTINGS
+from .config import Setting, add_settings, parse_size, resolve
 from .stream_settings import STREAM_SETTINGS, names
 
 NAME = "ingest"
 HELP = "stream a slot into the Parquet staging layout (fsynced before the slot is acknowledged)"
 
-OUT = Setting("out", "staging folder (created if missing; an existing one is resumed)", required=True,
-              metavar="DIR", short="-o")
-COMPRESSION = Setting("compression", "Parquet compression", choices=COMPRESSIONS, default="zstd")
-FLUSH_ROWS = Setting("flush_rows", "commit to staging once this many rows are buffered", type=positive_int,
-                     default=DEFAULT_MAX_ROWS, metavar="N")
-FLUSH_BYTES = Setting("flush_bytes", "commit to staging once this much memory is buffered (e.g. 64MiB)",
-                      type=parse_size, default=DEFAULT_MAX_BYTES, metavar="SIZE")
 FLUSH_SECONDS = Setting("flush_seconds", "commit to staging at least this often while changes arrive",
                         type=float, default=5.0, metavar="SECONDS")
 SPILL_BYTES = Setting("spill_bytes", "rows of an open transaction kept in memory at most before they wait on "
@@ -33,7 +25,7 @@ LOG_FORMAT = Setting("log_format", "log lines as text or JSON", choices=("text",
 MAX_RUNTIME = Setting("max_runtime", "stop by itself after this many seconds", type=float, metavar="SECONDS")
 IDLE_EXIT = Setting("idle_exit", "stop by itself after this many seconds without changes", type=float,
                     metavar="SECONDS")
-SETTINGS = (*COMMON_SETTINGS, *STREAM_SETTINGS, OUT, COMPRESSION, FLUSH_ROWS, FLUSH_BYTES, FLUSH_SECONDS,
+SETTINGS = (*COMMON_SETTINGS, *STREAM_SETTINGS, *STAGING_SETTINGS, FLUSH_SECONDS,
             SPILL_BYTES, METRICS_PORT, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT)
 
 

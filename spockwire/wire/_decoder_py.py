@@ -413,7 +413,7 @@ class Decoder:
             r.done()
             self._commit_plain(r, commit_lsn, end_lsn, ts)
         elif t == 0x4F:  # O
-            origin_lsn = r.u64("the origin LSN")
+            r.u64("the origin LSN")
             name = r.cstring("the origin name")
             r.done()
             self._origin(r, after, name)
