@@ -898,6 +898,23 @@ cdef int binary_decimal(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
         return rc
     if sign == 0xC000 or sign == 0xD000 or sign == 0xF000:
         return F_SPECIAL_DECIMAL
+    if ndigits <= 9:
+        # fast path: up to 36 significant digits fit in 128 bits; the same rules as the digit walk below
+        for k in range(ndigits):
+            v = v * 10000 + sw_load_u16(p + 8 + 2 * k)
+        e = 4 * (weight - ndigits + 1) + col.scale
+        if e >= 0:
+            if v != 0 and (e > 38 or v > POW10[38] // POW10[e]):
+                return F_OUT_OF_RANGE
+            if v != 0:
+                v = v * POW10[e]
+        elif v != 0:
+            if -e > 38:
+                return F_INVALID
+            if v % POW10[-e] != 0:
+                return F_INVALID
+            v = v // POW10[-e]
+        return decimal_store(col, idx, sign == 0x4000, v)
     # decimal digit at exponent e: group g = weight - floor(e / 4) ... walk from the top exponent down
     top = 4 * weight + 3
     low = -col.scale
