@@ -9,6 +9,7 @@ extra_info carries rows/s, Parquet MB/s and the ratio to the server's decode rat
 """
 from __future__ import annotations
 
+import datetime as _dt
 import os
 import shutil
 import tempfile
@@ -17,7 +18,7 @@ import time
 import pytest
 
 from spockwire.connection import create_publication, create_slot
-from spockwire.ingest.staging import StagingState
+from spockwire.ingest.staging import StagingState, read_log
 from spockwire.ingest.worker import IngestConfig, IngestWorker
 from spockwire.testing import PostgresCluster
 
@@ -77,10 +78,12 @@ def test_ingest_worker(benchmark, slot_with_workload, transport):
         return worker
 
     worker = benchmark.pedantic(ingest, rounds=1, iterations=1)
-    # to the last staging commit, not the idle wait (the idle window is long: the server may pause for seconds
-    # while it decodes a backlog, and the SQL transport's first call sends nothing until it has decoded it all)
-    busy = worker.metrics.last_commit_unix - started["t"]
+    # timed to the last staging commit that wrote files, not the idle wait (the idle window is long: the server
+    # may pause for seconds while it decodes a backlog, and the SQL transport's first call sends nothing until it
+    # has decoded it all)
     state = StagingState.load(out)
+    last_files = max(_dt.datetime.fromisoformat(e["created_at"]).timestamp() for e in read_log(out) if e["files"])
+    busy = last_files - started["t"]
     rows = sum(f.rows for fs in state.files.values() for f in fs)
     parquet = sum(f.bytes for fs in state.files.values() for f in fs)
     assert rows == ROWS

@@ -51,7 +51,10 @@ def render(data: dict) -> str:
             n = extra.get("rows")
             size = extra.get("bytes")
             label = extra.get("label") or " ".join(str(extra[k]) for k in ("implementation", "types") if k in extra)
-            rows.append((label or b["name"], n / best if n else None, size / best / 1e6 if size else None, best))
+            # a benchmark that times only its busy part (e.g. ingest up to its last staging commit) says so in
+            # extra_info["rows_per_s"]
+            rps = extra.get("rows_per_s") or (n / best if n else None)
+            rows.append((label or b["name"], rps, size / best / 1e6 if size else None, best))
         slowest = min((r[1] for r in rows if r[1]), default=None)
         lines += [f"### {group}", "", "| implementation | rows/s | MB/s | best time (s) | ratio |", "|---|---:|---:|---:|---:|"]
         for label, rps, mbs, best in sorted(rows, key=lambda r: -(r[1] or 0)):
