@@ -38,6 +38,7 @@ PIP_PACKAGES=(
     atheris
     pandas
     build
+    wheel
 )
 
 # The Spark integration (the test command installs it: the Spark tests are part of the suite). Delta tables

@@ -11,15 +11,14 @@ everything after the last confirmed position (at-least-once), and `(_commit_lsn,
 """
 from __future__ import annotations
 
-import importlib
 import logging
-import os
 import struct
 import threading
 import time
 from types import ModuleType, TracebackType
 from typing import Any, Callable, Iterator, Mapping
 
+from .._implementation import choose
 from .libpq import check_single_libpq
 from .errors import ConnectionLost, ReplicationError, ServerError, StartupRejected, classify
 from .options import check_startup, native_options, parse_startup_message, pgoutput_options, plugin_protocol
@@ -44,22 +43,8 @@ def load_pump(choice: str | None = None) -> ModuleType:
     Follows ``SPOCKWIRE_IMPL`` like the decoder (default: C when it imports). Asking for C - explicitly or with
     ``SPOCKWIRE_REQUIRE_EXT=1`` - when it cannot be imported is an ImportError that says why.
     """
-    if choice is None:
-        choice = os.environ.get("SPOCKWIRE_IMPL", "").strip().lower()
-    required = os.environ.get("SPOCKWIRE_REQUIRE_EXT", "").strip() not in ("", "0")
-    if choice not in ("", "c", "python"):
-        raise ImportError(f"SPOCKWIRE_IMPL={choice!r} is not understood: use 'c' or 'python'")
-    if choice == "python":
-        return importlib.import_module("spockwire.connection._pump_py")
-    try:
-        return importlib.import_module("spockwire.connection._pump")
-    except ImportError as exc:
-        if choice == "c" or required:
-            raise ImportError(
-                "the compiled replication pump (spockwire.connection._pump) could not be imported: "
-                f"{exc}. Build it with `python setup.py build_ext --inplace` (needs libpq-dev) or set "
-                "SPOCKWIRE_IMPL=python to use the pure-Python pump on purpose") from exc
-        return importlib.import_module("spockwire.connection._pump_py")
+    return choose("spockwire.connection._pump", "spockwire.connection._pump_py", "replication pump",
+                  "Build it with `python setup.py build_ext --inplace` (needs libpq-dev)", choice)
 
 
 def _default_decoder_factory(protocol: str) -> Any:
