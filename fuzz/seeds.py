@@ -14,12 +14,16 @@ Seeds, each in the input layout of fuzz_decoder.py (two configuration bytes, the
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 import sys
 from datetime import date, datetime, timezone
 from decimal import Decimal
 from pathlib import Path
 
+# Seeds are bytes: writing them needs the encoder and the frame reader, never a compiled decoder (the source tree
+# this runs from may have none built, and SPOCKWIRE_REQUIRE_EXT=1 would refuse the twin).
+os.environ["SPOCKWIRE_IMPL"] = "python"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fuzz_decoder as F  # noqa: E402
 
