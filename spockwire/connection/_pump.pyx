@@ -96,14 +96,22 @@ cdef enum:
     FRAME_HEADER = 12      # frame record: u32 payload length, u64 LSN
     STATUS_LENGTH = 34     # 'r', u64 write, u64 flush, u64 apply, i64 clock, u8 replyRequested
 
-# outcomes of the nogil loop
+# outcomes of the nogil loops (both pumps)
 cdef enum:
     OK = 0
-    END_OF_COPY = 1
-    COPY_ERROR = 2
-    SEND_ERROR = 3
-    BAD_MESSAGE = 4
-    NO_MEMORY = 5
+    NO_MEMORY = 1
+    # FramePump
+    END_OF_COPY = 2
+    COPY_ERROR = 3
+    SEND_ERROR = 4
+    BAD_MESSAGE = 5
+    # CopyPump
+    C_FAILED = 6      # the server reported an error (kept in err_res)
+    C_BROKEN = 7      # the connection broke
+    C_BAD_ROW = 8     # not a (pg_lsn, bytea) binary COPY row
+
+cdef enum:
+    INITIAL_BUFFER = 64 * 1024
 
 
 cdef inline double monotonic() noexcept nogil:
@@ -128,7 +136,117 @@ cdef inline void put_u64(char *p, uint64_t v) noexcept nogil:
     memcpy(p, &be, 8)
 
 
-cdef class FramePump:
+cdef class _BatchPump:
+    """What both pumps share: the libpq connection, the buffer a batch of frame records is built in, and read(),
+    which runs the subclass's nogil loop and hands out what arrived before an error first (the error is raised by
+    the next call).
+
+    Counters over the pump's life: ``messages``, ``bytes`` (payload bytes returned), ``batches``.
+    """
+
+    cdef PGconn *conn
+    cdef char *buf
+    cdef Py_ssize_t cap
+    cdef Py_ssize_t used
+    cdef public Py_ssize_t max_batch_bytes
+    cdef int deferred  # an error seen after some frames were read: raised by the next read()
+    cdef readonly unsigned long long messages
+    cdef readonly unsigned long long bytes
+    cdef readonly unsigned long long batches
+
+    def __cinit__(self, pgconn_ptr, *args, Py_ssize_t max_batch_bytes=4 << 20, **kwargs):
+        cdef size_t address = <size_t>int(pgconn_ptr)
+        if address == 0:
+            raise ValueError("pgconn_ptr is NULL: the connection is closed")
+        if max_batch_bytes < 1024:
+            raise ValueError("max_batch_bytes must be at least 1024")
+        self.conn = <PGconn *>address
+        self.max_batch_bytes = max_batch_bytes
+        self.cap = INITIAL_BUFFER
+        self.buf = <char *>malloc(self.cap)
+        if self.buf == NULL:
+            raise MemoryError()
+        self.used = 0
+        self.deferred = OK
+
+    def __dealloc__(self):
+        if self.buf != NULL:
+            free(self.buf)
+            self.buf = NULL
+
+    def detach(self):
+        """Forget the connection (call before the psycopg2 connection closes); later calls raise."""
+        self.conn = NULL
+
+    cdef int _append_frame(self, const char *lsn_be, const char *payload, uint32_t length) noexcept nogil:
+        """Append one frame record: u32 payload length, the 8 big-endian LSN bytes at `lsn_be`, the payload."""
+        cdef Py_ssize_t need = self.used + FRAME_HEADER + length
+        cdef Py_ssize_t cap
+        cdef char *grown
+        if need > self.cap:
+            cap = self.cap * 2
+            if cap < need:
+                cap = need
+            grown = <char *>realloc(self.buf, cap)
+            if grown == NULL:
+                return NO_MEMORY
+            self.buf = grown
+            self.cap = cap
+        put_u32(self.buf + self.used, length)
+        memcpy(self.buf + self.used + 4, lsn_be, 8)
+        memcpy(self.buf + self.used + FRAME_HEADER, payload, length)
+        self.used = need
+        self.messages += 1
+        self.bytes += length
+        return OK
+
+    cdef int _pump(self, double timeout) noexcept nogil:
+        """Fill self.buf with frame records (the subclass's loop); returns OK or an outcome for _raise."""
+        return OK
+
+    cdef _raise(self, int status):
+        """Raise the exception for a nogil outcome other than OK."""
+        raise ReplicationError(f"batch pump outcome {status}")
+
+    cdef _closed(self):
+        raise ConnectionLost("the connection is closed")
+
+    def read(self, double timeout=1.0):
+        """Frame records of everything available now (waiting up to `timeout` s for the first); ``b""`` if none.
+
+        An error seen after some records arrived is raised by the next call, after those records were returned.
+        """
+        cdef int status
+        cdef char *small
+        if self.conn == NULL:
+            self._closed()
+        if self.deferred != OK:
+            status = self.deferred
+            self.deferred = OK
+            self._raise(status)
+        self.used = 0
+        with nogil:
+            status = self._pump(timeout)
+        if status != OK and status != NO_MEMORY and self.used > 0:
+            self.deferred = status  # hand out what arrived before the failure first
+            status = OK
+        if status != OK:
+            self.used = 0
+            self._raise(status)
+        if self.used == 0:
+            return b""
+        data = PyBytes_FromStringAndSize(self.buf, self.used)
+        self.used = 0
+        self.batches += 1
+        if self.cap > 4 * self.max_batch_bytes:  # one huge message: give the memory back
+            small = <char *>realloc(self.buf, INITIAL_BUFFER)
+            if small != NULL:
+                self.buf = small
+                self.cap = INITIAL_BUFFER
+        return data
+
+
+cdef class FramePump(_BatchPump):
     """Reads one replication connection (already in CopyBoth mode) batch by batch.
 
     ``pgconn_ptr`` is psycopg2's ``connection.pgconn_ptr``; the psycopg2 connection must stay open (and unused)
@@ -141,47 +259,22 @@ cdef class FramePump:
     * counters: ``messages``, ``bytes``, ``keepalives``, ``status_sent``.
     """
 
-    cdef PGconn *conn
-    cdef char *buf
-    cdef Py_ssize_t cap
-    cdef Py_ssize_t used
     cdef public double status_interval
-    cdef public Py_ssize_t max_batch_bytes
     cdef uint64_t _flush_lsn
     cdef readonly uint64_t write_lsn
     cdef readonly uint64_t wal_end
-    cdef readonly unsigned long long messages
-    cdef readonly unsigned long long bytes
     cdef readonly unsigned long long keepalives
     cdef readonly unsigned long long status_sent
     cdef double last_status
     cdef int bad_type
-    cdef int deferred  # an error seen after some frames were read: raised by the next read()
 
     def __cinit__(self, pgconn_ptr, *, double status_interval=10.0, Py_ssize_t max_batch_bytes=4 << 20,
                   flush_lsn=0):
-        cdef size_t address = <size_t>int(pgconn_ptr)
-        if address == 0:
-            raise ValueError("pgconn_ptr is NULL: the connection is closed")
-        if max_batch_bytes < 1024:
-            raise ValueError("max_batch_bytes must be at least 1024")
-        self.conn = <PGconn *>address
         self.status_interval = status_interval
-        self.max_batch_bytes = max_batch_bytes
-        self.cap = 64 * 1024
-        self.buf = <char *>malloc(self.cap)
-        if self.buf == NULL:
-            raise MemoryError()
-        self.used = 0
         self._flush_lsn = flush_lsn
         self.write_lsn = 0
         self.wal_end = 0
         self.last_status = monotonic()
-
-    def __dealloc__(self):
-        if self.buf != NULL:
-            free(self.buf)
-            self.buf = NULL
 
     @property
     def flush_lsn(self):
@@ -193,11 +286,8 @@ cdef class FramePump:
         if v > self._flush_lsn:
             self._flush_lsn = v
 
-    def detach(self):
-        """Forget the connection (call before the psycopg2 connection closes); later calls raise."""
-        self.conn = NULL
-
     cdef int _queue_status(self, int reply) noexcept nogil:
+        """Queue a standby status update in libpq's output buffer (write = received, flush = apply = flush_lsn)."""
         cdef char msg[STATUS_LENGTH]
         msg[0] = b'r'
         put_u64(msg + 1, self.write_lsn if self.write_lsn > self._flush_lsn else self._flush_lsn)
@@ -212,33 +302,8 @@ cdef class FramePump:
         return 0
 
     cdef int _send_status(self, int reply) noexcept nogil:
-        cdef char msg[STATUS_LENGTH]
-        msg[0] = b'r'
-        put_u64(msg + 1, self.write_lsn if self.write_lsn > self._flush_lsn else self._flush_lsn)
-        put_u64(msg + 9, self._flush_lsn)
-        put_u64(msg + 17, self._flush_lsn)
-        put_u64(msg + 25, <uint64_t>pg_now_us())
-        msg[33] = 1 if reply else 0
-        if PQputCopyData(self.conn, msg, STATUS_LENGTH) <= 0 or PQflush(self.conn) != 0:
+        if self._queue_status(reply) != 0 or PQflush(self.conn) != 0:
             return -1
-        self.status_sent += 1
-        self.last_status = monotonic()
-        return 0
-
-    cdef int _reserve(self, Py_ssize_t extra) noexcept nogil:
-        cdef Py_ssize_t need = self.used + extra
-        cdef Py_ssize_t cap
-        cdef char *grown
-        if need <= self.cap:
-            return 0
-        cap = self.cap * 2
-        if cap < need:
-            cap = need
-        grown = <char *>realloc(self.buf, cap)
-        if grown == NULL:
-            return -1
-        self.buf = grown
-        self.cap = cap
         return 0
 
     cdef int _pump(self, double timeout) noexcept nogil:
@@ -259,15 +324,9 @@ cdef class FramePump:
                     plen = <uint32_t>(n - XLOGDATA_HEADER)
                     start = sw_load_u64(msg + 1)
                     end = sw_load_u64(msg + 9)
-                    if self._reserve(FRAME_HEADER + plen) != 0:
+                    if self._append_frame(msg + 1, msg + XLOGDATA_HEADER, plen) != OK:
                         PQfreemem(msg)
                         return NO_MEMORY
-                    put_u32(self.buf + self.used, plen)
-                    put_u64(self.buf + self.used + 4, start)
-                    memcpy(self.buf + self.used + FRAME_HEADER, msg + XLOGDATA_HEADER, plen)
-                    self.used += FRAME_HEADER + plen
-                    self.messages += 1
-                    self.bytes += plen
                     if start > self.write_lsn:
                         self.write_lsn = start
                     if end > self.wal_end:
@@ -323,42 +382,8 @@ cdef class FramePump:
                 return SEND_ERROR
         return OK
 
-    def read(self, double timeout=1.0):
-        """Frame records of every XLogData message available now (waiting up to `timeout` s for the first one).
-
-        Returns ``b""`` when nothing arrived in time. Raises ConnectionLost when the connection broke or the
-        server ended the stream for a retryable reason, ServerError for any other server error.
-        """
-        cdef int status
-        if self.conn == NULL:
-            raise ConnectionLost("the replication connection is closed")
-        if self.deferred != OK:
-            status = self.deferred
-            self.deferred = OK
-            self._raise(status)
-        self.used = 0
-        with nogil:
-            status = self._pump(timeout)
-        if status != OK and status != NO_MEMORY and self.used > 0:
-            # hand out what arrived before the failure first
-            self.deferred = status
-            status = OK
-        if status == OK:
-            if self.used == 0:
-                return b""
-            data = PyBytes_FromStringAndSize(self.buf, self.used)
-            self.used = 0
-            if self.cap > 4 * self.max_batch_bytes:  # one huge message: give the memory back
-                self._shrink()
-            return data
-        self.used = 0
-        self._raise(status)
-
-    cdef void _shrink(self) noexcept:
-        cdef char *small = <char *>realloc(self.buf, 64 * 1024)
-        if small != NULL:
-            self.buf = small
-            self.cap = 64 * 1024
+    cdef _closed(self):
+        raise ConnectionLost("the replication connection is closed")
 
     cdef _raise(self, int status):
         if status == NO_MEMORY:
@@ -494,11 +519,6 @@ cdef enum:
     C_RESULTS = 3     # the copy ended: collecting the final results
 
 cdef enum:
-    C_OK = 0
-    C_FAILED = 1      # the server reported an error (kept in err_res)
-    C_BROKEN = 2      # the connection broke
-    C_BAD_ROW = 3     # not a (pg_lsn, bytea) binary COPY row
-    C_NO_MEMORY = 4
     LINGER_MS = 2     # a batch is handed out once no row arrived for this long (or it is full)
 
 
@@ -508,7 +528,7 @@ cdef inline uint32_t load_u32(const char *p) noexcept nogil:
     return SW_BE32(v)
 
 
-cdef class CopyPump:
+cdef class CopyPump(_BatchPump):
     """Runs one binary COPY of ``lsn, data`` rows at a time on an ordinary connection, batch by batch.
 
     ``pgconn_ptr`` is psycopg2's ``connection.pgconn_ptr`` (autocommit, idle). `start(query, skip)` sends the
@@ -517,47 +537,23 @@ cdef class CopyPump:
     completed and the connection is idle again. psycopg2 must not use the connection while a COPY runs.
 
     Per call: ``rows`` (including skipped ones), ``skipped``, ``max_lsn`` (highest lsn of the rows returned).
-    Counters over the pump's life: ``messages``, ``bytes`` (payload bytes returned), ``batches``.
     """
 
-    cdef PGconn *conn
-    cdef char *buf
-    cdef Py_ssize_t cap
-    cdef Py_ssize_t used
-    cdef public Py_ssize_t max_batch_bytes
     cdef int state
     cdef int header_seen
-    cdef int deferred
     cdef PGresult *err_res
     cdef unsigned long long skip
     cdef readonly unsigned long long rows
     cdef readonly unsigned long long skipped
     cdef readonly uint64_t max_lsn
-    cdef readonly unsigned long long messages
-    cdef readonly unsigned long long bytes
-    cdef readonly unsigned long long batches
 
     def __cinit__(self, pgconn_ptr, *, Py_ssize_t max_batch_bytes=4 << 20):
-        cdef size_t address = <size_t>int(pgconn_ptr)
-        if address == 0:
-            raise ValueError("pgconn_ptr is NULL: the connection is closed")
-        if max_batch_bytes < 1024:
-            raise ValueError("max_batch_bytes must be at least 1024")
-        self.conn = <PGconn *>address
-        self.max_batch_bytes = max_batch_bytes
-        self.cap = 64 * 1024
-        self.buf = <char *>malloc(self.cap)
-        if self.buf == NULL:
-            raise MemoryError()
         self.state = C_IDLE
 
     def __dealloc__(self):
         if self.err_res != NULL:
             PQclear(self.err_res)
             self.err_res = NULL
-        if self.buf != NULL:
-            free(self.buf)
-            self.buf = NULL
 
     def detach(self):
         """Forget the connection (call before the psycopg2 connection closes); later calls raise."""
@@ -572,7 +568,7 @@ cdef class CopyPump:
     @property
     def finished(self):
         """True when no COPY is running and nothing is left to hand out."""
-        return self.state == C_IDLE and self.deferred == C_OK
+        return self.state == C_IDLE and self.deferred == OK
 
     def start(self, query, unsigned long long skip=0):
         """Send a ``COPY (SELECT lsn, data ...) TO STDOUT (FORMAT binary)`` query; drop its first `skip` rows."""
@@ -588,28 +584,12 @@ cdef class CopyPump:
         self.max_lsn = 0
         self.skip = skip
         self.header_seen = 0
-        self.deferred = C_OK
+        self.deferred = OK
         with nogil:
             ok = PQsendQuery(self.conn, text)
         if ok != 1:
             raise classify((<bytes>PQerrorMessage(self.conn)).decode("utf-8", "replace"), None)
         self.state = C_STARTING
-
-    cdef int _reserve(self, Py_ssize_t extra) noexcept nogil:
-        cdef Py_ssize_t need = self.used + extra
-        cdef Py_ssize_t cap
-        cdef char *grown
-        if need <= self.cap:
-            return 0
-        cap = self.cap * 2
-        if cap < need:
-            cap = need
-        grown = <char *>realloc(self.buf, cap)
-        if grown == NULL:
-            return -1
-        self.buf = grown
-        self.cap = cap
-        return 0
 
     cdef int _row(self, const char *msg, int n) noexcept nogil:
         """One CopyData message: (the file header, on the first,) one (lsn, data) row, or the trailer."""
@@ -627,9 +607,9 @@ cdef class CopyPump:
             p += ext
             self.header_seen = 1
             if p == end:
-                return C_OK
+                return OK
         if end - p == 2 and <unsigned char>p[0] == 0xFF and <unsigned char>p[1] == 0xFF:
-            return C_OK  # the trailer
+            return OK  # the trailer
         # i16 2 fields, i32 8, u64 lsn, i32 length, data
         if end - p < 22 or p[0] != 0 or p[1] != 2 or load_u32(p + 2) != 8:
             return C_BAD_ROW
@@ -640,18 +620,12 @@ cdef class CopyPump:
         self.rows += 1
         if self.rows <= self.skip:
             self.skipped += 1
-            return C_OK
-        if self._reserve(FRAME_HEADER + dlen) != 0:
-            return C_NO_MEMORY
-        put_u32(self.buf + self.used, dlen)
-        memcpy(self.buf + self.used + 4, p + 6, 8)
-        memcpy(self.buf + self.used + FRAME_HEADER, p + 18, dlen)
-        self.used += FRAME_HEADER + dlen
-        self.messages += 1
-        self.bytes += dlen
+            return OK
+        if self._append_frame(p + 6, p + 18, dlen) != OK:
+            return NO_MEMORY
         if lsn > self.max_lsn:
             self.max_lsn = lsn
-        return C_OK
+        return OK
 
     cdef int _pump(self, double timeout) noexcept nogil:
         cdef char *msg = NULL
@@ -669,10 +643,10 @@ cdef class CopyPump:
                     rc = self._row(msg, n)
                     PQfreemem(msg)
                     msg = NULL
-                    if rc != C_OK:
+                    if rc != OK:
                         return rc
                     if self.used >= self.max_batch_bytes:
-                        return C_OK
+                        return OK
                     continue
                 if n == -1:
                     self.state = C_RESULTS
@@ -685,7 +659,7 @@ cdef class CopyPump:
                     res = PQgetResult(self.conn)
                     if res == NULL:
                         self.state = C_IDLE
-                        return C_FAILED if self.err_res != NULL else C_OK
+                        return C_FAILED if self.err_res != NULL else OK
                     st = PQresultStatus(res)
                     if st == PGRES_COPY_OUT:
                         PQclear(res)
@@ -699,7 +673,7 @@ cdef class CopyPump:
                         self.state = C_RESULTS
                     continue
             else:
-                return C_OK
+                return OK
             # nothing complete in libpq's buffer
             if not consumed:
                 consumed = 1
@@ -716,52 +690,17 @@ cdef class CopyPump:
                 if poll(&pfd, 1, LINGER_MS) > 0:
                     consumed = 0
                     continue
-                return C_OK
+                return OK
             now = monotonic()
             if now >= deadline:
-                return C_OK
+                return OK
             poll(&pfd, 1, <int>((deadline - now) * 1000.0) + 1)
             consumed = 0
-
-    def read(self, double timeout=1.0):
-        """Frame records of the rows available now (waiting up to `timeout` s for the first); ``b""`` if none.
-
-        After the last rows the COPY's results are collected and `finished` becomes True. A server error
-        raises ServerError / ConnectionLost (after the rows that arrived before it were returned).
-        """
-        cdef int status
-        cdef char *small
-        if self.conn == NULL:
-            raise ConnectionLost("the connection is closed")
-        if self.deferred != C_OK:
-            status = self.deferred
-            self.deferred = C_OK
-            self._raise(status)
-        self.used = 0
-        with nogil:
-            status = self._pump(timeout)
-        if status != C_OK and status != C_NO_MEMORY and self.used > 0:
-            self.deferred = status
-            status = C_OK
-        if status == C_OK:
-            if self.used == 0:
-                return b""
-            data = PyBytes_FromStringAndSize(self.buf, self.used)
-            self.used = 0
-            self.batches += 1
-            if self.cap > 4 * self.max_batch_bytes:
-                small = <char *>realloc(self.buf, 64 * 1024)
-                if small != NULL:
-                    self.buf = small
-                    self.cap = 64 * 1024
-            return data
-        self.used = 0
-        self._raise(status)
 
     cdef _raise(self, int status):
         cdef char *field
         cdef PGresult *res
-        if status == C_NO_MEMORY:
+        if status == NO_MEMORY:
             raise MemoryError("a logical decoding row does not fit in memory")
         if status == C_BAD_ROW:
             raise ReplicationError("unexpected COPY data: expected binary (pg_lsn, bytea) rows")
@@ -801,12 +740,12 @@ cdef class CopyPump:
             with nogil:
                 status = self._pump(deadline - monotonic())
             self.used = 0
-            if status == C_BROKEN or status == C_BAD_ROW or status == C_NO_MEMORY:
+            if status == C_BROKEN or status == C_BAD_ROW or status == NO_MEMORY:
                 return False
             if self.err_res != NULL:
                 PQclear(self.err_res)
                 self.err_res = NULL
             if self.state != C_IDLE and monotonic() >= deadline:
                 return False
-        self.deferred = C_OK
+        self.deferred = OK
         return True

@@ -78,28 +78,94 @@ def _pg_now_us() -> int:
     return time.time_ns() // 1000 - _PG_EPOCH_OFFSET_US
 
 
-class FramePump:
-    """Reads one replication connection (already in CopyBoth mode) batch by batch. See the Cython twin."""
+def _result_error(lib: ctypes.CDLL, res: int) -> tuple[str | None, str | None]:
+    """(message, SQLSTATE) of a failed result; (None, None) for any other result."""
+    if lib.PQresultStatus(res) != _PGRES_FATAL_ERROR:
+        return None, None
+    raw = lib.PQresultErrorMessage(res)
+    field = lib.PQresultErrorField(res, _PG_DIAG_SQLSTATE)
+    return (raw.decode("utf-8", "replace") if raw else "the query failed",
+            field.decode("ascii", "replace") if field else None)
 
-    def __init__(self, pgconn_ptr: int, *, status_interval: float = 10.0, max_batch_bytes: int = 4 << 20,
-                 flush_lsn: int = 0) -> None:
+
+class _BatchPump:
+    """What both pumps share: the libpq connection, read() (which hands out what arrived before an error first and
+    raises the error on the next call) and the counters ``messages``, ``bytes``, ``batches``."""
+
+    _closed_message = "the connection is closed"
+
+    def __init__(self, pgconn_ptr: int, max_batch_bytes: int) -> None:
         if not pgconn_ptr:
             raise ValueError("pgconn_ptr is NULL: the connection is closed")
         if max_batch_bytes < 1024:
             raise ValueError("max_batch_bytes must be at least 1024")
         self._lib = _libpq()
         self._conn: int | None = int(pgconn_ptr)
-        self.status_interval = float(status_interval)
         self.max_batch_bytes = int(max_batch_bytes)
+        self._deferred: BaseException | None = None
+        self.messages = 0
+        self.bytes = 0
+        self.batches = 0
+
+    def detach(self) -> None:
+        self._conn = None
+
+    def _errmsg(self) -> str:
+        raw = self._lib.PQerrorMessage(self._conn)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def _get_copy_data(self, ptr: ctypes.c_void_p) -> tuple[int, bytes]:
+        """PQgetCopyData without blocking: (its result, the message when it returned one)."""
+        n = self._lib.PQgetCopyData(self._conn, ctypes.byref(ptr), 1)
+        if n <= 0:
+            return n, b""
+        try:
+            return n, ctypes.string_at(ptr.value, n)
+        finally:
+            self._lib.PQfreemem(ptr)
+
+    def _append_frame(self, out: bytearray, lsn: int, payload: memoryview) -> None:
+        out += _FRAME.pack(len(payload), lsn)
+        out += payload
+        self.messages += 1
+        self.bytes += len(payload)
+
+    def _fill(self, out: bytearray, timeout: float) -> None:
+        raise NotImplementedError
+
+    def read(self, timeout: float = 1.0) -> bytes:
+        if self._conn is None:
+            raise ConnectionLost(self._closed_message)
+        if self._deferred is not None:
+            exc, self._deferred = self._deferred, None
+            raise exc
+        out = bytearray()
+        try:
+            self._fill(out, timeout)
+        except ReplicationError as exc:
+            if not out:
+                raise
+            self._deferred = exc  # hand out what arrived before the failure first
+        if out:
+            self.batches += 1
+        return bytes(out)
+
+
+class FramePump(_BatchPump):
+    """Reads one replication connection (already in CopyBoth mode) batch by batch. See the Cython twin."""
+
+    _closed_message = "the replication connection is closed"
+
+    def __init__(self, pgconn_ptr: int, *, status_interval: float = 10.0, max_batch_bytes: int = 4 << 20,
+                 flush_lsn: int = 0) -> None:
+        super().__init__(pgconn_ptr, max_batch_bytes)
+        self.status_interval = float(status_interval)
         self._flush_lsn = int(flush_lsn)
         self.write_lsn = 0
         self.wal_end = 0
-        self.messages = 0
-        self.bytes = 0
         self.keepalives = 0
         self.status_sent = 0
         self._last_status = time.monotonic()
-        self._deferred: BaseException | None = None
 
     @property
     def flush_lsn(self) -> int:
@@ -113,13 +179,6 @@ class FramePump:
     @property
     def seconds_since_status(self) -> float:
         return time.monotonic() - self._last_status
-
-    def detach(self) -> None:
-        self._conn = None
-
-    def _errmsg(self) -> str:
-        raw = self._lib.PQerrorMessage(self._conn)
-        return raw.decode("utf-8", "replace") if raw else ""
 
     def _send_status(self, reply: bool, *, flush_now: bool = True) -> None:
         flush = self._flush_lsn
@@ -181,40 +240,18 @@ class FramePump:
             raise ConnectionLost("the replication connection is closed")
         self._send_status(reply)
 
-    def read(self, timeout: float = 1.0) -> bytes:
-        if self._conn is None:
-            raise ConnectionLost("the replication connection is closed")
-        if self._deferred is not None:
-            exc, self._deferred = self._deferred, None
-            raise exc
-        out = bytearray()
-        try:
-            self._read_into(out, timeout)
-        except ReplicationError as exc:
-            if not out:
-                raise
-            self._deferred = exc  # hand out what arrived before the failure first
-        return bytes(out)
-
-    def _read_into(self, out: bytearray, timeout: float) -> None:
+    def _fill(self, out: bytearray, timeout: float) -> None:
         lib, conn = self._lib, self._conn
         ptr = ctypes.c_void_p()
         consumed = False
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
-            n = lib.PQgetCopyData(conn, ctypes.byref(ptr), 1)
+            n, msg = self._get_copy_data(ptr)
             if n > 0:
-                try:
-                    msg = ctypes.string_at(ptr.value, n)
-                finally:
-                    lib.PQfreemem(ptr)
                 kind = msg[0]
                 if kind == 0x77 and n >= _XLOGDATA_HEADER:  # 'w'
                     start, end = _W.unpack_from(msg, 1)
-                    out += _FRAME.pack(n - _XLOGDATA_HEADER, start)
-                    out += memoryview(msg)[_XLOGDATA_HEADER:]
-                    self.messages += 1
-                    self.bytes += n - _XLOGDATA_HEADER
+                    self._append_frame(out, start, memoryview(msg)[_XLOGDATA_HEADER:])
                     if start > self.write_lsn:
                         self.write_lsn = start
                     if end > self.wal_end:
@@ -260,48 +297,33 @@ class FramePump:
     def _raise_result(self) -> None:
         lib, conn = self._lib, self._conn
         res = lib.PQgetResult(conn)
-        message = "the server ended the replication stream"
-        sqlstate = None
+        message, sqlstate = None, None
         if res:
-            if lib.PQresultStatus(res) == _PGRES_FATAL_ERROR:
-                raw = lib.PQresultErrorMessage(res)
-                message = raw.decode("utf-8", "replace") if raw else message
-                field = lib.PQresultErrorField(res, _PG_DIAG_SQLSTATE)
-                sqlstate = field.decode("ascii", "replace") if field else None
+            message, sqlstate = _result_error(lib, res)
             lib.PQclear(res)
             res = lib.PQgetResult(conn)
             while res:
                 lib.PQclear(res)
                 res = lib.PQgetResult(conn)
-        raise classify(message, sqlstate)
+        raise classify(message or "the server ended the replication stream", sqlstate)
 
 
-class CopyPump:
+class CopyPump(_BatchPump):
     """Runs one binary COPY of ``lsn, data`` rows at a time on an ordinary connection. See the Cython twin."""
 
     def __init__(self, pgconn_ptr: int, *, max_batch_bytes: int = 4 << 20) -> None:
-        if not pgconn_ptr:
-            raise ValueError("pgconn_ptr is NULL: the connection is closed")
-        if max_batch_bytes < 1024:
-            raise ValueError("max_batch_bytes must be at least 1024")
-        self._lib = _libpq()
-        self._conn: int | None = int(pgconn_ptr)
-        self.max_batch_bytes = int(max_batch_bytes)
+        super().__init__(pgconn_ptr, max_batch_bytes)
         self._state = "idle"  # idle | starting | copying | results
         self._header_seen = False
         self._skip = 0
         self._error: tuple[str, str | None] | None = None
-        self._deferred: BaseException | None = None
         self._is_broken = False
         self.rows = 0
         self.skipped = 0
         self.max_lsn = 0
-        self.messages = 0
-        self.bytes = 0
-        self.batches = 0
 
     def detach(self) -> None:
-        self._conn = None
+        super().detach()
         self._state = "idle"
 
     @property
@@ -311,10 +333,6 @@ class CopyPump:
     @property
     def finished(self) -> bool:
         return self._state == "idle" and self._deferred is None
-
-    def _errmsg(self) -> str:
-        raw = self._lib.PQerrorMessage(self._conn)
-        return raw.decode("utf-8", "replace") if raw else ""
 
     def start(self, query: bytes | str, skip: int = 0) -> None:
         if self._conn is None:
@@ -351,26 +369,19 @@ class CopyPump:
         if self.rows <= self._skip:
             self.skipped += 1
             return
-        out += _FRAME.pack(dlen, lsn)
-        out += memoryview(msg)[pos + 18:]
-        self.messages += 1
-        self.bytes += dlen
+        self._append_frame(out, lsn, memoryview(msg)[pos + 18:])
         if lsn > self.max_lsn:
             self.max_lsn = lsn
 
-    def _pump(self, out: bytearray, timeout: float) -> None:
+    def _fill(self, out: bytearray, timeout: float) -> None:
         lib, conn = self._lib, self._conn
         ptr = ctypes.c_void_p()
         consumed = False
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
             if self._state == "copying":
-                n = lib.PQgetCopyData(conn, ctypes.byref(ptr), 1)
+                n, msg = self._get_copy_data(ptr)
                 if n > 0:
-                    try:
-                        msg = ctypes.string_at(ptr.value, n)
-                    finally:
-                        lib.PQfreemem(ptr)
                     self._row(msg, out)
                     if len(out) >= self.max_batch_bytes:
                         return
@@ -394,10 +405,7 @@ class CopyPump:
                     if status == _PGRES_COPY_OUT:
                         self._state = "copying"
                     elif status == _PGRES_FATAL_ERROR and self._error is None:
-                        raw = lib.PQresultErrorMessage(res)
-                        field = lib.PQresultErrorField(res, _PG_DIAG_SQLSTATE)
-                        self._error = (raw.decode("utf-8", "replace") if raw else "the query failed",
-                                       field.decode("ascii", "replace") if field else None)
+                        self._error = _result_error(lib, res)
                     if self._state == "starting":
                         self._state = "results"
                     lib.PQclear(res)
@@ -429,23 +437,6 @@ class CopyPump:
         self._is_broken = True
         raise classify(self._errmsg(), None)
 
-    def read(self, timeout: float = 1.0) -> bytes:
-        if self._conn is None:
-            raise ConnectionLost("the connection is closed")
-        if self._deferred is not None:
-            exc, self._deferred = self._deferred, None
-            raise exc
-        out = bytearray()
-        try:
-            self._pump(out, timeout)
-        except ReplicationError as exc:
-            if not out:
-                raise
-            self._deferred = exc
-        if out:
-            self.batches += 1
-        return bytes(out)
-
     def cancel(self, timeout: float = 5.0) -> bool:
         if self._conn is None:
             return False
@@ -461,7 +452,7 @@ class CopyPump:
         self._skip = 1 << 64  # drop every row still to come
         while self._state != "idle":
             try:
-                self._pump(bytearray(), deadline - time.monotonic())
+                self._fill(bytearray(), deadline - time.monotonic())
             except ReplicationError:
                 if self._is_broken:
                     return False  # otherwise: "canceling statement due to user request"
