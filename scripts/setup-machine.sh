@@ -23,6 +23,7 @@ APT_PACKAGES=(
     libpq-dev
     build-essential
     clang
+    libclang-rt-dev
 )
 
 PIP_PACKAGES=(
