@@ -92,6 +92,13 @@ def durable_cluster():
         yield pg
 
 
+def _log_summary(stderr: str, lines: int = 40) -> str:
+    """The worker's log without its one-line-per-commit "staged" records (counted instead), for failure reports."""
+    kept = [line for line in stderr.splitlines() if '"event": "staged"' not in line]
+    commits = len(stderr.splitlines()) - len(kept)
+    return "\n".join([f"({commits} staging commits)", *kept[-lines:]])
+
+
 def _wait_for_first_commit(out: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     """Block until the worker has made its first staging commit (it is streaming for sure)."""
     deadline = time.monotonic() + timeout
@@ -411,5 +418,6 @@ def test_huge_transaction_ingest_memory_is_bounded(durable_cluster, tmp_path):
     # measured here: about 280 MB with these settings, about 435 MB when the transaction is held in memory
     assert peak_mb < 340, f"worker peak RSS {peak_mb:.0f} MB"
     state = StagingState.load(out)
-    assert sum(f.rows for f in state.files.get("public.log", [])) == rows
+    staged = sum(f.rows for f in state.files.get("public.log", []))
+    assert staged == rows, f"{staged} of {rows} rows staged; the worker said:\n{_log_summary(done.stderr)}"
     assert len(state.files["public.log"]) > 1          # written in several staging commits
