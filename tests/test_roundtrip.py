@@ -353,6 +353,14 @@ class StreamModel:
                 self.emit("S", params=params)
         elif self.protocol == "pglogical":
             self.emit("S", params={"max_proto_version": "1", "min_proto_version": "1"})
+        # small batches, so that batches fill up and close in the middle of transactions (between a relation's
+        # re-description and the rows after it, around truncates and messages), and sometimes every closed batch
+        # of an open transaction spilled to disk
+        batch_rows = self.draw(st.sampled_from([None, 1, 2, 3]))
+        if batch_rows is not None:
+            self.decoder_kwargs["batch_rows"] = batch_rows
+            if self.draw(st.booleans()):
+                self.decoder_kwargs["spill_bytes"] = 0
         actions = [self.plain, self.plain]
         if self.protocol != "pglogical":
             actions.append(self.nontransactional_message)

@@ -751,6 +751,9 @@ cdef class Decoder:
         return sub
 
     cdef _relation(self, uint32_t relid, nsp, name, tuple cols, ident):
+        cdef _RelInfo previous = self.infos.get(relid)
+        if previous is not None:
+            self._close_builders_of(previous)
         version = self.versions.get(relid, 0) + 1
         self.versions[relid] = version
         rel = Relation(relid, nsp, name, cols, ident, version)
@@ -763,6 +766,24 @@ cdef class Decoder:
         self.infos[relid] = info
         if self.last_info is not None and self.last_relid == relid:
             self.last_info = None
+
+    cdef int _close_builders_of(self, _RelInfo info) except -1:
+        """A relation is described again: the rows of its previous version that open streamed or prepared
+        transactions hold in builders become pending slices now, before any row of the new version (a builder is
+        found by its description's identity, which is not reused while the builder is open). Plain transactions
+        keep their builders in creation order (self.shared), which is already the order of their rows."""
+        cdef _Txn txn
+        cdef _Builder b
+        key = id(info)
+        txns = list(self.streams.values())
+        txns.extend(self.prepared.values())
+        if self.txn is not None and self.txn.kind != PLAIN:
+            txns.append(self.txn)
+        for txn in txns:
+            b = txn.builders.pop(key, None)
+            if b is not None:
+                self._pend_rows(txn, b, 0, b.nrows)
+        return 0
 
     # ------------------------------------------------------------------ transactions
     cdef _Txn _begin(self, Cur* c, int kind, uint32_t xid, uint64_t final_lsn, int64_t ts):

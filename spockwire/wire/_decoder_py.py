@@ -661,11 +661,27 @@ class Decoder:
         return 0
 
     def _relation(self, relid: int, nsp: str, name: str, cols: tuple, ident: str | None) -> None:
+        previous = self.relations.get(relid)
+        if previous is not None:
+            self._close_builders_of(previous)
         version = self._versions.get(relid, 0) + 1
         self._versions[relid] = version
         rel = Relation(relid, nsp, name, cols, ident, version)
         self._specs[id(rel)] = column_specs(rel, self.types, self.type_catalog, self._typed, self._numeric)
         self.relations[relid] = rel
+
+    def _close_builders_of(self, relation: Relation) -> None:
+        """A relation is described again: the rows of its previous version that open streamed or prepared
+        transactions hold in builders become pending slices now, before any row of the new version. Plain
+        transactions keep their builders in creation order (self._shared), already the order of their rows."""
+        key = id(relation)
+        txns = [*self._streams.values(), *self._prepared.values()]
+        if self._txn is not None and self._txn.kind != _PLAIN:
+            txns.append(self._txn)
+        for txn in txns:
+            b = txn.builders.pop(key, None)
+            if b is not None:
+                self._pend_rows(txn, b, 0, b.nrows)
 
     # ------------------------------------------------------------------ transactions
     def _begin(self, r: _Reader, kind: int, xid: int, final_lsn: int, ts: int) -> _Txn:
