@@ -243,6 +243,39 @@ def test_replayed_staging_equals_source_tables(pg_db, tmp_path):
         assert (row["v"], row["big"], row["n"]) == (v, big, n)
 
 
+def test_idle_exit_waits_for_a_transaction_still_arriving(pg_db, tmp_path):
+    """--idle-exit counts the time in which nothing arrived, not the time without committed changes: a long
+    transaction streamed in pieces (each over logical_decoding_work_mem) for longer than the idle limit is ingested
+    whole instead of the worker stopping in the middle of it."""
+    import threading
+
+    pg_db.execute("CREATE TABLE slow (id int PRIMARY KEY, msg text)")
+    create_publication(pg_db.dsn, "pub")
+    slot = f"{pg_db.name}_s"
+    create_slot(pg_db.dsn, slot, "pgoutput")
+    out = tmp_path / "staging"
+    worker = IngestWorker(IngestConfig(dsn=pg_db.dsn, slot=slot, out=str(out), publication=["pub"], idle_exit=1.5,
+                                       streaming=True, flush_seconds=0.2, progress=False))
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()))
+    thread.start()
+    conn = pg_db.connect()
+    conn.autocommit = False
+    try:
+        with conn.cursor() as cur:
+            for k in range(6):   # 6 pieces 0.6 s apart: 3.6 s, more than twice the idle limit
+                cur.execute("INSERT INTO slow SELECT g, 'a row of the slow transaction ' || g "
+                            "FROM generate_series(%s, %s) g", (k * 2000 + 1, k * 2000 + 2000))
+                time.sleep(0.6)
+        conn.commit()
+    finally:
+        conn.close()
+    thread.join(timeout=120)
+    assert result == [0]
+    assert worker.stream.stats()["messages"] > 12000
+    assert sum(f.rows for f in StagingState.load(out).files.get("public.slow", [])) == 12000
+
+
 def test_metrics_endpoint_and_progress(pg_db, tmp_path):
     pg_db.execute("CREATE TABLE m (id int PRIMARY KEY)")
     create_publication(pg_db.dsn, "pub")

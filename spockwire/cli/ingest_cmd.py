@@ -23,8 +23,8 @@ METRICS_PORT = Setting("metrics_port", "serve Prometheus metrics on 127.0.0.1:PO
 PROGRESS = Setting("progress", "live progress line (default: when stderr is a terminal)", is_flag=True)
 LOG_FORMAT = Setting("log_format", "log lines as text or JSON", choices=("text", "json"), default="text")
 MAX_RUNTIME = Setting("max_runtime", "stop by itself after this many seconds", type=float, metavar="SECONDS")
-IDLE_EXIT = Setting("idle_exit", "stop by itself after this many seconds without changes", type=float,
-                    metavar="SECONDS")
+IDLE_EXIT = Setting("idle_exit", "stop by itself after this many seconds in which nothing arrived from the "
+                    "server", type=float, metavar="SECONDS")
 SETTINGS = (*COMMON_SETTINGS, *STREAM_SETTINGS, *STAGING_SETTINGS, FLUSH_SECONDS,
             SPILL_BYTES, METRICS_PORT, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT)
 

@@ -60,7 +60,7 @@ class IngestConfig:
     metrics_port: int | None = None
     progress: bool | None = None          # None: when stderr is a terminal
     max_runtime: float | None = None      # stop by itself after this many seconds (tests, batch jobs)
-    idle_exit: float | None = None        # stop by itself after this many seconds without changes
+    idle_exit: float | None = None        # stop by itself after this many seconds in which nothing arrived
     lag_interval: float = 5.0
     impl: str | None = None               # "c" | "python"; default: the one `import spockwire` selected
     transport: str = "replication"        # "replication" (low latency) | "sql" (catch-up throughput)
@@ -232,14 +232,17 @@ class IngestWorker:
         stream = self._open_stream(resume)
         self.stream = stream
         started = time.monotonic()
-        last_event = time.monotonic()
+        last_activity = time.monotonic()
+        received = self._messages_received()
         rows_seen = 0
         try:
             while not self._stop.is_set():
                 events = stream.read(timeout=0.5)
                 now = time.monotonic()
-                if events:
-                    last_event = now
+                # idle means nothing arrived: a large transaction that is still coming has no events yet
+                before, received = received, self._messages_received()
+                if events or received != before:
+                    last_activity = now
                 for event in events:
                     writer.add(event)
                     if isinstance(event, ChangeBatch):
@@ -258,7 +261,7 @@ class IngestWorker:
                 self._report(rows_seen, started)
                 if cfg.max_runtime is not None and now - started >= cfg.max_runtime:
                     break
-                if cfg.idle_exit is not None and now - last_event >= cfg.idle_exit:
+                if cfg.idle_exit is not None and now - last_activity >= cfg.idle_exit:
                     break
             self._commit(stream.delivered_lsn)
             self._report(rows_seen, started, final=True)
@@ -270,6 +273,11 @@ class IngestWorker:
                 stream.close()
             finally:
                 writer.close()
+
+    def _messages_received(self) -> int:
+        """Messages the stream has received so far (0 for a stream that does not count them)."""
+        stats = getattr(self.stream, "stats", None)
+        return int(stats().get("messages", 0)) if stats is not None else 0
 
     def _commit(self, lsn: int) -> None:
         writer = self.writer
