@@ -149,7 +149,7 @@ class StreamModel:
             ops.append("truncate")
             if allow_messages:
                 ops.append("message")
-        for _ in range(self.draw(st.integers(0, 5))):
+        for _ in range(self.draw(st.integers(0, 8))):
             sub = self.draw(st.sampled_from(sub_choices)) if sub_choices else None
             tag = sub if sub is not None else txn.xid
             xid_field = {"xid": sub} if (sub is not None and self.protocol == "pgoutput") else {}
