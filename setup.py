@@ -19,7 +19,6 @@ To add an extension, append an ExtSpec to EXTENSIONS below.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,19 +40,20 @@ class ExtSpec:
     libraries: tuple[str, ...] = ()
     define_macros: tuple[tuple[str, str], ...] = ()
     uses_numpy: bool = True
-    uses_libpq: bool = False  # adds pg_config's include/lib dirs and links libpq
     extra_compile_args: tuple[str, ...] = field(default=())
 
 
 EXTENSIONS: list[ExtSpec] = [
     # _decoder's .pxi files include "include/sw_byteorder.h" relative to spockwire/wire.
     ExtSpec("spockwire.wire._decoder", ("spockwire/wire/_decoder.pyx",), include_dirs=("spockwire/wire",)),
+    # The pump links no libpq: it takes psycopg2's at run time (spockwire/connection/include/sw_libpq.h), through
+    # dlopen/dlsym (libdl before glibc 2.34).
     ExtSpec(
         "spockwire.connection._pump",
         ("spockwire/connection/_pump.pyx",),
-        include_dirs=("spockwire/wire/include",),
+        include_dirs=("spockwire/wire/include", "spockwire/connection/include"),
+        libraries=("dl",),
         uses_numpy=False,
-        uses_libpq=True,
     ),
 ]
 
@@ -99,13 +99,6 @@ def link_args() -> list[str]:
     return list(SANITIZE_FLAGS) if SANITIZE else []
 
 
-def _pg_config(option: str) -> str | None:
-    try:
-        return subprocess.check_output(["pg_config", option], text=True, stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def warn(message: str) -> None:
     bar = "!" * 78
     print(f"\n{bar}\nspockwire WARNING: {message}\n{bar}\n", file=sys.stderr, flush=True)
@@ -117,12 +110,7 @@ def fail(message: str) -> None:
 
 def make_extension(spec: ExtSpec) -> Extension:
     include_dirs = list(spec.include_dirs)
-    library_dirs: list[str] = []
     libraries = list(spec.libraries)
-    if spec.uses_libpq:
-        include_dirs.append(_pg_config("--includedir"))
-        library_dirs.append(_pg_config("--libdir"))
-        libraries.append("pq")
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"), *spec.define_macros]
     if DEBUG:
         macros.append(("SPOCKWIRE_DEBUG", "1"))
@@ -130,7 +118,6 @@ def make_extension(spec: ExtSpec) -> Extension:
         spec.name,
         sources=list(spec.sources),
         include_dirs=include_dirs,
-        library_dirs=library_dirs,
         libraries=libraries,
         define_macros=macros,
         extra_compile_args=[*compile_args(), *spec.extra_compile_args],
@@ -145,8 +132,6 @@ def selected_extensions() -> list[Extension]:
     result = []
     for spec in EXTENSIONS:
         missing = [f"source {s}" for s in spec.sources if not (ROOT / s).is_file()]
-        if spec.uses_libpq and _pg_config("--includedir") is None:
-            missing.append("libpq (pg_config not found: install libpq-dev)")
         if missing:
             message = f"{spec.name}: missing {', '.join(missing)}"
             if REQUIRE_EXT:

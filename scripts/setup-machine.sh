@@ -126,8 +126,8 @@ install_pip() {
         packages+=("${SPARK_PACKAGES[@]}")
     fi
     local pip_opts=(-q --disable-pip-version-check --no-input)
-    # psycopg2 is always built from source against the system libpq (pg_config from libpq-dev), so that it and
-    # spockwire's own libpq-linked modules share one libpq. Never psycopg2-binary.
+    # psycopg2 is built from source against the system libpq (pg_config from libpq-dev), the libpq of the server
+    # packages; the pumps call whichever libpq psycopg2 uses (a test covers psycopg2-binary in a venv of its own).
     pip_opts+=(--no-binary psycopg2)
     local where
     where="$("$PYTHON" - <<'EOF'

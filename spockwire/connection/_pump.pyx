@@ -17,9 +17,11 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
+import os
+
 from .errors import ConnectionLost, ReplicationError, classify
 
-__all__ = ["FramePump", "CopyPump", "IMPLEMENTATION"]
+__all__ = ["FramePump", "CopyPump", "IMPLEMENTATION", "bind_libpq"]
 
 IMPLEMENTATION = "c"
 
@@ -30,7 +32,8 @@ cdef extern from "sw_byteorder.h":
     uint64_t sw_load_u64(const char *p) nogil
 
 
-cdef extern from "libpq-fe.h":
+# libpq, resolved at run time from psycopg2's own libpq (sw_libpq.h explains why); the names are macros there
+cdef extern from "sw_libpq.h":
     ctypedef struct PGconn:
         pass
     ctypedef struct PGresult:
@@ -42,9 +45,6 @@ cdef extern from "libpq-fe.h":
         PGRES_FATAL_ERROR
     ctypedef struct PGcancel:
         pass
-    ctypedef enum ConnStatusType:
-        CONNECTION_OK
-        CONNECTION_BAD
     int PQgetCopyData(PGconn *conn, char **buffer, int async_) nogil
     int PQputCopyData(PGconn *conn, const char *buffer, int nbytes) nogil
     int PQputCopyEnd(PGconn *conn, const char *errormsg) nogil
@@ -63,9 +63,42 @@ cdef extern from "libpq-fe.h":
     char *PQresultErrorMessage(const PGresult *res) nogil
     char *PQresultErrorField(const PGresult *res, int fieldcode) nogil
     char *PQerrorMessage(const PGconn *conn) nogil
-    ConnStatusType PQstatus(const PGconn *conn) nogil
     void PQclear(PGresult *res) nogil
     int PG_DIAG_SQLSTATE
+    const char *sw_libpq_bind(void *handle)
+    void *sw_libpq_handle
+    void *sw_PQgetCopyData
+
+
+cdef extern from "<dlfcn.h>":
+    void *dlopen(const char *filename, int flags)
+    char *dlerror()
+    int RTLD_NOW
+    int RTLD_NOLOAD
+
+
+def bind_libpq(module_file=None):
+    """Take every libpq function from the libpq that psycopg2 uses (once per process); returns the address of
+    PQgetCopyData as found (`spockwire.connection.libpq.library_of` names its file).
+
+    `module_file`: a loaded extension module linked against that libpq; default: psycopg2's ``_psycopg``.
+    """
+    cdef void *handle
+    cdef const char *missing
+    if sw_libpq_handle == NULL:
+        if module_file is None:
+            import psycopg2._psycopg
+            module_file = psycopg2._psycopg.__file__
+        path = os.fsencode(module_file)
+        handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD)
+        if handle == NULL:
+            error = dlerror()
+            raise ImportError(f"cannot reach libpq through {module_file}: "
+                              + ((<bytes>error).decode("utf-8", "replace") if error != NULL else "not loaded"))
+        missing = sw_libpq_bind(handle)
+        if missing != NULL:
+            raise ImportError(f"the libpq of {module_file} has no {(<bytes>missing).decode()}")
+    return <size_t>sw_PQgetCopyData
 
 
 cdef extern from "<poll.h>" nogil:
@@ -156,6 +189,7 @@ cdef class _BatchPump:
 
     def __cinit__(self, pgconn_ptr, *args, Py_ssize_t max_batch_bytes=4 << 20, **kwargs):
         cdef size_t address = <size_t>int(pgconn_ptr)
+        bind_libpq()
         if address == 0:
             raise ValueError("pgconn_ptr is NULL: the connection is closed")
         if max_batch_bytes < 1024:

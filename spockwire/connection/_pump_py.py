@@ -1,20 +1,20 @@
 """Pure-Python twin of the Cython batch pumps (spockwire.connection._pump).
 
 Same classes (`FramePump` for replication streams, `CopyPump` for the SQL transport), same behaviour and errors;
-libpq is reached through ctypes (the library psycopg2 already loaded), so this twin needs no compiler. It makes several Python calls per message and is therefore slower than the Cython
+libpq is reached through ctypes (the very library psycopg2 uses), so this twin needs no compiler. It makes several Python calls per message and is therefore slower than the Cython
 pump; it exists for platforms without the extension and as the readable reference of the pump's logic.
 """
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import os
 import select
 import struct
 import time
 
 from .errors import ConnectionLost, ReplicationError, classify
 
-__all__ = ["FramePump", "CopyPump", "IMPLEMENTATION"]
+__all__ = ["FramePump", "CopyPump", "IMPLEMENTATION", "bind_libpq"]
 
 IMPLEMENTATION = "python"
 
@@ -33,9 +33,17 @@ _LINGER = 0.002  # a COPY batch is handed out once no row arrived for this long 
 _PG_DIAG_SQLSTATE = ord("C")
 
 
-def _load_libpq() -> ctypes.CDLL:
-    name = ctypes.util.find_library("pq") or "libpq.so.5"
-    lib = ctypes.CDLL(name)
+def _load_libpq(module_file: str | None = None) -> ctypes.CDLL:
+    """libpq's functions as psycopg2 itself reaches them: looked up through psycopg2's extension module, whose
+    dependencies include the libpq it was linked with (the system's, or psycopg2-binary's private copy)."""
+    if module_file is None:
+        import psycopg2._psycopg
+
+        module_file = psycopg2._psycopg.__file__
+    try:
+        lib = ctypes.CDLL(module_file, mode=os.RTLD_NOW | os.RTLD_NOLOAD)
+    except OSError as exc:
+        raise ImportError(f"cannot reach libpq through {module_file}: {exc}") from exc
     vp, cp, ci = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int
     for fname, restype, argtypes in (
         ("PQgetCopyData", ci, [vp, ctypes.POINTER(vp), ci]),
@@ -58,7 +66,10 @@ def _load_libpq() -> ctypes.CDLL:
         ("PQerrorMessage", cp, [vp]),
         ("PQclear", None, [vp]),
     ):
-        fn = getattr(lib, fname)
+        try:
+            fn = getattr(lib, fname)
+        except AttributeError:
+            raise ImportError(f"the libpq of {module_file} has no {fname}") from None
         fn.restype = restype
         fn.argtypes = argtypes
     return lib
@@ -72,6 +83,15 @@ def _libpq() -> ctypes.CDLL:
     if _lib is None:
         _lib = _load_libpq()
     return _lib
+
+
+def bind_libpq(module_file: str | None = None) -> int:
+    """Take libpq from psycopg2's own libpq (once per process); returns the address of PQgetCopyData as found
+    (`spockwire.connection.libpq.library_of` names its file). See the Cython twin."""
+    global _lib
+    if _lib is None:
+        _lib = _load_libpq(module_file)
+    return ctypes.cast(_lib.PQgetCopyData, ctypes.c_void_p).value or 0
 
 
 def _pg_now_us() -> int:

@@ -1,18 +1,21 @@
-"""One libpq per process: the pumps drive psycopg2's connection handle (`pgconn_ptr`) with libpq calls, which is
-only sound when they and psycopg2 use the very same libpq library.
+"""Which libpq the pumps use: always psycopg2's own.
 
-That holds when psycopg2 is built from source against the system libpq (what the set-up scripts install). It does
-not hold with psycopg2-binary, or with a wheel that bundles a private libpq: then a connection made by one libpq
-(and its OpenSSL) would be read through another. `check_single_libpq()` refuses that with a clear error.
+The pumps drive psycopg2's connection handle (`pgconn_ptr`) with libpq calls, which is only sound through the very
+libpq that made the connection. So neither pump links or loads a libpq of its own: both look the functions up
+through psycopg2's extension module (`bind_libpq` in each pump module), which finds the libpq psycopg2 was linked
+with -- the system's when psycopg2 was built from source, the private copy psycopg2-binary bundles otherwise. Other
+libpqs loaded into the process (by other libraries) do not matter.
+
+`library_of(address)` names the file a function address belongs to, `loaded_libpqs()` lists the libpq files mapped
+into the process: both for diagnostics and tests.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 
-from .errors import ReplicationError
-
-__all__ = ["loaded_libpqs", "check_single_libpq"]
+__all__ = ["loaded_libpqs", "library_of", "pump_libpq"]
 
 _LIBPQ = re.compile(r"/libpq(?:-[^/]*)?\.so[^/]*$")
 
@@ -27,12 +30,23 @@ def loaded_libpqs(maps_path: str = "/proc/self/maps") -> set[str]:
     return {os.path.realpath(p) for p in paths if _LIBPQ.search(p)}
 
 
-def check_single_libpq() -> None:
-    """Raise ReplicationError when more than one libpq is loaded (psycopg2's and the pump's differ)."""
-    found = loaded_libpqs()
-    if len(found) > 1:
-        raise ReplicationError(
-            "psycopg2 and spockwire's replication pump use different libpq libraries (" + ", ".join(sorted(found))
-            + "): a connection cannot be shared between them. Install psycopg2 built from source against the "
-            "system libpq (`pip install --no-binary psycopg2 psycopg2`, with libpq-dev installed) and spockwire "
-            "built against the same libpq")
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def library_of(address: int) -> str | None:
+    """The real path of the shared library that holds `address` (None when no loaded library does)."""
+    libc = ctypes.CDLL(None)
+    dladdr = libc.dladdr
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    dladdr.restype = ctypes.c_int
+    info = _DlInfo()
+    if not address or dladdr(address, ctypes.byref(info)) == 0 or not info.dli_fname:
+        return None
+    return os.path.realpath(os.fsdecode(info.dli_fname))
+
+
+def pump_libpq(pump_module) -> str | None:
+    """The file of the libpq a pump module (`spockwire.connection._pump` or its twin) calls."""
+    return library_of(pump_module.bind_libpq())

@@ -19,7 +19,6 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from .libpq import check_single_libpq
 from .errors import ConnectionLost, ServerError
 from .slots import format_lsn, parse_lsn
 
@@ -96,7 +95,6 @@ class SqlSource:
                 "COPY (SELECT lsn, data FROM pg_logical_slot_get_binary_changes(%s, NULL, %s"
                 + ", %s" * len(pairs) + ")) TO STDOUT (FORMAT binary)",
                 [self.cursor_slot, self.batch_changes, *pairs])
-        check_single_libpq()
         self.pump = pump_module.CopyPump(conn.pgconn_ptr, max_batch_bytes=max_batch_bytes)
 
     # ------------------------------------------------------------------------------------------------ positions

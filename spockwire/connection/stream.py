@@ -19,7 +19,6 @@ from types import ModuleType, TracebackType
 from typing import Any, Callable, Iterator, Mapping
 
 from .._implementation import choose
-from .libpq import check_single_libpq
 from .errors import ConnectionLost, ReplicationError, ServerError, StartupRejected, classify
 from .options import check_startup, native_options, parse_startup_message, pgoutput_options, plugin_protocol
 from .slots import create_slot as _create_slot
@@ -274,7 +273,6 @@ class ReplicationStream:
             start = max(self._acked, self._start_lsn)
             cur = conn.cursor()
             cur.start_replication(slot_name=self.slot, decode=False, start_lsn=start, options=self.options)
-            check_single_libpq()
             pump = self._pump_module.FramePump(conn.pgconn_ptr, status_interval=self.status_interval,
                                                max_batch_bytes=self.max_batch_bytes, flush_lsn=self._acked)
         except BaseException:
