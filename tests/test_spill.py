@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from spockwire.frames import read_frame_file
@@ -91,3 +92,27 @@ def test_huge_transaction_memory_is_bounded(tmp_path, module, rows):
     assert got_total == rows * (rows - 1) // 2
     assert peak_mb < 512, f"peak RSS {peak_mb} MB"
     assert not glob.glob(str(tmp_path / "spockwire-spill-*"))
+
+
+@pytest.mark.parametrize("spill_bytes", [None, 0], ids=["in-memory", "spilled"])
+def test_untyped_column_type_after_an_aborted_subtransaction(impl, tmp_path, spill_bytes):
+    """An untyped column is binary in a batch only when one of the batch's kept values did not arrive as text:
+    once the rows of an aborted subtransaction are dropped, a spilled batch decides it like an in-memory one."""
+    from tests import wire_encoder as W
+
+    cols = [W.Col("id", 23, -1, True), W.Col("note", 25, -1, False)]
+    records = [W.pgoutput("R", relid=1, namespace="public", name="t", replident="d", columns=cols),
+               W.pgoutput("S", xid=40, first_segment=1),
+               W.pgoutput("I", xid=41, relid=1, new=["1", b"\x00\xff binary"]),     # subtransaction 41, 'b' values
+               W.pgoutput("I", xid=40, relid=1, new=["2", "text"]),
+               W.pgoutput("I", xid=40, relid=1, new=["3", None]),
+               W.pgoutput("E"),
+               W.pgoutput("A", xid=40, subxid=41),
+               W.pgoutput("c", xid=40, commit_lsn=0x500, end_lsn=0x540, commit_ts=0)]
+    kwargs = {} if spill_bytes is None else {"spill_bytes": spill_bytes, "spill_dir": str(tmp_path)}
+    dec = impl.Decoder("pgoutput", types="raw", batch_rows=8, **kwargs)
+    dec.feed_frames(W.frames([(0x100 + i, r) for i, r in enumerate(records)]))
+    (batch,) = [e.to_arrow() for e in dec.drain()]
+    assert batch.column("id").to_pylist() == ["2", "3"]
+    assert batch.schema.field("note").type == pa.string()
+    assert batch.column("note").to_pylist() == ["text", None]

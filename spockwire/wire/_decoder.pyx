@@ -215,6 +215,17 @@ cdef class _Builder:
                                          batch.column(pos).cast(pa.string()))
         return ChangeBatch(self.relation, batch)
 
+    cdef dict raw_marks(self, Py_ssize_t start, Py_ssize_t stop):
+        """For each untyped column with a value in rows [start, stop) that did not arrive as text: the marks of
+        those rows (what the column's type is decided by once rows of aborted subtransactions are dropped)."""
+        cdef Py_ssize_t i, r
+        cdef dict out = {}
+        for i in range(self.ncols):
+            if (self.cols[i].kind == K_RAW or self.cols[i].kind == K_OTHER) and self.cols[i].nontext \
+                    and marks_any(&self.cols[i], start, stop, None):
+                out[i] = [bool(self.cols[i].marks.data[r >> 3] & (1 << (r & 7))) for r in range(start, stop)]
+        return out
+
     cdef list subxids(self, Py_ssize_t start, Py_ssize_t stop):
         cdef uint32_t* s = <uint32_t*>self.subxid.data
         return [s[i] for i in range(start, stop)]
@@ -1040,7 +1051,8 @@ cdef class Decoder:
                 if item[0] == "rows":
                     pb = item[1]
                     txn.spill, ref = spill_item(txn.spill, self.spill_dir, pb.take_rows(item[2], item[3]),
-                                                pb.subxids(item[2], item[3]), pb.relation)
+                                                pb.subxids(item[2], item[3]), pb.relation,
+                                                pb.raw_marks(item[2], item[3]))
                     txn.pending[k] = ("spilled", ref)
             txn.mem = 0
         return 0

@@ -207,6 +207,15 @@ class _Builder:
             self.lsn[i] = lsn
             self.ts[i] = ts
 
+    def raw_marks(self, start: int, stop: int) -> dict[int, list[bool]]:
+        """For each untyped column with a value in rows [start, stop) that did not arrive as text: the marks of
+        those rows (what the column's type is decided by once rows of aborted subtransactions are dropped)."""
+        out = {}
+        for c, marks in enumerate(self.marks or ()):
+            if marks is not None and any(marks[start:stop]):
+                out[c] = marks[start:stop]
+        return out
+
     def take_rows(self, start: int, stop: int, keep: list[bool] | None = None) -> ChangeBatch | None:
         """Rows [start, stop) (optionally filtered) as a ChangeBatch."""
         idx = range(start, stop) if keep is None else [i for i in range(start, stop) if keep[i - start]]
@@ -874,7 +883,7 @@ class Decoder:
                 if item[0] == "rows":
                     _, pb, pstart, pstop = item
                     txn.spill, ref = spill_item(txn.spill, self._spill_dir, pb.take_rows(pstart, pstop),
-                                                pb.subxid[pstart:pstop], pb.relation)
+                                                pb.subxid[pstart:pstop], pb.relation, pb.raw_marks(pstart, pstop))
                     txn.pending[k] = ("spilled", ref)
             txn.mem = 0
 

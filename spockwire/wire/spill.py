@@ -25,7 +25,9 @@ __all__ = ["SpillFile", "SpilledRows", "SpilledChangeBatch", "DEFAULT_SPILL_BYTE
 DEFAULT_SPILL_BYTES = 256 << 20
 
 _SUBXID = "_subxid"
+_MARKS = "_marks_"     # + column index: which values of an untyped binary column did not arrive as text
 _TS_TYPE = pa.timestamp("us", tz="UTC")
+_CHANGE_COLUMNS = 7    # _change_type ... _unchanged_toast, then the table's columns
 
 
 def row_bytes_estimate(value_bytes: int, total_rows: int, rows: int) -> int:
@@ -74,16 +76,22 @@ class SpillFile:
 
 
 class SpilledRows:
-    """One closed batch of an open transaction, on disk: where it is and how many rows each subtransaction has."""
+    """One closed batch of an open transaction, on disk: where it is, how many rows each subtransaction has, and
+    for its untyped binary columns which values did not arrive as text (`raw_marks`, column index -> one bool a
+    row): without the rows of aborted subtransactions such a column may be text after all."""
 
-    __slots__ = ("spill", "offset", "length", "relation", "num_rows", "subxid_counts")
+    __slots__ = ("spill", "offset", "length", "relation", "num_rows", "subxid_counts", "marked_columns")
 
-    def __init__(self, spill: SpillFile, batch: pa.RecordBatch, subxids: list[int], relation: Relation) -> None:
+    def __init__(self, spill: SpillFile, batch: pa.RecordBatch, subxids: list[int], relation: Relation,
+                 raw_marks: dict[int, list[bool]] | None = None) -> None:
         counts: dict[int, int] = {}
         for s in subxids:
             counts[s] = counts.get(s, 0) + 1
-        with_subxid = batch.append_column(_SUBXID, pa.array(subxids, pa.uint32()))
-        self.offset, self.length = spill.append(with_subxid)
+        stored = batch.append_column(_SUBXID, pa.array(subxids, pa.uint32()))
+        self.marked_columns = sorted(raw_marks or ())
+        for c in self.marked_columns:
+            stored = stored.append_column(f"{_MARKS}{c}", pa.array(raw_marks[c], pa.bool_()))
+        self.offset, self.length = spill.append(stored)
         self.spill = spill
         self.relation = relation
         self.num_rows = batch.num_rows
@@ -121,7 +129,13 @@ class SpilledChangeBatch(ChangeBatch):
         if self._aborted:
             keep = pc.invert(pc.is_in(batch.column(_SUBXID), value_set=pa.array(sorted(self._aborted), pa.uint32())))
             batch = batch.filter(keep)
-        batch = batch.drop_columns([_SUBXID])
+            for c in s.marked_columns:
+                # as in memory: an untyped column is binary only when one of the kept values was not text
+                if not pc.any(batch.column(f"{_MARKS}{c}")).as_py():
+                    pos = _CHANGE_COLUMNS + c
+                    batch = batch.set_column(pos, batch.schema.field(pos).with_type(pa.string()),
+                                             batch.column(pos).cast(pa.string()))
+        batch = batch.drop_columns([_SUBXID, *(f"{_MARKS}{c}" for c in s.marked_columns)])
         if self._renumber:
             batch = self._renumber.batch(batch)
         n = batch.num_rows
@@ -133,13 +147,14 @@ class SpilledChangeBatch(ChangeBatch):
 
 
 def spill_item(spill: SpillFile | None, directory: str | None, batch: ChangeBatch | None, subxids: list[int],
-               relation: Relation) -> tuple[SpillFile, SpilledRows | None]:
+               relation: Relation, raw_marks: dict[int, list[bool]] | None = None
+               ) -> tuple[SpillFile, SpilledRows | None]:
     """Write one closed batch of an open transaction to its spill file (created on first use)."""
     if spill is None:
         spill = SpillFile(directory)
     if batch is None or batch.num_rows == 0:
         return spill, None
-    return spill, SpilledRows(spill, batch.to_arrow(), subxids, relation)
+    return spill, SpilledRows(spill, batch.to_arrow(), subxids, relation, raw_marks)
 
 
 def released_batch(item: SpilledRows, aborted: set[int], commit_lsn: int | None,
