@@ -199,6 +199,17 @@ class SqlSource:
             self._advance_real()
         return self._flush_lsn <= self.real_confirmed
 
+    def drop_cursor_slot(self) -> None:
+        """Drop the temporary cursor slot now (at close), so that it is gone when close() returns instead of when
+        the backend has finished exiting. Best effort: a broken connection's backend takes it along anyway."""
+        if self.pump.active:
+            return
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT pg_drop_replication_slot(%s)", (self.cursor_slot,))
+        except Exception:  # noqa: BLE001 - see above
+            pass
+
     def stop(self, timeout: float = 5.0) -> bool:
         """End a running call (cancel, drain, collect its results); True when the connection is idle again."""
         return bool(self.pump.cancel(timeout))

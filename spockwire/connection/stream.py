@@ -337,7 +337,8 @@ class ReplicationStream:
 
         Replication: a last status update, then CopyDone; what the server still sends is read and dropped until
         it ends the copy too (at most CLOSE_TIMEOUT s), so the update cannot be lost to a connection reset.
-        SQL: a running call is cancelled and the slot is advanced to the acknowledged position. Idempotent.
+        SQL: a running call is cancelled, the slot is advanced to the acknowledged position and the temporary
+        cursor slot is dropped. Idempotent.
         """
         if self._closed:
             return
@@ -368,8 +369,11 @@ class ReplicationStream:
     def _close_sql(self, source: SqlSource) -> None:
         acked = self._acked
         try:
-            if (not source.busy or source.stop(CLOSE_TIMEOUT)) and source.advance_now():
-                return
+            if not source.busy or source.stop(CLOSE_TIMEOUT):
+                advanced = source.advance_now()
+                source.drop_cursor_slot()
+                if advanced:
+                    return
         except Exception as exc:  # noqa: BLE001 - the connection is unusable: fall back below
             log.debug("slot %s: final advance on the stream's connection failed: %s", self.slot, exc)
         if acked > source.real_confirmed:
