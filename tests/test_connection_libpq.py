@@ -2,6 +2,7 @@
 other libpqs the process holds."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -18,12 +19,6 @@ from spockwire.connection import libpq
 PUMP_MODULES = {"c": "spockwire.connection._pump", "python": "spockwire.connection._pump_py"}
 
 
-def _pump_module(name: str):
-    import importlib
-
-    return importlib.import_module(PUMP_MODULES[name])
-
-
 def _maps(tmp_path, *paths):
     f = tmp_path / "maps"
     f.write_text("".join(f"7f00-7f10 r-xp 00000000 fe:00 {i}    {p}\n" for i, p in enumerate(paths, 1)))
@@ -37,7 +32,7 @@ def test_one_libpq_mapped_several_times_is_one(tmp_path):
 
 
 def test_the_compiled_pump_links_no_libpq():
-    module = _pump_module("c")
+    module = importlib.import_module(PUMP_MODULES["c"])
     out = subprocess.run(["ldd", module.__file__], capture_output=True, text=True, check=True).stdout
     assert "libpq" not in out, out
 
@@ -46,7 +41,7 @@ def test_the_compiled_pump_links_no_libpq():
 def test_pumps_call_the_libpq_psycopg2_loaded(name):
     import psycopg2  # noqa: F401 - loads psycopg2's libpq, the only one in this process
 
-    module = _pump_module(name)
+    module = importlib.import_module(PUMP_MODULES[name])
     (expected,) = libpq.loaded_libpqs()
     assert libpq.pump_libpq(module) == expected
     assert libpq.loaded_libpqs() == {expected}   # binding loaded nothing

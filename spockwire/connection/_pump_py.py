@@ -78,20 +78,18 @@ def _load_libpq(module_file: str | None = None) -> ctypes.CDLL:
 _lib: ctypes.CDLL | None = None
 
 
-def _libpq() -> ctypes.CDLL:
+def _libpq(module_file: str | None = None) -> ctypes.CDLL:
+    """psycopg2's own libpq, loaded once per process."""
     global _lib
     if _lib is None:
-        _lib = _load_libpq()
+        _lib = _load_libpq(module_file)
     return _lib
 
 
 def bind_libpq(module_file: str | None = None) -> int:
     """Take libpq from psycopg2's own libpq (once per process); returns the address of PQgetCopyData as found
     (`spockwire.connection.libpq.library_of` names its file). See the Cython twin."""
-    global _lib
-    if _lib is None:
-        _lib = _load_libpq(module_file)
-    return ctypes.cast(_lib.PQgetCopyData, ctypes.c_void_p).value or 0
+    return ctypes.cast(_libpq(module_file).PQgetCopyData, ctypes.c_void_p).value or 0
 
 
 def _pg_now_us() -> int:

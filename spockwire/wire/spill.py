@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..export.arrow import CHANGE_COLUMNS
 from ..model import ChangeBatch, Relation
 
 __all__ = ["SpillFile", "SpilledRows", "SpilledChangeBatch", "DEFAULT_SPILL_BYTES", "row_bytes_estimate"]
@@ -27,7 +28,6 @@ DEFAULT_SPILL_BYTES = 256 << 20
 _SUBXID = "_subxid"
 _MARKS = "_marks_"     # + column index: which values of an untyped binary column did not arrive as text
 _TS_TYPE = pa.timestamp("us", tz="UTC")
-_CHANGE_COLUMNS = 7    # _change_type ... _unchanged_toast, then the table's columns
 
 
 def row_bytes_estimate(value_bytes: int, total_rows: int, rows: int) -> int:
@@ -132,7 +132,7 @@ class SpilledChangeBatch(ChangeBatch):
             for c in s.marked_columns:
                 # as in memory: an untyped column is binary only when one of the kept values was not text
                 if not pc.any(batch.column(f"{_MARKS}{c}")).as_py():
-                    pos = _CHANGE_COLUMNS + c
+                    pos = len(CHANGE_COLUMNS) + c     # the table's columns follow the change columns
                     batch = batch.set_column(pos, batch.schema.field(pos).with_type(pa.string()),
                                              batch.column(pos).cast(pa.string()))
         batch = batch.drop_columns([_SUBXID, *(f"{_MARKS}{c}" for c in s.marked_columns)])

@@ -30,8 +30,6 @@ typedef enum {
     PGRES_COPY_BOTH
 } ExecStatusType;
 
-typedef enum { CONNECTION_OK, CONNECTION_BAD } ConnStatusType;
-
 #define PG_DIAG_SQLSTATE 'C'
 
 /* X(return type, name, parameter list) for every function the pumps use */
