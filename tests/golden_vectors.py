@@ -1,4 +1,4 @@
-"""Golden byte vectors, written by hand from docs/wire-protocols.md, grouped into small valid streams.
+"""Golden byte vectors, written by hand from docs/protocols.md, grouped into small valid streams.
 
 Each message is hex (with "quoted" ASCII for names and text, and # comments), the encoder call that must produce
 exactly those bytes, and the prefix lengths that are themselves complete valid messages. Each stream lists what

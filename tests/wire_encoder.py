@@ -1,7 +1,7 @@
 """A test-side encoder: byte-exact spock, pglogical and pgoutput messages built from Python values.
 
 Every message is described by a table of fields (name, codec, default); `encode` walks the table. The layouts follow
-docs/wire-protocols.md. The encoder writes whatever it is asked to, so the malformed-input tests can override any
+docs/protocols.md. The encoder writes whatever it is asked to, so the malformed-input tests can override any
 field (flags, counts, kinds) to build broken messages on purpose.
 
 Tuple values are written by their Python type:
