@@ -123,6 +123,64 @@ def test_inspect_json(impl_name):
     assert [json.loads(ln)["record"] for ln in events.stdout.splitlines()] == ["change"] * 3
 
 
+# every typed value of the type table, as text on the wire, and the JSON form `inspect --json` must give for it
+# (written from PostgreSQL's text of the value, not from spockwire's output)
+_JSON_CASES = [
+    # (type oid, typmod, text sent, expected JSON value)
+    (16, -1, "t", True), (21, -1, "-32768", -32768), (23, -1, "2147483647", 2147483647),
+    (20, -1, "-9223372036854775808", -9223372036854775808), (26, -1, "4294967295", 4294967295),
+    (700, -1, "1.5", 1.5), (701, -1, "NaN", "NaN"), (701, -1, "-Infinity", "-Infinity"),
+    (701, -1, "0.1", 0.1), (1700, (12 << 16 | 2) + 4, "-1234567890.25", "-1234567890.25"),
+    (1700, -1, "NaN", "NaN"), (1700, -1, "0.00000000000000000001", "0.00000000000000000001"),
+    (25, -1, "ünï \"q\"", "ünï \"q\""), (1043, -1, "v", "v"), (1042, -1, "c  ", "c  "), (19, -1, "nm", "nm"),
+    (18, -1, "x", "x"), (142, -1, "<a/>", "<a/>"), (114, -1, '{"a": [1]}', '{"a": [1]}'),
+    (3802, -1, '{"a": [1]}', '{"a": [1]}'), (17, -1, "\\x00ff", "\\x00ff"),
+    (1082, -1, "2024-03-04", "2024-03-04"), (1114, -1, "2024-03-04 05:06:07.5", "2024-03-04T05:06:07.500000"),
+    (1184, -1, "2024-03-04 05:06:07+02", "2024-03-04T03:06:07+00:00"), (1083, -1, "23:59:59.999999", "23:59:59.999999"),
+    (1266, -1, "04:05:06.5+05:30", "04:05:06.5+05:30"),
+    (1186, -1, "1 year 2 mons 3 days 04:05:06.5", {"months": 14, "days": 3, "nanoseconds": 14706500000000}),
+    (2950, -1, "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
+    (1007, -1, "{1,NULL,3}", [1, None, 3]), (1022, -1, "{NaN,1.5}", ["NaN", 1.5]),
+    (1231, -1, "{1.5,NaN}", ["1.5", "NaN"]), (1182, -1, "{2024-01-01,NULL}", ["2024-01-01", None]),
+    (2951, -1, "{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}", ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]),
+    (1187, -1, "{\"1 day\"}", [{"months": 0, "days": 1, "nanoseconds": 0}]),
+    (1001, -1, "{\"\\\\x01\"}", ["\\x01"]), (1009, -1, "{a,\"b c\"}", ["a", "b c"]),
+]
+
+
+def test_inspect_json_every_type(tmp_path, impl_name):
+    """Every typed value has a strict JSON form (no NaN tokens, no traceback): Decimal, date, time, UUID, interval,
+    bytes, floats that JSON cannot hold, lists of them."""
+    from tests import wire_encoder as W
+
+    cols = [W.Col("id", 23, -1, True)] + [W.Col(f"c{i}", oid, typmod) for i, (oid, typmod, _t, _j) in
+                                          enumerate(_JSON_CASES)]
+    rows = [["1"] + [text for (_o, _m, text, _j) in _JSON_CASES], ["2"] + [None] * len(_JSON_CASES)]
+    msgs = [W.pgoutput("R", relid=7, namespace="public", name="every", columns=cols),
+            W.pgoutput("B", final_lsn=0x200, commit_ts=0, xid=9)]
+    msgs += [W.pgoutput("I", relid=7, new=row) for row in rows]
+    msgs.append(W.pgoutput("C", commit_lsn=0x200, end_lsn=0x240, commit_ts=0))
+    path = tmp_path / "every.spwf"
+    write_frame_file(path, "pgoutput", [(0x100 + i, m) for i, m in enumerate(msgs)])
+    proc = run("inspect", str(path), "--json", "--events-only", impl=impl_name)
+    assert proc.returncode == 0, proc.stderr
+    changes = [json.loads(ln, parse_constant=lambda c: pytest.fail(f"non-JSON token {c}"))
+               for ln in proc.stdout.splitlines()]
+    assert [c["values"]["id"] for c in changes] == [1, 2]
+    for i, (oid, _m, text, expected) in enumerate(_JSON_CASES):
+        assert changes[0]["values"][f"c{i}"] == expected, (oid, text)
+        assert changes[1]["values"][f"c{i}"] is None
+    text_mode = run("inspect", str(path), impl=impl_name)
+    assert text_mode.returncode == 0 and "Traceback" not in text_mode.stderr, text_mode.stderr
+
+
+def test_inspect_json_bundled_captures(impl_name):
+    for capture in (PGOUTPUT, PGLOGICAL):
+        proc = run("inspect", str(capture), "--json", impl=impl_name)
+        assert proc.returncode == 0, proc.stderr
+        assert all(json.loads(ln) for ln in proc.stdout.splitlines())
+
+
 # ----------------------------------------------------------------------------------------- decode
 
 def test_decode_writes_the_staging_layout(tmp_path, impl, impl_name):

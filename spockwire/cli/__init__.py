@@ -74,6 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"spockwire {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - a command line reports every failure as one line
+        if os.environ.get("SPOCKWIRE_TRACEBACK") == "1":
+            raise
+        text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"spockwire {args.command}: error: {type(exc).__name__}: {text} "
+              "(set SPOCKWIRE_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def _broken_pipe() -> int:

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import datetime as _dt
+import decimal as _decimal
 import importlib
+import uuid as _uuid
 from types import ModuleType
 from typing import Any
+
+from pyarrow import MonthDayNano as _MonthDayNano
 
 from ..frames import parse_file_header, read_frame_file
 from ..ingest.staging import COMPRESSIONS, DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS
@@ -121,11 +125,41 @@ def format_row(row: dict[str, Any], names: list[str], width: int = 40) -> str:
 
 
 def json_value(value: Any) -> Any:
-    """A JSON-friendly form: bytes as PostgreSQL bytea hex text (``\\x...``), datetimes as ISO-8601."""
+    """The JSON form of a decoded value, recursively; `json.dumps(json_value(v), allow_nan=False)` always works.
+
+    | Python value | JSON |
+    |---|---|
+    | None, bool, int, str | as they are |
+    | float | a number; NaN, Infinity, -Infinity as the strings `"NaN"`, `"Infinity"`, `"-Infinity"` |
+    | Decimal | its exact text (a string: a JSON number would lose digits in most readers) |
+    | bytes | PostgreSQL's bytea hex text, `"\\x0a0b"` |
+    | datetime, date, time | ISO 8601 text |
+    | timedelta | `{"days", "seconds", "microseconds"}` |
+    | uuid.UUID | its canonical text |
+    | interval (pyarrow MonthDayNano) | `{"months", "days", "nanoseconds"}` |
+    | list, tuple | an array; dict: an object |
+    Anything else becomes its `str()`.
+    """
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        if value in (float("inf"), float("-inf")):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "\\x" + bytes(value).hex()
-    if isinstance(value, _dt.datetime):
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
         return value.isoformat()
-    if isinstance(value, list):
+    if isinstance(value, _dt.timedelta):
+        return {"days": value.days, "seconds": value.seconds, "microseconds": value.microseconds}
+    if isinstance(value, (_decimal.Decimal, _uuid.UUID)):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, _MonthDayNano):
+        return {"months": value.months, "days": value.days, "nanoseconds": value.nanoseconds}
+    if isinstance(value, (list, tuple)):
         return [json_value(v) for v in value]
-    return value
+    return str(value)

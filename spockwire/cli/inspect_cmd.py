@@ -142,7 +142,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         if limit is not None and count >= limit:
             break
         if cfg.json:
-            out.write(json.dumps(rec, default=json_value) + "\n")
+            out.write(json.dumps(json_value(rec), allow_nan=False) + "\n")
         elif rec["record"] == "end":
             out.write(f"committed_lsn {format_lsn(rec['committed_lsn'])}\n")
         else:
