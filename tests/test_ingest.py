@@ -389,8 +389,10 @@ def test_capture_then_decode_equals_the_live_stream(pg_db, tmp_path):
     pg_db.execute("INSERT INTO c SELECT g, 'v' || g FROM generate_series(1, 2000) g")
     pg_db.execute("UPDATE c SET v = 'w' WHERE id < 100")
     frames = tmp_path / "c.spwf"
-    done = subprocess.run([sys.executable, "-m", "spockwire", "capture", "--dsn", pg_db.dsn, "--slot", slot,
-                           "--publication", "pub", "--out", str(frames), "--idle-exit", "2"], cwd=ROOT,
+    config = tmp_path / "capture.toml"       # the connection settings from a config file, like every command
+    config.write_text(f"[capture]\ndsn = {json.dumps(pg_db.dsn)}\nslot = {json.dumps(slot)}\npublication = \"pub\"\n")
+    done = subprocess.run([sys.executable, "-m", "spockwire", "capture", "--config", str(config),
+                           "--out", str(frames), "--idle-exit", "2"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "slot not moved" in done.stdout
