@@ -70,7 +70,7 @@ class ScriptRelation:
     relid: int
     namespace: str
     name: str
-    columns: tuple[tuple[str, int, bool], ...]  # (name, type oid, in replica identity)
+    columns: tuple[tuple[Any, ...], ...]  # (name, type oid, in replica identity[, type modifier (default -1)])
 
 
 @dataclass
@@ -82,14 +82,16 @@ class ScriptTransaction:
     commit_ts: int  # µs since 2000-01-01
     changes: list[tuple] = field(default_factory=list)
     origin: tuple[int, str | None, int] | None = None  # (node id, name, origin lsn); None = local node
+    last_commit_ts: int = 0  # what 'L' carries (0 unless the slot belongs to a slot group)
+    insert_lsn: int | None = None  # protocol 4: the LSN trailing 'C' (None: end_lsn)
 
 
 class SpockScript:
     """Transactions to replay, with their LSNs assigned in order (each transaction takes 0x1000 bytes of WAL).
 
     Changes are ``("insert", rel, values)``, ``("update", rel, new_values, old_values_or_None)``,
-    ``("delete", rel, key_values)``, ``("truncate", [rels], flags)`` or ``("message", prefix, content)``
-    (a spock sync-event ``'M'``). Values are Python objects sent as text (``'t'``); None is NULL, and the
+    ``("delete", rel, key_values)``, ``("truncate", [rels], flags)`` or ``("message", prefix, content[, lsn])``
+    (a spock sync-event ``'M'``; its LSN defaults to the change's). Values are Python objects sent as text (``'t'``); None is NULL, and the
     :data:`UNCHANGED` marker an unchanged TOAST value (``'u'``).
     """
 
@@ -109,7 +111,7 @@ class SpockScript:
         self.local_node_name = local_node_name
 
     def relation(self, relid: int, namespace: str, name: str,
-                 columns: Sequence[tuple[str, int, bool]]) -> ScriptRelation:
+                 columns: Sequence[tuple[Any, ...]]) -> ScriptRelation:
         rel = ScriptRelation(relid, namespace, name, tuple(columns))
         self.relations[relid] = rel
         return rel
@@ -144,9 +146,10 @@ class SpockScript:
         name = rel.name.encode() + b"\0"
         out = [self._prefix(lsn), b"R", _u8(0), _u32(rel.relid), _u8(len(nsp)), nsp, _u8(len(name)), name,
                b"A", _u16(len(rel.columns))]
-        for col, typoid, is_key in rel.columns:
+        for col, typoid, is_key, *typmod in rel.columns:
             cname = col.encode() + b"\0"
-            out += [b"C", _u8(1 if is_key else 0), b"N", _u16(len(cname)), cname, _u32(typoid), _i32(-1)]
+            out += [b"C", _u8(1 if is_key else 0), b"N", _u16(len(cname)), cname, _u32(typoid),
+                    _i32(typmod[0] if typmod else -1)]
         return b"".join(out)
 
     def _tuple(self, values: Sequence[Any]) -> bytes:
@@ -178,7 +181,7 @@ class SpockScript:
         else:
             origin = b"O" + _u8(0) + _u64(origin_lsn) + _u16(node_id)
         frames.append((lsn, p(lsn) + origin))
-        frames.append((lsn, p(lsn) + b"L" + _u8(0) + _i64(0)))
+        frames.append((lsn, p(lsn) + b"L" + _u8(0) + _i64(txn.last_commit_ts)))
         for i, change in enumerate(txn.changes):
             lsn = txn.begin_lsn + 0x20 * (i + 1)
             kind = change[0]
@@ -201,14 +204,15 @@ class SpockScript:
                 body = b"T" + _u32(len(change[1])) + _u8(change[2]) + b"".join(_u32(r.relid) for r in change[1])
             elif kind == "message":
                 content = change[2]
-                body = (b"M" + _u32(txn.xid) + _u64(lsn) + _u8(1) + change[1].encode() + b"\0"
+                body = (b"M" + _u32(txn.xid) + _u64(change[3] if len(change) > 3 else lsn) + _u8(1)
+                        + change[1].encode() + b"\0"
                         + _u32(len(content)) + content)
             else:
                 raise ValueError(f"unknown change kind {kind!r}")
             frames.append((lsn, p(lsn) + body))
         commit = b"C" + _u8(0) + _u64(txn.commit_lsn) + _u64(txn.end_lsn) + _i64(txn.commit_ts)
         if self.proto_version == 4:
-            commit += _u64(txn.end_lsn)
+            commit += _u64(txn.end_lsn if txn.insert_lsn is None else txn.insert_lsn)
         frames.append((txn.commit_lsn, p(txn.commit_lsn) + commit))
         return frames
 
