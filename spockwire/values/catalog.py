@@ -108,6 +108,7 @@ class TypeInfo:
     base_typmod: int = -1         # domains: the underlying type's modifier
     element_oid: int = 0          # arrays: the element type
     category: str = ""            # pg_type.typcategory ('A' for arrays)
+    subtype_oid: int = 0          # ranges: the subtype; multiranges: the range type
 
 
 class TypeCatalog(Protocol):
@@ -206,10 +207,12 @@ class PostgresTypeCatalog:
         if oid not in self._types:
             with self._cursor() as cur:
                 cur.execute("SELECT t.oid, t.typname, t.typtype, t.typbasetype, t.typtypmod, t.typelem, "
-                            "t.typcategory FROM pg_type t WHERE t.oid = %s", (oid,))
+                            "t.typcategory, COALESCE(r.rngsubtype, m.rngtypid, 0) FROM pg_type t "
+                            "LEFT JOIN pg_range r ON r.rngtypid = t.oid "
+                            "LEFT JOIN pg_range m ON m.rngmultitypid = t.oid WHERE t.oid = %s", (oid,))
                 row = cur.fetchone()
             self._types[oid] = None if row is None else TypeInfo(int(row[0]), row[1], row[2], int(row[3]),
-                                                                 int(row[4]), int(row[5]), row[6])
+                                                                 int(row[4]), int(row[5]), row[6], int(row[7]))
         return self._types[oid]
 
     def column_types(self, relation: Relation) -> Sequence[tuple[int, int]] | None:
