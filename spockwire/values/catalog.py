@@ -31,6 +31,7 @@ value arrived as valid UTF-8 text, binary otherwise — never guessed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import pyarrow as pa
@@ -46,10 +47,13 @@ __all__ = [
 # value kinds (the Cython decoder uses the same numbers)
 RAW, BOOL, INT2, INT4, INT8, OID, FLOAT4, FLOAT8, DECIMAL, NUMERIC_TEXT, TEXT, JSON, JSONB, BYTEA, DATE, \
     TIMESTAMP, TIMESTAMPTZ, TIME, TIMETZ, INTERVAL, UUID, ENUM, ARRAY, OTHER, CHAR = range(25)
+# a type kept as PostgreSQL's text form: text values as they arrive, binary values rendered to the same text
+# (spockwire.values.sendtext)
+PGTEXT = 25
 
 KIND_NAMES = ("raw", "bool", "int2", "int4", "int8", "oid", "float4", "float8", "numeric", "numeric", "text",
               "json", "jsonb", "bytea", "date", "timestamp", "timestamptz", "time", "timetz", "interval", "uuid",
-              "enum", "array", "other", "char")
+              "enum", "array", "other", "char", "pgtext")
 
 # builtin type OID -> (name, kind); array type OID -> element OID
 BUILTIN_TYPES: dict[int, tuple[str, int]] = {
@@ -91,6 +95,8 @@ class ColumnSpec:
     precision: int = 0
     scale: int = 0
     element: "ColumnSpec | None" = None
+    type_oid: int = 0                       # PGTEXT: the type whose binary values `render` turns into text
+    render: Any = field(default=None, compare=False, repr=False)   # PGTEXT: bytes -> str (send_to_text)
 
     @property
     def is_raw(self) -> bool:
@@ -251,8 +257,20 @@ _SIMPLE_ARROW: dict[int, pa.DataType] = {
     FLOAT4: pa.float32(), FLOAT8: pa.float64(), TEXT: pa.string(), JSON: pa.string(), JSONB: pa.string(),
     BYTEA: pa.binary(), DATE: pa.date32(), TIMESTAMP: pa.timestamp("us"), TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
     TIME: pa.time64("us"), TIMETZ: pa.string(), INTERVAL: pa.month_day_nano_interval(), UUID: pa.binary(16),
-    ENUM: pa.dictionary(pa.int32(), pa.string()), CHAR: pa.string(),
+    ENUM: pa.dictionary(pa.int32(), pa.string()), CHAR: pa.string(), PGTEXT: pa.string(),
 }
+
+
+def _sendtext() -> Any:
+    # imported when first needed: spockwire.values.sendtext builds on the value decoders, which import this module
+    from . import sendtext
+    return sendtext
+
+
+def _text_spec(oid: int, name: str, catalog: TypeCatalog | None) -> ColumnSpec:
+    """A column kept as PostgreSQL's text: binary values are rendered to it by send_to_text."""
+    return ColumnSpec(PGTEXT, name, pa.string(), type_oid=oid,
+                      render=partial(_sendtext().send_to_text, oid, catalog=catalog))
 
 
 def _builtin_spec(oid: int, typmod: int, numeric_text: bool = False) -> ColumnSpec | None:
@@ -266,10 +284,19 @@ def _builtin_spec(oid: int, typmod: int, numeric_text: bool = False) -> ColumnSp
     if elem is not None:
         element = _builtin_spec(elem, typmod, numeric_text)
         return _array_spec(element)
+    st = _sendtext()
+    if oid in st.RENDERED_TYPES:
+        return _text_spec(oid, st.TYPE_NAMES[oid], None)
+    elem = st.ARRAY_ELEMENTS.get(oid)
+    if elem is not None and elem in st.RENDERED_TYPES:
+        return _text_spec(oid, st.TYPE_NAMES.get(elem, str(elem)) + "[]", None)
     return None
 
 
-def _array_spec(element: ColumnSpec) -> ColumnSpec:
+def _array_spec(element: ColumnSpec, array_oid: int = 0, catalog: TypeCatalog | None = None) -> ColumnSpec:
+    if element.kind == PGTEXT and array_oid:
+        # an array of a type kept as text is kept whole as its text, like the text format gives it
+        return _text_spec(array_oid, element.type_name + "[]", catalog)
     if element.is_raw or element.kind == ARRAY:
         # no decoder for the elements: the whole value stays as it arrived (text -> string, binary -> binary)
         return ColumnSpec(OTHER, element.type_name + "[]", None)
@@ -293,7 +320,10 @@ def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catal
         if info.typtype == "e":
             return ColumnSpec(ENUM, info.name, _SIMPLE_ARROW[ENUM])
         if info.category == "A" and info.element_oid:
-            return _array_spec(_spec_for(info.element_oid, typmod, types, catalog, numeric_text, depth + 1))
+            return _array_spec(_spec_for(info.element_oid, typmod, types, catalog, numeric_text, depth + 1),
+                               oid, catalog)
+        if info.typtype == "c" or (info.typtype in ("r", "m") and _sendtext().can_render(oid, catalog)):
+            return _text_spec(oid, info.name, catalog)
         return ColumnSpec(OTHER, info.name, None)
     described = types.get(oid)
     if described is not None:
@@ -301,6 +331,9 @@ def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catal
         # pgoutput names a domain by its base type (in pg_catalog, sent as "")
         if nsp in ("", "pg_catalog") and name in _BY_NAME:
             return _spec_for(_BY_NAME[name], typmod, types, catalog, numeric_text, depth + 1)
+        rendered = {n: o for o, n in _sendtext().TYPE_NAMES.items() if o not in (705, 2249)}
+        if nsp in ("", "pg_catalog") and name in rendered:
+            return _spec_for(rendered[name], typmod, types, catalog, numeric_text, depth + 1)
         return ColumnSpec(OTHER, f"{nsp}.{name}" if nsp else name, None)
     return ColumnSpec(OTHER, str(oid), None)
 

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ._convert_py import ValueFailure, char_text, numeric_text_from_binary, timetz_text
 from .failures import INVALID, INVALID_UTF8, NO_TEXT_FORM
 
-__all__ = ["send_to_text", "can_render", "RENDERED_TYPES", "RANGE_SUBTYPES", "MULTIRANGE_RANGES", "ARRAY_ELEMENTS",
+__all__ = ["send_to_text", "can_render", "RENDERED_TYPES", "TYPE_NAMES", "RANGE_SUBTYPES", "MULTIRANGE_RANGES", "ARRAY_ELEMENTS",
            "float8_text", "float4_text"]
 
 _I16, _U16, _I32, _U32, _I64, _U64 = (struct.Struct(">h"), struct.Struct(">H"), struct.Struct(">i"),
@@ -762,6 +762,17 @@ _SIMPLE: dict[int, Callable[[bytes], str]] = {
     22: lambda b: _vector(b, 21), 30: lambda b: _vector(b, 26),
 }
 _RECORD_OID = 2249
+
+#: names of the builtin types rendered here that have no typed kind of their own (catalog.BUILTIN_TYPES)
+TYPE_NAMES: dict[int, str] = {
+    22: "int2vector", 27: "tid", 28: "xid", 29: "cid", 30: "oidvector", 194: "pg_node_tree", 600: "point",
+    601: "lseg", 602: "path", 603: "box", 604: "polygon", 628: "line", 650: "cidr", 705: "unknown",
+    718: "circle", 774: "macaddr8", 790: "money", 829: "macaddr", 869: "inet", 1560: "bit", 1562: "varbit",
+    1790: "refcursor", 2249: "record", 2970: "txid_snapshot", 3220: "pg_lsn", 3614: "tsvector",
+    3615: "tsquery", 3904: "int4range", 3906: "numrange", 3908: "tsrange", 3910: "tstzrange", 3912: "daterange",
+    3926: "int8range", 4072: "jsonpath", 4451: "int4multirange", 4532: "nummultirange", 4533: "tsmultirange",
+    4534: "tstzmultirange", 4535: "datemultirange", 4536: "int8multirange", 5038: "pg_snapshot", 5069: "xid8",
+}
 
 #: builtin non-array type OIDs whose binary form send_to_text renders without a catalog
 RENDERED_TYPES = frozenset(_SIMPLE) | frozenset(RANGE_SUBTYPES) | frozenset(MULTIRANGE_RANGES) | {_RECORD_OID}
