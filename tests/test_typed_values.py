@@ -974,3 +974,37 @@ def test_char_binary_and_internal_forms_give_its_text(impl: Any, byte: bytes, te
     assert internal[0]["v"] == text
     with pytest.raises(ProtocolError, match="cannot decode binary value"):
         _one_column(impl, "pgoutput", 18, [b"ab"])
+
+
+RENDERED = [("inet", 869), ("cidr", 650), ("macaddr", 829), ("money", 790), ("varbit", 1562), ("int4range", 3904),
+            ("tstzrange", 3910), ("int4multirange", 4451), ("record", 2249), ("inet[]", 1041), ("point", 600),
+            ("path", 602), ("tsvector", 3614), ("tsquery", 3615), ("pg_snapshot", 5038), ("oidvector", 30)]
+
+
+@settings(**HYPO)
+@given(kind=st.sampled_from(RENDERED), raw=st.binary(max_size=40))
+def test_binary_text_renderings_decode_or_fail_alike(kind, raw) -> None:
+    """Types kept as text: any bytes in the binary form render the same text in both implementations, or fail
+    with the same error (class, text, offset, column)."""
+    name, oid = kind
+    frames = _stream([BinType(name, oid, -1, pa.null(), st.nothing())], [[(raw, None)]])
+    outcomes = []
+    for impl_name in IMPLS:
+        try:
+            rb = _decode_frames(impl_name, frames)
+            outcomes.append(("ok", rb.column(rb.schema.get_field_index("c0")).to_pylist()))
+        except ProtocolError as exc:
+            outcomes.append(("error", type(exc), str(exc), exc.offset, exc.column))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_malformed_binary_inet_names_offset_and_column() -> None:
+    good = b"\x02\x20\x00\x04\x0a\x00\x00\x01"
+    frames = _stream([BinType("inet", 869, -1, pa.null(), st.nothing())], [[(good, None)], [(good[:-1], None)]])
+    errors = []
+    for impl_name in IMPLS:
+        with pytest.raises(ProtocolError, match=r"cannot decode binary value .* as inet") as info:
+            _decode_frames(impl_name, frames)
+        assert info.value.column_name == "c0" and info.value.msg_type == "I"
+        errors.append((str(info.value), info.value.offset))
+    assert errors[0] == errors[1]

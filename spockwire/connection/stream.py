@@ -55,7 +55,7 @@ def _default_decoder_factory(protocol: str, type_catalog: Any = None) -> Any:
 def _auto_catalog(dsn: str) -> Any:
     from ..values.catalog import PostgresTypeCatalog
 
-    return PostgresTypeCatalog(dsn)
+    return PostgresTypeCatalog(dsn, strict=False)
 
 
 def _server_unavailable(exc: BaseException) -> bool:

@@ -204,7 +204,7 @@ class IngestWorker:
 
         if self.type_catalog is None and cfg.type_catalog and cfg.types != "raw":
             from ..values.catalog import PostgresTypeCatalog
-            self.type_catalog = PostgresTypeCatalog(cfg.dsn)
+            self.type_catalog = PostgresTypeCatalog(cfg.dsn, strict=False)
 
         def factory(protocol: str) -> Any:
             return impl.Decoder(protocol, types=cfg.types, numeric=cfg.numeric, spill_bytes=cfg.spill_bytes,

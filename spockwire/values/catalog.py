@@ -30,6 +30,8 @@ value arrived as valid UTF-8 text, binary otherwise — never guessed.
 """
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -181,11 +183,19 @@ class PostgresTypeCatalog:
     """Types loaded from the upstream catalog (`pg_attribute`, `pg_type`) over a normal connection, cached.
 
     The cache of a relation is keyed by its relation id and version, so a new Relation message (after DDL)
-    reloads it.
+    reloads it. The connection is opened at the first question (for pgoutput only user-defined types ask one).
+
+    `strict=False` (what `spockwire.connect()` and the ingest worker attach by default): when the catalog cannot
+    be read (no ordinary connection allowed, server gone), a warning is logged and the columns it would have
+    typed stay untyped, instead of the stream failing; it tries again at questions RETRY_SECONDS later.
     """
 
-    def __init__(self, dsn: str, *, connect: Callable[[str], Any] | None = None) -> None:
+    RETRY_SECONDS = 30.0
+
+    def __init__(self, dsn: str, *, connect: Callable[[str], Any] | None = None, strict: bool = True) -> None:
         self.dsn = dsn
+        self.strict = strict
+        self._failed_at: float | None = None
         self._connect = connect
         self._conn: Any = None
         self._types: dict[int, TypeInfo | None] = {}
@@ -209,7 +219,40 @@ class PostgresTypeCatalog:
             self._conn.close()
             self._conn = None
 
+    def _unavailable(self, exc: Exception) -> None:
+        if self.strict:
+            raise exc if isinstance(exc, TypeCatalogError) else TypeCatalogError(
+                f"cannot read the upstream catalog: {exc}")
+        logging.getLogger("spockwire.values").warning(
+            "the upstream type catalog cannot be read (%s): columns it would type stay untyped", exc)
+        self._failed_at = time.monotonic()
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the connection is broken already
+            self._conn = None
+
+    def _resting(self) -> bool:
+        return self._failed_at is not None and time.monotonic() - self._failed_at < self.RETRY_SECONDS
+
     def type_info(self, oid: int) -> TypeInfo | None:
+        if self._resting():
+            return self._types.get(oid)
+        try:
+            return self._type_info(oid)
+        except Exception as exc:  # noqa: BLE001 - any driver error means the catalog is unavailable
+            self._unavailable(exc)
+            return None
+
+    def column_types(self, relation: Relation) -> Sequence[tuple[int, int]] | None:
+        if self._resting():
+            return self._columns.get((relation.relid, relation.version))
+        try:
+            return self._column_types(relation)
+        except Exception as exc:  # noqa: BLE001 - any driver error means the catalog is unavailable
+            self._unavailable(exc)
+            return None
+
+    def _type_info(self, oid: int) -> TypeInfo | None:
         if oid not in self._types:
             with self._cursor() as cur:
                 cur.execute("SELECT t.oid, t.typname, t.typtype, t.typbasetype, t.typtypmod, t.typelem, "
@@ -221,7 +264,7 @@ class PostgresTypeCatalog:
                                                                  int(row[4]), int(row[5]), row[6], int(row[7]))
         return self._types[oid]
 
-    def column_types(self, relation: Relation) -> Sequence[tuple[int, int]] | None:
+    def _column_types(self, relation: Relation) -> Sequence[tuple[int, int]] | None:
         key = (relation.relid, relation.version)
         if key not in self._columns:
             with self._cursor() as cur:
