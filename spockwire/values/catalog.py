@@ -23,10 +23,19 @@ column with the kind it returns. The mapping:
 | enums | ENUM | dictionary<int32, string> |
 | domains | their base type | |
 | 1-D arrays of the above | ARRAY | list<element type> (lower bounds are not kept) |
-| anything else | OTHER | string from the text form; binary from the binary form |
+| every other builtin type with a send format (spockwire.values.sendtext.RENDERED_TYPES: inet, cidr, macaddr(8), money, bit, varbit, ranges, multiranges, geometric types, tsvector, tsquery, pg_lsn, ...), arrays of them, composites, user ranges/multiranges over such types, domains over them | PGTEXT | string, PostgreSQL's text output: text values as they arrive, binary values rendered by `send_to_text` (the ColumnSpec's `render`) |
+| anything else (types of extensions) | OTHER | string from the text form; binary from the binary form |
 
 Without type information (pglogical sends none and no catalog was given) columns are RAW: string when every
 value arrived as valid UTF-8 text, binary otherwise — never guessed.
+
+Catalogs: pgoutput names every column's type OID, so only user-defined types need a catalog (enums, domains,
+composites, user ranges, and arrays of them); pglogical and spock name none, so every column needs one.
+`PostgresTypeCatalog(dsn)` reads `pg_type`/`pg_attribute`/`pg_range` over an ordinary connection and caches the
+answers; `spockwire.connect()`, the ingest worker and the Spark source attach one for their DSN by default
+(`strict=False`: an unreadable catalog leaves columns untyped with a warning instead of failing the stream).
+It reads the catalog as it is when asked, not as it was when the change was written: a type altered between
+the change and its decoding is described as it is now.
 """
 from __future__ import annotations
 
