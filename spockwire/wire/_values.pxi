@@ -73,6 +73,7 @@ cdef struct ColBuf:
     int nontext           # RAW/OTHER: set at freeze when any value of the builder is marked
     ColBuf* child         # ARRAY: the elements
     PyObject* render      # PGTEXT: spec.render (bytes -> str), one reference held
+    uint32_t type_oid     # PGTEXT: the type (picks a native renderer)
 
 
 cdef int kind_width(int kind) noexcept nogil:
@@ -103,6 +104,7 @@ cdef int col_init(ColBuf* col, object spec) except -1:
         render = spec.render
         Py_XINCREF(<PyObject*>render)
         col.render = <PyObject*>render
+        col.type_oid = spec.type_oid
     if col.kind == K_ARRAY:
         col.child = <ColBuf*>malloc(sizeof(ColBuf))
         if col.child == NULL:
@@ -1345,11 +1347,170 @@ cdef int append_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ss
     return rc
 
 
+# ------------------------------------------------------------------ types kept as text: native renderers
+# The common ones render here; every other PGTEXT type calls the column's Python renderer (render_text). Both
+# produce exactly spockwire.values.sendtext's text and refuse the same bytes (tests/test_typed_values.py,
+# tests/test_sendtext.py).
+cdef enum:
+    NOT_NATIVE = 1000
+
+cdef char* HEX_DIGITS = b"0123456789abcdef"
+
+
+cdef int render_mac(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, Py_ssize_t size) except -1:
+    cdef char s[24]
+    cdef Py_ssize_t k, o = 0
+    cdef unsigned char b
+    if n != size:
+        return F_INVALID
+    for k in range(size):
+        b = <unsigned char>p[k]
+        if k:
+            s[o] = 58
+            o += 1
+        s[o] = HEX_DIGITS[b >> 4]
+        s[o + 1] = HEX_DIGITS[b & 15]
+        o += 2
+    return var_append(col, idx, s, o)
+
+
+cdef int render_inet(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, bint cidr) except -1:
+    cdef char s[64]
+    cdef int o = 0, k, maxbits, size, best_base = -1, best_len = 0, cur_base = -1, cur_len = 0
+    cdef unsigned char family, bits, nb
+    cdef const unsigned char* a = <const unsigned char*>p + 4
+    cdef uint16_t words[8]
+    if n < 4:
+        return F_INVALID
+    family = <unsigned char>p[0]
+    bits = <unsigned char>p[1]
+    nb = <unsigned char>p[3]
+    if family == 2:
+        maxbits, size = 32, 4
+    elif family == 3:
+        maxbits, size = 128, 16
+    else:
+        return F_INVALID
+    if bits > maxbits or nb != size or n != 4 + size:
+        return F_INVALID
+    if family == 2:
+        o = snprintf(s, 64, b"%u.%u.%u.%u", a[0], a[1], a[2], a[3])
+    else:
+        for k in range(8):
+            words[k] = (<uint16_t>a[2 * k] << 8) | a[2 * k + 1]
+        for k in range(8):
+            if words[k] == 0:
+                if cur_base < 0:
+                    cur_base, cur_len = k, 1
+                else:
+                    cur_len += 1
+            else:
+                if cur_base >= 0 and (best_base < 0 or cur_len > best_len):
+                    best_base, best_len = cur_base, cur_len
+                cur_base = -1
+        if cur_base >= 0 and (best_base < 0 or cur_len > best_len):
+            best_base, best_len = cur_base, cur_len
+        if best_base >= 0 and best_len < 2:
+            best_base = -1
+        k = 0
+        while k < 8:
+            if best_base >= 0 and best_base <= k < best_base + best_len:
+                if k == best_base:
+                    s[o] = 58
+                    o += 1
+                k += 1
+                continue
+            if k:
+                s[o] = 58
+                o += 1
+            if k == 6 and best_base == 0 and (best_len == 6 or (best_len == 7 and words[7] != 1)
+                                              or (best_len == 5 and words[5] == 0xFFFF)):
+                o += snprintf(s + o, 64 - o, b"%u.%u.%u.%u", a[12], a[13], a[14], a[15])
+                break
+            o += snprintf(s + o, 64 - o, b"%x", <unsigned int>words[k])
+            k += 1
+        if best_base >= 0 and best_base + best_len == 8:
+            s[o] = 58
+            o += 1
+    if cidr or bits != maxbits:
+        o += snprintf(s + o, 64 - o, b"/%u", <unsigned int>bits)
+    return var_append(col, idx, s, o)
+
+
+cdef int render_money(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    """cash_out as with lc_monetary=C: -$1,234.56"""
+    cdef char digits[24]
+    cdef char s[48]
+    cdef int64_t v
+    cdef uint64_t mag, units
+    cdef int nd = 0, o = 0, k
+    if n != 8:
+        return F_INVALID
+    v = sw_load_i64(p)
+    mag = <uint64_t>(-(v + 1)) + 1 if v < 0 else <uint64_t>v
+    units = mag // 100
+    while True:
+        digits[nd] = <char>(48 + units % 10)
+        nd += 1
+        units //= 10
+        if units == 0:
+            break
+    if v < 0:
+        s[o] = 45
+        o += 1
+    s[o] = 36
+    o += 1
+    for k in range(nd - 1, -1, -1):
+        s[o] = digits[k]
+        o += 1
+        if k and k % 3 == 0:
+            s[o] = 44
+            o += 1
+    o += snprintf(s + o, 48 - o, b".%02u", <unsigned int>(mag % 100))
+    return var_append(col, idx, s, o)
+
+
+cdef int render_bits(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    cdef int32_t nbits
+    cdef int32_t* off = <int32_t*>col.offsets.data
+    cdef Py_ssize_t pos = off[idx], k
+    if n < 4:
+        return F_INVALID
+    nbits = sw_load_i32(p)
+    if nbits < 0 or n - 4 != (<Py_ssize_t>nbits + 7) // 8:
+        return F_INVALID
+    if pos + nbits > col.data.cap:
+        buf_grow(&col.data, pos + nbits)
+    for k in range(nbits):
+        col.data.data[pos + k] = <char>(49 if (<unsigned char>p[4 + (k >> 3)]) & (0x80 >> (k & 7)) else 48)
+    off[idx + 1] = <int32_t>(pos + nbits)
+    return 0
+
+
+cdef int render_native(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    """A binary value of a common type kept as text, rendered in C; NOT_NATIVE for the others."""
+    cdef uint32_t oid = col.type_oid
+    if oid == 869 or oid == 650:
+        return render_inet(col, idx, p, n, oid == 650)
+    if oid == 829:
+        return render_mac(col, idx, p, n, 6)
+    if oid == 774:
+        return render_mac(col, idx, p, n, 8)
+    if oid == 790:
+        return render_money(col, idx, p, n)
+    if oid == 1560 or oid == 1562:
+        return render_bits(col, idx, p, n)
+    return NOT_NATIVE
+
+
 cdef int render_text(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
-    """A binary value of a type kept as text (PGTEXT): PostgreSQL's text output of it, made by the column's
-    renderer (spockwire.values.sendtext, Python: a cold path, one call per value; the twin calls the same
-    function, so both give the same text and the same failures)."""
+    """A binary value of a type kept as text (PGTEXT): PostgreSQL's text output of it. inet, cidr, macaddr,
+    macaddr8, money, bit and varbit render in C; the others through the column's renderer
+    (spockwire.values.sendtext, Python: a cold path, one call per value, which the twin calls for every type)."""
     cdef bytes out
+    cdef int rc = render_native(col, idx, p, n)
+    if rc != NOT_NATIVE:
+        return rc
     try:
         out = (<object>col.render)(PyBytes_FromStringAndSize(p, n)).encode("utf-8")
     except ValueFailure as failure:
