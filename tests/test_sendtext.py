@@ -27,7 +27,8 @@ VALUES: dict[str, list[str]] = {
     "cid": ["7"],
     "xid8": ["18446744073709551615", "0"],
     "tid": ["(0,1)", "(4294967295,65535)"],
-    "float4": [f for f in FLOATS if f not in ("1e-300", "5e-324", "1.7976931348623157e308")] + ["1e6", "123456", "1234567", "1e-45", "3.4028235e38", "0.3", "16777217"],
+    "float4": [f for f in FLOATS if f not in ("1e-300", "5e-324", "1.7976931348623157e308")]
+              + ["1e6", "123456", "1234567", "1e-45", "3.4028235e38", "0.3", "16777217"],
     "float8": FLOATS,
     "numeric": ["0", "-0.000", "1.50", "123456789012345678901234567890.123456789", "NaN", "Infinity",
                 "-Infinity", "1e-20", "10000", "-99999.9999"],
@@ -209,3 +210,29 @@ def test_malformed_bytes_fail(oid, raw):
     with pytest.raises(ValueFailure) as err:
         send_to_text(oid, raw)
     assert err.value.code == INVALID
+
+
+RANDOM_SQL = {
+    "timestamp": "timestamp '2000-01-01' + ((random() - 0.5) * 1.8e16)::int8 * interval '1 microsecond'",
+    "timestamptz": "timestamptz '2000-01-01 00:00:00+00' + ((random() - 0.5) * 1.8e16)::int8 "
+                   "* interval '1 microsecond'",
+    "date": "date '2000-01-01' + (CASE WHEN random() < 0.5 THEN -2400000 * random() ELSE 2.1e9 * random() END)::int",
+    "interval": "make_interval(0, ((random() - 0.5) * 4e6)::int, 0, ((random() - 0.5) * 1e6)::int, 0, 0, "
+                "(random() - 0.5) * 1e10)",
+    "time": "time '00:00:00' + (random() * 86400e6)::int8 * interval '1 microsecond'",
+    "timetz": "(time '00:00:00' + (random() * 86400e6)::int8 * interval '1 microsecond')::timetz",
+    "numeric": "round(((random() - 0.5) * 10 ^ (random() * 40 - 20))::numeric, (random() * 30)::int)",
+    "money": "((random() - 0.5) * 1e17)::int8::money",
+    "float8": "(random() - 0.5) * 10 ^ (random() * 600 - 300)",
+    "float4": "((random() - 0.5) * 10 ^ (random() * 70 - 35))::float4",
+}
+
+
+@pytest.mark.parametrize("typ", sorted(RANDOM_SQL))
+def test_random_values_match_server_text(cur, typ):
+    out, send, oid = _funcs(cur, typ)
+    cur.execute("SELECT setseed(0.25)")
+    cur.execute(f"SELECT {out}(x)::text, {send}(x) FROM (SELECT {RANDOM_SQL[typ]} AS x "
+                f"FROM generate_series(1, 400)) s")
+    for text, raw in cur.fetchall():
+        assert send_to_text(oid, bytes(raw)) == text, (typ, bytes(raw))

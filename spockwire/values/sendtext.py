@@ -27,8 +27,8 @@ from typing import Any, Callable
 from ._convert_py import ValueFailure, char_text, numeric_text_from_binary, timetz_text
 from .failures import INVALID, INVALID_UTF8, NO_TEXT_FORM
 
-__all__ = ["send_to_text", "can_render", "RENDERED_TYPES", "TYPE_NAMES", "RANGE_SUBTYPES", "MULTIRANGE_RANGES", "ARRAY_ELEMENTS",
-           "float8_text", "float4_text"]
+__all__ = ["send_to_text", "can_render", "RENDERED_TYPES", "TYPE_NAMES", "RANGE_SUBTYPES", "MULTIRANGE_RANGES",
+           "ARRAY_ELEMENTS", "float8_text", "float4_text"]
 
 _I16, _U16, _I32, _U32, _I64, _U64 = (struct.Struct(">h"), struct.Struct(">H"), struct.Struct(">i"),
                                       struct.Struct(">I"), struct.Struct(">q"), struct.Struct(">Q"))
