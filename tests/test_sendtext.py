@@ -174,13 +174,14 @@ def test_float_bit_patterns(cur):
 def test_user_types_through_catalog(pg_cluster, dbname, cur):
     cur.execute("CREATE TYPE mood AS ENUM ('sad', 'ok, fine'); CREATE DOMAIN pos AS int4 CHECK (VALUE > 0);"
                 "CREATE DOMAIN addr AS inet; CREATE TYPE pair AS (m mood, p pos, a addr, t text[]);"
-                "CREATE TYPE floatrange AS RANGE (subtype = float8)")
+                "CREATE TYPE floatrange AS RANGE (subtype = float8); CREATE TYPE textrange AS RANGE (subtype = text)")
     catalog = PostgresTypeCatalog(pg_cluster.dsn(dbname=dbname))
     try:
         for typ, literal in [("mood", "ok, fine"), ("pos", "5"), ("addr", "10.1.2.3/16"),
                              ("pair", "(\"ok, fine\",3,::1,\"{a,\"\"b c\"\"}\")"), ("pair[]", "{\"(sad,1,,)\"}"),
                              ("mood[]", "{sad,\"ok, fine\"}"), ("floatrange", "[1.5,2)"),
-                             ("floatmultirange", "{[1,2),[3.5,4]}")]:
+                             ("floatmultirange", "{[1,2),[3.5,4]}"), ("textrange", '[" a b","c\\"d")'),
+                             ("textrange", '["",x)'), ("addr[]", "{1.2.3.4/8,NULL}"), ("textmultirange", "{[a,b)}")]:
             _check(cur, typ, literal, catalog)
         _out, send, oid = _funcs(cur, "pair")
         cur.execute(f"SELECT {send}('(sad,1,,)'::pair)")

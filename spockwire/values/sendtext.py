@@ -523,7 +523,10 @@ def _tsquery(raw: bytes) -> str:
         left = parse(depth + 1)
         return ("o", it[1], it[2], left, right)
 
-    tree = parse(0)
+    try:
+        tree = parse(0)
+    except RecursionError:   # deeper than Python's stack allows: refused alike by both implementations
+        raise _bad() from None
     if pos != len(items):
         raise _bad()
 
@@ -557,7 +560,10 @@ def _tsquery(raw: bytes) -> str:
         needs = prio < parent_prio or (op == _OP_PHRASE and right_of_phrase)
         return f"( {s} )" if needs else s
 
-    return show(tree, 0)
+    try:
+        return show(tree, 0)
+    except RecursionError:
+        raise _bad() from None
 
 
 # ------------------------------------------------------------------ containers
