@@ -1038,3 +1038,18 @@ def test_native_text_renderers_match_the_python_renderer(value) -> None:
     for impl_name in IMPLS:
         rb = _decode_frames(impl_name, frames)
         assert rb.column(rb.schema.get_field_index("c0")).to_pylist() == [expected], (impl_name, raw)
+
+
+def test_static_catalog_names_types_kept_as_text(impl: Any) -> None:
+    """pglogical with a StaticTypeCatalog naming inet and int4range[]: binary and text values give the same text."""
+    from spockwire.values import StaticTypeCatalog
+
+    inet_send = bytes([2, 24, 0, 4, 192, 168, 0, 1])
+    for type_name, values, expected in (
+            ("inet", [inet_send, "192.168.0.1/24"], "192.168.0.1/24"),
+            ("int4range[]", [b"\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x0f\x48\x00\x00\x00\x01\x00\x00\x00\x01"
+                             b"\x00\x00\x00\x01\x01", "{empty}"], "{empty}")):
+        catalog = StaticTypeCatalog({"public.h": {"v": type_name}})
+        batch = _one_column(impl, "pglogical", None, values, type_catalog=catalog).to_arrow()
+        assert batch.column(7).type == pa.string()
+        assert batch.column(7).to_pylist() == [expected, expected]

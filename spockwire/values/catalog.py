@@ -180,10 +180,13 @@ def parse_type_name(spec: Any) -> tuple[int, int]:
         else:
             typmod = nums[0]
     oid = _BY_NAME.get(text)
+    if oid is None:   # the builtin types kept as text (inet, money, int4range, ...)
+        oid = {n: o for o, n in _sendtext().TYPE_NAMES.items() if o not in (705, 2249)}.get(text)
     if oid is None:
         raise ValueError(f"unknown type name {spec!r}")
     if is_array:
         arrays = {elem: arr for arr, elem in ARRAY_TYPES.items()}
+        arrays.update({elem: arr for arr, elem in _sendtext().ARRAY_ELEMENTS.items() if elem not in arrays})
         oid = arrays[oid]
     return oid, typmod
 
