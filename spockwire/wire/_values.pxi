@@ -1472,19 +1472,19 @@ cdef int render_money(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) 
 
 cdef int render_bits(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
     cdef int32_t nbits
-    cdef int32_t* off = <int32_t*>col.offsets.data
-    cdef Py_ssize_t pos = off[idx], k
+    cdef Py_ssize_t k
+    cdef bytes out
+    cdef char* q
     if n < 4:
         return F_INVALID
     nbits = sw_load_i32(p)
     if nbits < 0 or n - 4 != (<Py_ssize_t>nbits + 7) // 8:
         return F_INVALID
-    if pos + nbits > col.data.cap:
-        buf_grow(&col.data, pos + nbits)
+    out = PyBytes_FromStringAndSize(NULL, nbits)
+    q = out
     for k in range(nbits):
-        col.data.data[pos + k] = <char>(49 if (<unsigned char>p[4 + (k >> 3)]) & (0x80 >> (k & 7)) else 48)
-    off[idx + 1] = <int32_t>(pos + nbits)
-    return 0
+        q[k] = <char>(49 if (<unsigned char>p[4 + (k >> 3)]) & (0x80 >> (k & 7)) else 48)
+    return var_append(col, idx, q, nbits)
 
 
 cdef int render_native(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
