@@ -26,6 +26,11 @@ column with the kind it returns. The mapping:
 | every other builtin type with a send format (spockwire.values.sendtext.RENDERED_TYPES: inet, cidr, macaddr(8), money, bit, varbit, ranges, multiranges, geometric types, tsvector, tsquery, pg_lsn, ...), arrays of them, composites, user ranges/multiranges over such types, domains over them | PGTEXT | string, PostgreSQL's text output: text values as they arrive, binary values rendered by `send_to_text` (the ColumnSpec's `render`) |
 | anything else (types of extensions) | OTHER | string from the text form; binary from the binary form |
 
+PGTEXT binary values: the C implementation renders inet, cidr, macaddr, macaddr8, money, bit, varbit and the
+int4/int8/date/timestamp/timestamptz ranges itself, and calls the column's `render` (Python, one call per value)
+for the other types; the pure-Python twin calls `render` for all of them. Both give send_to_text's text and
+refuse the same bytes.
+
 Without type information (pglogical sends none and no catalog was given) columns are RAW: string when every
 value arrived as valid UTF-8 text, binary otherwise — never guessed.
 
