@@ -237,3 +237,26 @@ def test_random_values_match_server_text(cur, typ):
                 f"FROM generate_series(1, 400)) s")
     for text, raw in cur.fetchall():
         assert send_to_text(oid, bytes(raw)) == text, (typ, bytes(raw))
+
+
+def test_composites_with_fields_of_unknown_send_format_stay_as_they_arrive(pg_cluster, dbname, cur):
+    """A composite holding an extension's type (hstore: its send format is not known here) is not rendered: its
+    column keeps the bytes/text as they arrive (OTHER) instead of failing on valid values."""
+    from spockwire.model import Column, Relation
+    from spockwire.values.catalog import OTHER, PGTEXT, column_specs
+    from spockwire.values.sendtext import can_render
+
+    cur.execute("CREATE EXTENSION hstore; CREATE TYPE with_h AS (a int, h hstore); "
+                "CREATE TYPE with_i AS (a int, i inet, t with_h[])")
+    cur.execute("SELECT 'with_h'::regtype::oid, 'with_i'::regtype::oid, 'hstore'::regtype::oid, "
+                "'with_h[]'::regtype::oid")
+    with_h, with_i, hstore, with_h_array = cur.fetchone()
+    catalog = PostgresTypeCatalog(pg_cluster.dsn(dbname=dbname))
+    try:
+        assert not can_render(with_h, catalog) and not can_render(hstore, catalog)
+        assert not can_render(with_i, catalog)        # holds an array of with_h
+        rel = Relation(1, "public", "t", tuple(Column(f"c{i}", oid, -1, False)
+                                              for i, oid in enumerate((with_h, hstore, with_h_array, 869))), "d", 1)
+        assert [s.kind for s in column_specs(rel, {}, catalog, True)] == [OTHER, OTHER, OTHER, PGTEXT]
+    finally:
+        catalog.close()

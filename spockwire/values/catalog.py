@@ -216,6 +216,7 @@ class PostgresTypeCatalog:
         self._connect = connect
         self._conn: Any = None
         self._types: dict[int, TypeInfo | None] = {}
+        self._fields: dict[int, list[int] | None] = {}
         self._columns: dict[tuple[int, int], list[tuple[int, int]] | None] = {}
 
     def _cursor(self) -> Any:
@@ -268,6 +269,21 @@ class PostgresTypeCatalog:
         except Exception as exc:  # noqa: BLE001 - any driver error means the catalog is unavailable
             self._unavailable(exc)
             return None
+
+    def composite_fields(self, oid: int) -> list[int] | None:
+        """The field types of composite type `oid` (None when it is not one, or the catalog cannot be read)."""
+        if oid not in self._fields:
+            if self._resting():
+                return None
+            try:
+                with self._cursor() as cur:
+                    cur.execute("SELECT a.atttypid FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid "
+                                "WHERE t.oid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (oid,))
+                    self._fields[oid] = [int(r[0]) for r in cur.fetchall()] or None
+            except Exception as exc:  # noqa: BLE001 - any driver error means the catalog is unavailable
+                self._unavailable(exc)
+                return None
+        return self._fields[oid]
 
     def _type_info(self, oid: int) -> TypeInfo | None:
         if oid not in self._types:
@@ -382,7 +398,7 @@ def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catal
         if info.category == "A" and info.element_oid:
             return _array_spec(_spec_for(info.element_oid, typmod, types, catalog, numeric_text, depth + 1),
                                oid, catalog)
-        if info.typtype == "c" or (info.typtype in ("r", "m") and _sendtext().can_render(oid, catalog)):
+        if info.typtype in ("c", "r", "m") and _sendtext().can_render(oid, catalog):
             return _text_spec(oid, info.name, catalog)
         return ColumnSpec(OTHER, info.name, None)
     described = types.get(oid)

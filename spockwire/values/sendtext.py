@@ -829,8 +829,8 @@ def send_to_text(type_oid: int, raw: bytes, catalog: Any = None) -> str:
 
 
 def can_render(type_oid: int, catalog: Any = None, depth: int = 0) -> bool:
-    """Whether `send_to_text` knows the send format of `type_oid` (nested types of records and arrays of
-    records are only known once a value names them)."""
+    """Whether `send_to_text` knows the send format of `type_oid`: builtin types, and through `catalog` domains,
+    enums, user ranges and composites whose fields it can render (when the catalog has `composite_fields`)."""
     if type_oid in RENDERED_TYPES:
         return True
     elem = ARRAY_ELEMENTS.get(type_oid)
@@ -843,8 +843,12 @@ def can_render(type_oid: int, catalog: Any = None, depth: int = 0) -> bool:
         return False
     if info.typtype == "d" and info.base_oid:
         return can_render(info.base_oid, catalog, depth + 1)
-    if info.typtype in ("e", "c"):
+    if info.typtype == "e":
         return True
+    if info.typtype == "c":
+        fields = getattr(catalog, "composite_fields", None)
+        oids = fields(type_oid) if fields is not None else None
+        return oids is None or all(can_render(o, catalog, depth + 1) for o in oids)
     if info.category == "A" and info.element_oid:
         return can_render(info.element_oid, catalog, depth + 1)
     if info.typtype in ("r", "m") and getattr(info, "subtype_oid", 0):
