@@ -24,7 +24,7 @@ column with the kind it returns. The mapping:
 | domains | their base type | |
 | 1-D arrays of the above | ARRAY | list<element type> (lower bounds are not kept) |
 | every other builtin type with a send format (spockwire.values.sendtext.RENDERED_TYPES: inet, cidr, macaddr(8), money, bit, varbit, ranges, multiranges, geometric types, tsvector, tsquery, pg_lsn, ...), arrays of them, composites, user ranges/multiranges over such types, domains over them | PGTEXT | string, PostgreSQL's text output: text values as they arrive, binary values rendered by `send_to_text` (the ColumnSpec's `render`) |
-| anything else (types of extensions) | OTHER | string from the text form; binary from the binary form |
+| anything else (types of extensions, composites holding them, reg* types) | OTHER | string from the text form; binary from the binary form |
 
 PGTEXT binary values: the C implementation renders inet, cidr, macaddr, macaddr8, money, bit, varbit and the
 int4/int8/date/timestamp/timestamptz ranges itself, and calls the column's `render` (Python, one call per value)
