@@ -260,3 +260,21 @@ def test_composites_with_fields_of_unknown_send_format_stay_as_they_arrive(pg_cl
         assert [s.kind for s in column_specs(rel, {}, catalog, True)] == [OTHER, OTHER, OTHER, PGTEXT]
     finally:
         catalog.close()
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from spockwire.values.sendtext import ARRAY_ELEMENTS, RENDERED_TYPES  # noqa: E402
+
+ALL_OIDS = sorted(RENDERED_TYPES | set(ARRAY_ELEMENTS))
+
+
+@settings(deadline=None, max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
+@given(oid=st.sampled_from(ALL_OIDS), raw=st.binary(max_size=64))
+def test_any_bytes_render_or_fail_with_a_value_failure(oid, raw):
+    """Arbitrary bytes as the send form of any rendered type: a string, or ValueFailure - nothing else."""
+    try:
+        assert isinstance(send_to_text(oid, raw), str)
+    except ValueFailure:
+        pass
