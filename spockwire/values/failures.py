@@ -8,6 +8,7 @@ SPECIAL_DECIMAL = 4      # NaN or ±Infinity in a numeric(p,s) column decoded as
 OUT_OF_RANGE = 5         # a valid value that does not fit the Arrow type
 INVALID_UTF8 = 6         # text that is not UTF-8
 BYTE_ORDER_UNKNOWN = 7   # an internal datum, but the startup message did not say the server's byte order
+NO_TEXT_FORM = 16        # a binary value holding a value of a type whose send format is unknown (no text form)
 
 _FORMATS = {0x74: "text", 0x62: "binary", 0x69: "internal"}
 
@@ -31,4 +32,7 @@ def value_problem(code: int, fmt: int, raw: bytes, type_name: str) -> str:
     if code == BYTE_ORDER_UNKNOWN:
         return (f"internal-format value of type {type_name} needs the server's byte order "
                 f"(binary.bigendian in the startup message)")
+    if code == NO_TEXT_FORM:
+        return (f"{form} value of type {type_name} holds a value of a type whose binary format is unknown "
+                f"(stream this table in the text format, or use types='raw')")
     return f"cannot decode {form} value {shown!r} as {type_name}"
