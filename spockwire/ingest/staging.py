@@ -33,6 +33,8 @@ import pyarrow.parquet as pq
 
 from ..errors import SpockwireError
 from ..model import ChangeBatch, LogicalMessage, Relation, Truncate
+from .source import StagingSource
+from .stored_types import restore_table, store_batch
 
 __all__ = [
     "FORMAT_VERSION", "StagingError", "StagedFile", "SchemaVersion", "StagingState", "StagingWriter",
@@ -253,6 +255,7 @@ class StagingState:
     committed_lsn: int = 0
     commit: int = 0
     protocol: str | None = None
+    source: StagingSource | None = None
     removed: list[Path] = field(default_factory=list)
 
     @property
@@ -298,6 +301,11 @@ class StagingState:
         self.committed_lsn = max(self.committed_lsn, int(entry["committed_lsn"]))
         self.commit = number
         self.protocol = entry.get("protocol", self.protocol)
+        if entry.get("source"):
+            try:
+                self.source = StagingSource.from_json(entry["source"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise StagingError(f"staging log entry {number} has a damaged source record: {exc!r}") from None
         self.entries.append(entry)
 
     @classmethod
@@ -531,13 +539,14 @@ class StagingWriter:
 
     def __init__(self, out_dir: PathLike, protocol: str, *, compression: str = "zstd",
                  max_rows: int = DEFAULT_MAX_ROWS, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_age: float = DEFAULT_MAX_AGE) -> None:
+                 max_age: float = DEFAULT_MAX_AGE, source: StagingSource | None = None) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
         if max_rows < 1 or max_bytes < 1 or max_age < 0:
             raise ValueError("max_rows and max_bytes must be positive and max_age not negative")
         self.out_dir = Path(out_dir)
         self.protocol = protocol
+        self.source = source
         self.compression = compression
         self.max_rows = max_rows
         self.max_bytes = max_bytes
@@ -555,6 +564,10 @@ class StagingWriter:
             if self.state.protocol is not None and self.state.protocol != protocol:
                 raise StagingError(f"staging folder {self.out_dir} holds a {self.state.protocol} stream; "
                                    f"refusing to add {protocol} changes to it")
+            recorded = self.state.source
+            if source is not None and recorded is not None and recorded != source:
+                raise StagingError(f"staging folder {self.out_dir} holds changes from {recorded.describe()}; "
+                                   f"refusing to add changes from {source.describe()}")
         except BaseException:
             self._lock.release()
             self._lock = None
@@ -766,7 +779,7 @@ class StagingWriter:
             files = []
             for (table, version), g in self._groups.items():
                 sv = g.schema
-                data = self._encode_parquet(pa.Table.from_batches(g.batches))
+                data = self._encode_parquet(pa.Table.from_batches([store_batch(b) for b in g.batches]))
                 rel_dir = f"{table_folder_name(sv.namespace, sv.name)}/v{version}"
                 name = part_name(g.first[0], g.last[0], number)
                 self._put(rel_dir, name, data, created, dirs)
@@ -797,6 +810,7 @@ class StagingWriter:
                 "format": FORMAT_VERSION, "commit": number, "committed_lsn": new_lsn,
                 "committed_lsn_text": format_lsn(new_lsn), "previous_committed_lsn": previous,
                 "protocol": self.protocol, "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+                **({"source": self.source.to_json()} if self.source is not None else {}),
                 "files": files, "truncates": list(self._truncates), "messages": messages,
                 "relations": [sv.to_json() for sv in self._new_versions],
             }
@@ -874,7 +888,7 @@ def list_tables(out_dir: PathLike) -> list[str]:
 def _read_file(out: Path, rel: str) -> pa.Table:
     path = out / rel
     try:
-        return pq.ParquetFile(path).read()
+        return restore_table(pq.ParquetFile(path).read())
     except FileNotFoundError:
         raise StagingError(f"staging file {path} named by the log is missing") from None
     except (OSError, pa.ArrowInvalid) as exc:
