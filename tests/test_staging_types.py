@@ -289,3 +289,18 @@ def test_spark_reads_staged_types_like_the_python_reader(source: Source) -> None
             {i for i, r in rows.items() if r[column] == top - 1 and i in texts}
         assert {i for i, t in texts.items() if t == "-infinity"} == \
             {i for i, r in rows.items() if r[column] == -top and i in texts}
+
+
+def test_command_line_json_gives_infinity_and_dates_as_text() -> None:
+    """`spockwire inspect --format json` of typed values: ±infinity as PostgreSQL's text, dates and times ISO."""
+    import decimal
+    import json
+    import uuid
+
+    from spockwire.cli.common import json_value
+
+    row = {"d": [dt.date(2000, 1, 2), INFINITY, NEG_INFINITY, None], "t": dt.time(1, 2, 3, 500000),
+           "n": decimal.Decimal("1.50"), "u": uuid.UUID(int=5)}
+    assert json.loads(json.dumps(row, default=json_value)) == {
+        "d": ["2000-01-02", "infinity", "-infinity", None], "t": "01:02:03.500000", "n": "1.50",
+        "u": "00000000-0000-0000-0000-000000000005"}

@@ -121,11 +121,14 @@ def format_row(row: dict[str, Any], names: list[str], width: int = 40) -> str:
 
 
 def json_value(value: Any) -> Any:
-    """A JSON-friendly form: bytes as PostgreSQL bytea hex text (``\\x...``), datetimes as ISO-8601."""
+    """A JSON-friendly form: bytes as PostgreSQL bytea hex text (``\\x...``), dates, times and datetimes as
+    ISO-8601, other objects (Decimal, UUID, ±infinity) as their text."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "\\x" + bytes(value).hex()
-    if isinstance(value, _dt.datetime):
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
         return value.isoformat()
     if isinstance(value, list):
         return [json_value(v) for v in value]
-    return value
+    if isinstance(value, (str, int, float, bool, dict, tuple, type(None))):
+        return value
+    return str(value)             # Decimal, uuid.UUID, spockwire.INFINITY / NEG_INFINITY ("infinity" / "-infinity")
