@@ -64,3 +64,31 @@ def test_batches_without_intervals_are_untouched():
                                        names=["a", "b"])
     assert store_batch(batch) is batch
     assert restore_batch(batch) is batch
+
+
+def test_a_column_whose_type_changed_reads_per_schema_version(tmp_path):
+    """A column staged as date32 and later as string (two schema versions): both kept exactly; reading them as one
+    table is a clear error naming the versions, each version reads alone."""
+    from spockwire.export.arrow import finish_batch
+    from spockwire.ingest import StagingError, StagingWriter, read_staging
+    from spockwire.model import ChangeBatch, Column, Relation
+
+    rel = Relation(7, "public", "d", (Column("id", 23, -1, True), Column("v", 1082, -1, False)), "d", 1)
+
+    def batch(lsn: int, values: pa.Array) -> ChangeBatch:
+        rb = finish_batch(rel, pa.array([0], pa.int8()), pa.array([lsn], pa.uint64()),
+                          pa.array([0], pa.int64()).cast(pa.timestamp("us", tz="UTC")), pa.array([1], pa.uint32()),
+                          pa.array([0], pa.int64()), pa.array([None], pa.string()), None, None, None,
+                          [pa.array([1], pa.int32()), values])
+        return ChangeBatch(rel, rb)
+
+    with StagingWriter(tmp_path, "pgoutput") as writer:
+        writer.add(batch(10, pa.array([2 ** 31 - 1], pa.int32()).cast(pa.date32())))
+        writer.add(batch(20, pa.array(["infinity"], pa.string())))
+        writer.commit(30)
+    with pytest.raises(StagingError, match=r"public\.d .*date32.* read its schema versions \(1, 2\) one at a time "
+                                           r"with schema_version="):
+        read_staging(tmp_path, "public.d")
+    assert read_staging(tmp_path, "public.d", schema_version=1).column("v").cast(pa.int32()).to_pylist() == \
+        [2 ** 31 - 1]
+    assert read_staging(tmp_path, "public.d", schema_version=2).column("v").to_pylist() == ["infinity"]

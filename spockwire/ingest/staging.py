@@ -895,11 +895,11 @@ def _read_file(out: Path, rel: str) -> pa.Table:
         raise StagingError(f"cannot read staging file {path}: {exc}") from exc
 
 
-def _concat(tables: list[pa.Table], what: str) -> pa.Table:
+def _concat(tables: list[pa.Table], what: str, hint: str = "") -> pa.Table:
     try:
         return pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise StagingError(f"cannot combine the staged files of {what} into one table: {exc}") from exc
+        raise StagingError(f"cannot combine the staged files of {what} into one table: {exc}{hint}") from exc
 
 
 def read_staging(out_dir: PathLike, table: str | None = None, *, schema_version: int | None = None) -> pa.Table:
@@ -919,7 +919,10 @@ def read_staging(out_dir: PathLike, table: str | None = None, *, schema_version:
         files = [f for f in state.files.get(table, ()) if schema_version is None or f.schema_version == schema_version]
         if not files:
             return pa.table({})
-        return _concat([_read_file(out, f.path).replace_schema_metadata(None) for f in files], table)
+        versions = sorted({f.schema_version for f in files})
+        hint = "" if len(versions) == 1 else (f"; read its schema versions ({', '.join(map(str, versions))}) one "
+                                              "at a time with schema_version=")
+        return _concat([_read_file(out, f.path).replace_schema_metadata(None) for f in files], table, hint)
     ordered = sorted((f for fs in state.files.values() for f in fs), key=lambda f: (f.commit, f.path))
     parts = []
     for f in ordered:
