@@ -7,7 +7,7 @@ which records it in every log entry and refuses to add changes from another sour
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import SpockwireError
 
@@ -73,8 +73,8 @@ class StagingSource:
                 f"{self.plugin} {label} {sets}")
 
 
-def read_source(dsn: str, *, slot: str, plugin: str, publication: Any = None,
-                replication_sets: Any = None) -> StagingSource:
+def read_source(dsn: str, *, slot: str, plugin: str, publication: Any = None, replication_sets: Any = None,
+                connect_kwargs: Mapping[str, Any] | None = None) -> StagingSource:
     """The source a worker with these settings streams from: asks the server for its system identifier and the
     database of `dsn` (``pg_control_system()``; ``IDENTIFY_SYSTEM`` on a replication connection when the role
     may not call it). Raises SpockwireError when the server cannot be asked."""
@@ -82,7 +82,7 @@ def read_source(dsn: str, *, slot: str, plugin: str, publication: Any = None,
 
     sets = publication if plugin_name(plugin) == "pgoutput" else replication_sets
     try:
-        conn = psycopg2.connect(dsn)
+        conn = psycopg2.connect(dsn, **dict(connect_kwargs or {}))
     except psycopg2.Error as exc:
         raise SpockwireError(f"cannot connect to the source to identify it: {str(exc).strip()}") from exc
     try:
@@ -101,7 +101,8 @@ def read_source(dsn: str, *, slot: str, plugin: str, publication: Any = None,
         from psycopg2.extras import LogicalReplicationConnection
 
         try:
-            rconn = psycopg2.connect(dsn, connection_factory=LogicalReplicationConnection)
+            rconn = psycopg2.connect(dsn, connection_factory=LogicalReplicationConnection,
+                                     **dict(connect_kwargs or {}))
         except psycopg2.Error as exc:
             raise SpockwireError(f"cannot connect to the source to identify it: {str(exc).strip()}") from exc
         try:

@@ -12,7 +12,9 @@ A Parquet file exists for readers only once a log entry names it. `StagingWriter
 per table and schema version; `commit(committed_lsn)` writes the files, makes them durable, then appends the log
 entry that publishes them. `StagingState.open` reads the log, removes crash leftovers and gives the resume point
 and the per-table high-water marks a restarted writer uses to drop re-delivered changes. `read_staging` and
-`list_tables` read only what the log names, in log order. The full description is docs/staging.md.
+`list_tables` read only what the log names, in log order. A writer given a `source` (source.py) records it in
+every log entry and refuses a folder whose recorded source differs. Intervals, which Parquet cannot hold, are
+stored as a marked struct and restored on read (stored_types.py). The full description is docs/staging.md.
 """
 from __future__ import annotations
 

@@ -226,7 +226,7 @@ class IngestWorker:
                     "spock": "spock", "spock_output": "spock"}.get(cfg.plugin, cfg.plugin)
         # the folder must hold this source's changes only (refused with both named otherwise)
         source = read_source(cfg.dsn, slot=cfg.slot, plugin=cfg.plugin, publication=cfg.publication,
-                             replication_sets=cfg.replication_sets)
+                             replication_sets=cfg.replication_sets, connect_kwargs=cfg.extra.get("connect_kwargs"))
         writer = StagingWriter(cfg.out, protocol, compression=cfg.compression, max_rows=cfg.flush_rows,
                                max_bytes=cfg.flush_bytes, max_age=cfg.flush_seconds, source=source)
         self.writer = writer
