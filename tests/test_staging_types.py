@@ -29,7 +29,7 @@ from spockwire.ingest.replay import replay_table
 from spockwire.ingest.staging import StagingState
 from spockwire.ingest.stored_types import ARROW_TYPE_KEY, INTERVAL_STRUCT
 from spockwire.ingest.worker import IngestConfig, IngestWorker
-from spockwire.model import ChangeBatch, Relation
+from spockwire.model import ChangeBatch, Column, Relation
 from spockwire.values import PostgresTypeCatalog
 from tests.conftest import load_impl
 from tests.pg_fixtures import PgDatabase
@@ -312,3 +312,35 @@ def test_command_line_json_gives_infinity_and_dates_as_text() -> None:
     assert json.loads(json.dumps(row, default=json_value)) == {
         "d": ["2000-01-02", "infinity", "-infinity", None], "t": "01:02:03.500000", "n": "1.50",
         "u": "00000000-0000-0000-0000-000000000005"}
+
+
+def test_spark_reads_a_date_column_that_became_text_as_postgresql_text(source: Source, tmp_path) -> None:
+    """A column staged as date32 in schema version 1 and as string in version 2 (the Spark schema takes the newest
+    type): the version 1 values become the server's own text of each date, infinity and BC included."""
+    from tests.spark_session import spark_session
+
+    import spockwire.spark as sws
+    from spockwire.export.arrow import finish_batch
+
+    dates = ["infinity", "-infinity", "1970-01-01", "0044-03-15 BC", "5874897-12-31"]
+    server = [r[0] for r in source.db.query(
+        "SELECT d::date::text FROM unnest(%s::text[]) WITH ORDINALITY u(d, o) ORDER BY o", (dates,))]
+    days = [2 ** 31 - 1, -(2 ** 31)] + [r[0] for r in source.db.query(
+        "SELECT d::date - '1970-01-01'::date FROM unnest(%s::text[]) WITH ORDINALITY u(d, o) ORDER BY o",
+        (dates[2:],))]
+    rel = Relation(9, "public", "changed", (Column("id", 23, -1, True), Column("v", 1082, -1, False)), "d", 1)
+
+    def batch(lsn: int, ids: list[int], values: pa.Array) -> ChangeBatch:
+        n = len(ids)
+        rb = finish_batch(rel, pa.array([0] * n, pa.int8()), pa.array([lsn] * n, pa.uint64()),
+                          pa.array([0] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                          pa.array([1] * n, pa.uint32()), pa.array(range(n), pa.int64()),
+                          pa.array([None] * n, pa.string()), None, None, None, [pa.array(ids, pa.int32()), values])
+        return ChangeBatch(rel, rb)
+
+    with StagingWriter(tmp_path, "pgoutput") as writer:
+        writer.add(batch(10, list(range(len(days))), pa.array(days, pa.int32()).cast(pa.date32())))
+        writer.add(batch(20, [99], pa.array(["later text"], pa.string())))
+        writer.commit(30)
+    got = {r["id"]: r["v"] for r in sws.read_staging(spark_session(), str(tmp_path), "public.changed").collect()}
+    assert got == {**dict(enumerate(server)), 99: "later text"}

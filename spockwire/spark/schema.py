@@ -223,6 +223,17 @@ def conform_array(arr: pa.Array, target: pa.DataType, name: str = "?") -> pa.Arr
             raise OverflowError(f"column {name!r}: a {src} value does not fit Spark's signed {target}") from exc
     if pa.types.is_time64(src) and pa.types.is_string(target):
         return _time_text(arr)
+    if (pa.types.is_date32(src) or pa.types.is_timestamp(src)) and pa.types.is_string(target):
+        # a column staged as a date / timestamp in one schema version and as text in a later one: PostgreSQL's
+        # text of each value (infinity, BC, after 9999 included), never pyarrow's ISO cast of the raw number
+        from ..export.python import date_text, timestamp_text
+
+        if pa.types.is_date32(src):
+            texts = [None if v is None else date_text(v) for v in arr.cast(pa.int32()).to_pylist()]
+        else:
+            with_tz = src.tz is not None
+            texts = [None if v is None else timestamp_text(v, with_tz) for v in arr.cast(pa.int64()).to_pylist()]
+        return pa.array(texts, pa.string())
     if (pa.types.is_binary(src) or pa.types.is_large_binary(src)) and pa.types.is_string(target):
         try:
             return pc.cast(arr, target, safe=True)
