@@ -314,13 +314,50 @@ def test_command_line_json_gives_infinity_and_dates_as_text() -> None:
         "u": "00000000-0000-0000-0000-000000000005"}
 
 
+def _insert_batch(rel: Relation, lsn: int, ids: list[int], values: pa.Array) -> ChangeBatch:
+    """A batch of inserts of (id, v) at one commit LSN, as a decoder would hand it over."""
+    from spockwire.export.arrow import finish_batch
+
+    n = len(ids)
+    rb = finish_batch(rel, pa.array([0] * n, pa.int8()), pa.array([lsn] * n, pa.uint64()),
+                      pa.array([0] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")), pa.array([1] * n, pa.uint32()),
+                      pa.array(range(n), pa.int64()), pa.array([None] * n, pa.string()), None, None, None,
+                      [pa.array(ids, pa.int32()), values])
+    return ChangeBatch(rel, rb)
+
+
+def test_spark_unifies_an_all_null_text_version_with_binary_values(tmp_path) -> None:
+    """A send-format (binary) column whose batch held only NULLs is staged as string in a schema version of its
+    own (the decoder types a column without values as text): Spark reads the column as binary, as read_staging
+    unifies it, and keeps every value."""
+    from tests.spark_session import spark_session
+
+    import spockwire.spark as sws
+
+    rel = Relation(8, "public", "sent", (Column("id", 23, -1, True), Column("v", 16385, -1, False)), "d", 1)
+    raw = [b"\x00\xff\x80", b"plain"]
+    with StagingWriter(tmp_path, "pgoutput") as writer:
+        writer.add(_insert_batch(rel, 10, [1, 2], pa.array(raw, pa.binary())))
+        writer.add(_insert_batch(rel, 20, [3], pa.array([None], pa.string())))
+        writer.add(_insert_batch(rel, 30, [4], pa.array([b"\xfe"], pa.binary())))
+        writer.add(_insert_batch(rel, 40, [5], pa.array([None], pa.string())))      # the newest version: string
+        writer.commit(50)
+    assert len(StagingState.load(tmp_path).schemas["public.sent"]) == 4
+    python = read_staging(tmp_path, "public.sent")
+    assert python.schema.field("v").type == pa.binary()
+    df = sws.read_staging(spark_session(), str(tmp_path), "public.sent")
+    assert df.schema["v"].dataType.typeName() == "binary"
+    got = {r["id"]: r["v"] for r in df.collect()}
+    assert got == {1: raw[0], 2: raw[1], 3: None, 4: b"\xfe", 5: None} == dict(zip(python.column("id").to_pylist(),
+                                                                      python.column("v").to_pylist()))
+
+
 def test_spark_reads_a_date_column_that_became_text_as_postgresql_text(source: Source, tmp_path) -> None:
     """A column staged as date32 in schema version 1 and as string in version 2 (the Spark schema takes the newest
     type): the version 1 values become the server's own text of each date, infinity and BC included."""
     from tests.spark_session import spark_session
 
     import spockwire.spark as sws
-    from spockwire.export.arrow import finish_batch
 
     dates = ["infinity", "-infinity", "1970-01-01", "0044-03-15 BC", "5874897-12-31"]
     server = [r[0] for r in source.db.query(
@@ -329,18 +366,9 @@ def test_spark_reads_a_date_column_that_became_text_as_postgresql_text(source: S
         "SELECT d::date - '1970-01-01'::date FROM unnest(%s::text[]) WITH ORDINALITY u(d, o) ORDER BY o",
         (dates[2:],))]
     rel = Relation(9, "public", "changed", (Column("id", 23, -1, True), Column("v", 1082, -1, False)), "d", 1)
-
-    def batch(lsn: int, ids: list[int], values: pa.Array) -> ChangeBatch:
-        n = len(ids)
-        rb = finish_batch(rel, pa.array([0] * n, pa.int8()), pa.array([lsn] * n, pa.uint64()),
-                          pa.array([0] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-                          pa.array([1] * n, pa.uint32()), pa.array(range(n), pa.int64()),
-                          pa.array([None] * n, pa.string()), None, None, None, [pa.array(ids, pa.int32()), values])
-        return ChangeBatch(rel, rb)
-
     with StagingWriter(tmp_path, "pgoutput") as writer:
-        writer.add(batch(10, list(range(len(days))), pa.array(days, pa.int32()).cast(pa.date32())))
-        writer.add(batch(20, [99], pa.array(["later text"], pa.string())))
+        writer.add(_insert_batch(rel, 10, list(range(len(days))), pa.array(days, pa.int32()).cast(pa.date32())))
+        writer.add(_insert_batch(rel, 20, [99], pa.array(["later text"], pa.string())))
         writer.commit(30)
     got = {r["id"]: r["v"] for r in sws.read_staging(spark_session(), str(tmp_path), "public.changed").collect()}
     assert got == {**dict(enumerate(server)), 99: "later text"}

@@ -67,8 +67,21 @@ class StagedPart(InputPartition):
         self.truncates = tuple(truncates)
 
 
+def _merged(old: pa.Field, new: pa.Field) -> pa.Field:
+    """One field for a column two schema versions typed differently: the type both fit in as `read_staging`
+    unifies them (null -> any, string -> binary, int32 -> int64, ...), else the newer one."""
+    if old.type == new.type:
+        return new
+    try:
+        return pa.unify_schemas([pa.schema([old]), pa.schema([new])], promote_options="permissive").field(0)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return new
+
+
 def _arrow_schema(out: str, state: Any, table: str) -> pa.Schema:
-    """The union (by column name, newest type wins) of the table's staged file schemas."""
+    """The union (by column name) of the table's staged file schemas: types the versions share are unified as
+    `read_staging` does (an all-NULL column staged as string next to binary values is binary); where they cannot
+    be, the newest type wins."""
     fields: dict[str, pa.Field] = {}
     seen_versions = set()
     for f in state.files.get(table, ()):
@@ -77,7 +90,7 @@ def _arrow_schema(out: str, state: Any, table: str) -> pa.Schema:
         seen_versions.add(f.schema_version)
         schema = restore_schema(pq.read_schema(os.path.join(out, f.path)))
         for field in schema:
-            fields[field.name] = field
+            fields[field.name] = _merged(fields[field.name], field) if field.name in fields else field
     if not fields:
         raise ValueError(f"no staged rows of {table!r} in {out}: the schema is not known yet")
     ordered = [fields[c] for c in S.CHANGE_COLUMNS] + [fld for n, fld in fields.items()
