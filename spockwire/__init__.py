@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from .errors import FrameError, ProtocolError, SpockwireError, TruncatedMessage
+from .export.python import INFINITY, NEG_INFINITY, PgInfinity
 from .model import ChangeBatch, Column, LogicalMessage, Relation, Truncate
 from .wire import load_implementation as _load_implementation
 
@@ -30,5 +31,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Decoder", "connect", "ChangeBatch", "Truncate", "LogicalMessage", "Relation", "Column",
-    "SpockwireError", "ProtocolError", "TruncatedMessage", "FrameError", "__impl__", "__version__",
+    "SpockwireError", "ProtocolError", "TruncatedMessage", "FrameError", "INFINITY", "NEG_INFINITY", "PgInfinity",
+    "__impl__", "__version__",
 ]

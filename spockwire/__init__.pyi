@@ -3,6 +3,7 @@ from .errors import FrameError as FrameError, ProtocolError as ProtocolError, Sp
 from .model import ChangeBatch as ChangeBatch, Column as Column, LogicalMessage as LogicalMessage, \
     Relation as Relation, Truncate as Truncate
 from .connection.stream import connect as connect
+from .export.python import INFINITY as INFINITY, NEG_INFINITY as NEG_INFINITY, PgInfinity as PgInfinity
 from .wire._decoder import Decoder as Decoder
 
 __impl__: str

@@ -84,14 +84,17 @@ class ChangeBatch:
 
     def to_pylist(self) -> list[dict[str, Any]]:
         """Rows as dicts of Python values: Decimal, datetime, date, time, uuid.UUID, intervals as
-        (months, days, nanoseconds), lists, str, bytes; dates and timestamps outside Python's range (infinity,
-        BC, after 9999) as PostgreSQL's text."""
+        (months, days, nanoseconds), lists, str, bytes; ±infinity dates and timestamps as `spockwire.INFINITY` /
+        `spockwire.NEG_INFINITY`; finite values outside Python's range (BC, after 9999, 24:00:00) as PostgreSQL's
+        text."""
         from .export.python import to_pylist
         return to_pylist(self.to_arrow(), self.relation)
 
     def to_pandas(self, **kwargs: Any) -> Any:
-        """The batch as a pandas DataFrame (`pyarrow.RecordBatch.to_pandas` options apply)."""
-        return self.to_arrow().to_pandas(**kwargs)
+        """The batch as a pandas DataFrame (`pyarrow.RecordBatch.to_pandas` options apply; ±infinity and values
+        pandas cannot hold exactly give an object column of the `to_pylist` values, see README "Types")."""
+        from .export.python import to_pandas
+        return to_pandas(self.to_arrow(), **kwargs)
 
     def column_numpy(self, name: str) -> Any:
         """A zero-copy numpy view of a fixed-width column without NULLs."""

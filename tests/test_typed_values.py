@@ -34,6 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spockwire.errors import ProtocolError
+from spockwire.export.python import PgInfinity
 from spockwire.values import PostgresTypeCatalog
 from tests import pg_send as S
 from tests import wire_encoder as W
@@ -503,7 +504,9 @@ def _compare_element(case: Case, got: Any, py: Any, text: Any, where: str) -> No
         assert got == text, where
         assert got is None or json.loads(got) == py, where
     elif case.check == "dt":
-        if isinstance(got, str):
+        if isinstance(got, PgInfinity):                # ±infinity: spockwire.INFINITY / NEG_INFINITY
+            assert str(got) == text and py is None, where
+        elif isinstance(got, str):
             assert got == text and py is None, where
         else:
             assert got == py, where

@@ -138,7 +138,7 @@ def json_value(value: Any) -> Any:
     | uuid.UUID | its canonical text |
     | interval (pyarrow MonthDayNano) | `{"months", "days", "nanoseconds"}` |
     | list, tuple | an array; dict: an object |
-    Anything else becomes its `str()`.
+    Anything else becomes its `str()`: `spockwire.INFINITY` / `NEG_INFINITY` give `"infinity"` / `"-infinity"`.
     """
     if value is None or isinstance(value, (bool, int, str)):
         return value

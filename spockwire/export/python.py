@@ -1,10 +1,15 @@
-"""Python-object and numpy exports of change batches.
+"""Python-object, pandas and numpy exports of change batches.
 
 `to_pylist` gives Decimal, datetime (UTC-aware for timestamptz), date, time, uuid.UUID, (months, days, nanoseconds)
-intervals, lists, str and bytes. Dates, timestamps and times that Python's datetime cannot hold — PostgreSQL's
-`infinity`/`-infinity` (stored as the Arrow type's largest/smallest value), years before 1 or after 9999 and the
-time 24:00:00 — come out as PostgreSQL's own text (`"infinity"`, `"0044-03-15 BC"`, `"10000-01-01 00:00:00+00"`,
-`"24:00:00"`), never as a wrong or missing value.
+intervals, lists, str and bytes. PostgreSQL's `infinity` / `-infinity` dates and timestamps (in Arrow the type's
+largest / smallest value) are the singletons `INFINITY` / `NEG_INFINITY` (`spockwire.INFINITY`), which compare
+above / below every date and datetime and print as PostgreSQL does. Finite values Python's datetime cannot hold —
+years before 1 or after 9999 and the time 24:00:00 — come out as PostgreSQL's own text (`"0044-03-15 BC"`,
+`"10000-01-01 00:00:00+00"`, `"24:00:00"`). Nothing becomes a wrong or missing value.
+
+`to_pandas` is pyarrow's conversion, except that a date, timestamp or time column (or a list of them) holding a
+value that conversion cannot give exactly — ±infinity, a date outside years 1-9999, 24:00:00 — is an object
+column of exactly the `to_pylist` values (pyarrow would fail, or turn -infinity into NaT).
 """
 from __future__ import annotations
 
@@ -14,10 +19,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..model import Relation
 
-__all__ = ["to_pylist", "numpy_view", "date_text", "timestamp_text"]
+__all__ = ["to_pylist", "to_pandas", "numpy_view", "date_text", "timestamp_text", "PgInfinity", "INFINITY",
+           "NEG_INFINITY"]
 
 _INT32_MAX, _INT32_MIN = (1 << 31) - 1, -(1 << 31)
 _INT64_MAX, _INT64_MIN = (1 << 63) - 1, -(1 << 63)
@@ -25,6 +32,60 @@ _UNIX = dt.datetime(1970, 1, 1)
 _MIN_DAYS = (dt.date(1, 1, 1) - dt.date(1970, 1, 1)).days
 _MAX_DAYS = (dt.date(9999, 12, 31) - dt.date(1970, 1, 1)).days
 _US_PER_DAY = 86_400_000_000
+
+
+class PgInfinity:
+    """PostgreSQL's `infinity` (`INFINITY`) or `-infinity` (`NEG_INFINITY`) date or timestamp.
+
+    Two singletons; `str()` gives PostgreSQL's text, and they order above (below) every `datetime.date` and
+    `datetime.datetime`, so sorting and range filters work on a column that holds them."""
+
+    __slots__ = ("sign",)
+
+    def __init__(self, sign: int) -> None:
+        self.sign = sign
+
+    def __repr__(self) -> str:
+        return "spockwire.INFINITY" if self.sign > 0 else "spockwire.NEG_INFINITY"
+
+    def __str__(self) -> str:
+        return "infinity" if self.sign > 0 else "-infinity"
+
+    def __reduce__(self) -> str:
+        return "INFINITY" if self.sign > 0 else "NEG_INFINITY"
+
+    def __hash__(self) -> int:
+        return hash(("spockwire.PgInfinity", self.sign))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PgInfinity) and other.sign == self.sign
+
+    def _cmp(self, other: object) -> int | None:
+        if isinstance(other, PgInfinity):
+            return (self.sign > other.sign) - (self.sign < other.sign)
+        if isinstance(other, (dt.date, dt.datetime)):
+            return self.sign
+        return None
+
+    def __lt__(self, other: object) -> bool:
+        c = self._cmp(other)
+        return NotImplemented if c is None else c < 0  # type: ignore[return-value]
+
+    def __le__(self, other: object) -> bool:
+        c = self._cmp(other)
+        return NotImplemented if c is None else c <= 0  # type: ignore[return-value]
+
+    def __gt__(self, other: object) -> bool:
+        c = self._cmp(other)
+        return NotImplemented if c is None else c > 0  # type: ignore[return-value]
+
+    def __ge__(self, other: object) -> bool:
+        c = self._cmp(other)
+        return NotImplemented if c is None else c >= 0  # type: ignore[return-value]
+
+
+INFINITY = PgInfinity(1)
+NEG_INFINITY = PgInfinity(-1)
 
 
 def _civil_from_days(z: int) -> tuple[int, int, int]:
@@ -79,6 +140,10 @@ def _dates(array: pa.Array) -> list[Any]:
             out.append(None)
         elif _MIN_DAYS <= v <= _MAX_DAYS:
             out.append(dt.date(1970, 1, 1) + dt.timedelta(days=v))
+        elif v == _INT32_MAX:
+            out.append(INFINITY)
+        elif v == _INT32_MIN:
+            out.append(NEG_INFINITY)
         else:
             out.append(date_text(v))
     return out
@@ -94,6 +159,10 @@ def _timestamps(array: pa.Array, tz: str | None) -> list[Any]:
         elif lo <= v <= hi:
             value = _UNIX + dt.timedelta(microseconds=v)
             out.append(value.replace(tzinfo=dt.timezone.utc) if tz else value)
+        elif v == _INT64_MAX:
+            out.append(INFINITY)
+        elif v == _INT64_MIN:
+            out.append(NEG_INFINITY)
         else:
             out.append(timestamp_text(v, tz is not None))
     return out
@@ -140,6 +209,39 @@ def to_pylist(batch: pa.RecordBatch, relation: Relation) -> list[dict[str, Any]]
     names = batch.schema.names
     columns = [_column(batch.column(i)) for i in range(len(names))]
     return [dict(zip(names, row)) for row in zip(*columns)]
+
+
+def _needs_python(array: pa.Array) -> bool:
+    """True when pyarrow's pandas conversion cannot give every value of this temporal column exactly."""
+    t = array.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _needs_python(array.flatten())
+    if not (pa.types.is_date32(t) or pa.types.is_timestamp(t) or pa.types.is_time64(t)) or \
+            len(array) == array.null_count:
+        return False
+    bounds = pc.min_max(array.cast(pa.int32() if pa.types.is_date32(t) else pa.int64()))
+    lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+    if pa.types.is_date32(t):
+        return lo < _MIN_DAYS or hi > _MAX_DAYS
+    if pa.types.is_timestamp(t):
+        return lo == _INT64_MIN or hi == _INT64_MAX
+    return hi >= _US_PER_DAY
+
+
+def to_pandas(batch: pa.RecordBatch, **kwargs: Any) -> Any:
+    """A change batch as a pandas DataFrame (see the module description); `kwargs` go to pyarrow's `to_pandas`."""
+    special = [i for i in range(batch.num_columns) if _needs_python(batch.column(i))]
+    if not special:
+        return batch.to_pandas(**kwargs)
+    import pandas as pd
+
+    names = batch.schema.names
+    rest = [i for i in range(batch.num_columns) if i not in special]
+    frame = batch.select(rest).to_pandas(**kwargs) if rest else pd.DataFrame(index=pd.RangeIndex(batch.num_rows))
+    for i in special:
+        values = _column(batch.column(i))
+        frame.insert(i, names[i], pd.Series(values, index=frame.index, dtype=object))
+    return frame
 
 
 def numpy_view(batch: pa.RecordBatch, name: str) -> np.ndarray:

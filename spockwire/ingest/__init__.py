@@ -10,6 +10,7 @@ The layout, the log entry schema, the crash semantics and the deduplication rule
 """
 from __future__ import annotations
 
+from .source import StagingSource, read_source
 from .staging import (
     FORMAT_VERSION,
     SchemaVersion,
@@ -26,5 +27,5 @@ from .staging import (
 
 __all__ = [
     "FORMAT_VERSION", "SchemaVersion", "StagedFile", "StagingError", "StagingState", "StagingWriter",
-    "list_tables", "read_log", "read_messages", "read_staging", "table_folder_name",
+    "list_tables", "read_log", "read_messages", "read_staging", "table_folder_name", "StagingSource", "read_source",
 ]

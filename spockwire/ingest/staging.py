@@ -1,450 +1,48 @@
 """The Parquet staging layout: a folder of per-table Parquet files plus an append-only commit log.
 
-```
-OUT/
-  _spockwire/lock                                  held (flock) by the one writer of OUT
-  _spockwire/log/00000000000000000001.json         one entry per staging commit (tmp + fsync + rename + fsync dir)
-  _spockwire/messages/part-<first>-<last>-<commit>.parquet     logical messages
-  <namespace>.<table>/v<schema version>/part-<first_commit_lsn:016X>-<last_commit_lsn:016X>-<commit:08d>.parquet
-```
+This module is the writer (`StagingWriter`) and the one import point of the staging API: the log, its entries
+and `StagingState` are in staging_log.py, the readers (`read_staging`, `read_messages`, `list_tables`) in
+staging_read.py, the source record in source.py, the stored form of intervals in stored_types.py.
 
-A Parquet file exists for readers only once a log entry names it. `StagingWriter` buffers drained decoder events
-per table and schema version; `commit(committed_lsn)` writes the files, makes them durable, then appends the log
-entry that publishes them. `StagingState.open` reads the log, removes crash leftovers and gives the resume point
-and the per-table high-water marks a restarted writer uses to drop re-delivered changes. `read_staging` and
-`list_tables` read only what the log names, in log order. The full description is docs/staging.md.
+`StagingWriter` buffers drained decoder events per table and schema version; `commit(committed_lsn)` writes the
+files, makes them durable, then appends the log entry that publishes them. A writer given a `source` records it
+in every log entry and refuses a folder whose recorded source differs. The full description is docs/staging.md.
 """
 from __future__ import annotations
 
 import datetime as _dt
-import errno
-import fcntl
 import json
 import os
-import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Union
+from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import SpockwireError
 from ..model import ChangeBatch, LogicalMessage, Relation, Truncate
+from .source import StagingSource
+from .staging_log import (FORMAT_VERSION, LOCK_FILE, LOG_DIR, MESSAGES_DIR, MESSAGES_SCHEMA, META_DIR, PathLike,
+                          SchemaVersion, StagedFile, StagingError, StagingState, _ensure_dir, _fsync_dir, _key_le,
+                          _Lock, _log_dir, _max_key, _why, _write_durable, format_lsn, log_name, part_name, read_log,
+                          table_folder_name)
+from .staging_read import list_tables, read_messages, read_staging
+from .stored_types import store_batch
 
 __all__ = [
     "FORMAT_VERSION", "StagingError", "StagedFile", "SchemaVersion", "StagingState", "StagingWriter",
     "read_log", "read_staging", "read_messages", "list_tables", "table_folder_name", "MESSAGES_SCHEMA",
+    "StagingSource", "LOCK_FILE", "META_DIR", "format_lsn",
 ]
-
-#: Version of the log entry format ("format" in every entry). Readers refuse entries with a higher number.
-FORMAT_VERSION = 1
-
-META_DIR = "_spockwire"
-LOG_DIR = f"{META_DIR}/log"
-MESSAGES_DIR = f"{META_DIR}/messages"
-LOCK_FILE = f"{META_DIR}/lock"
 
 DEFAULT_MAX_ROWS = 1_000_000
 DEFAULT_MAX_BYTES = 128 << 20
 DEFAULT_MAX_AGE = 10.0
 COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "none")
 
-_LOG_NAME = re.compile(r"^(\d{20})\.json$")
-_PART_NAME = re.compile(r"^part-[0-9A-F]{16}-[0-9A-F]{16}-\d{8,}\.parquet$")
-_TMP_NAME = re.compile(r"^\..+\.tmp$")
-_VERSION_DIR = re.compile(r"^v[1-9]\d*$")
-_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_$-")
-
 _TS = pa.timestamp("us", tz="UTC")
 _U64 = pa.uint64()
-
-#: The columns of the logical-message Parquet files under _spockwire/messages/.
-MESSAGES_SCHEMA = pa.schema([
-    pa.field("prefix", pa.string(), nullable=False),
-    pa.field("content", pa.binary(), nullable=False),
-    pa.field("transactional", pa.bool_(), nullable=False),
-    pa.field("lsn", pa.uint64(), nullable=False),
-    pa.field("xid", pa.uint32()),
-    pa.field("commit_lsn", pa.uint64()),
-    pa.field("commit_ts", _TS),
-    pa.field("seq", pa.int64()),
-    pa.field("origin", pa.string()),
-], metadata={b"spockwire.table": b"_spockwire.messages"})
-
-PathLike = Union[str, "os.PathLike[str]"]
-
-
-class StagingError(SpockwireError):
-    """Staging could not read or write its folder (unwritable folder, disk full, a damaged or foreign log).
-
-    When raised by `StagingWriter.commit`, nothing of that commit is visible: the log still ends at the previous
-    entry, the files written for it were removed, and the buffered events are kept so the commit can be retried.
-    """
-
-
-# ---------------------------------------------------------------------------------------------------- naming
-
-def _encode_part(text: str, *, leading: bool) -> str:
-    out = []
-    for i, byte in enumerate(text.encode("utf-8", "surrogateescape")):
-        if byte in _SAFE and not (leading and i == 0 and byte == 0x5F):
-            out.append(chr(byte))
-        else:
-            out.append(f"%{byte:02X}")
-    return "".join(out)
-
-
-def table_folder_name(namespace: str, name: str) -> str:
-    """The folder of a table: ``<namespace>.<table>``, each part percent-encoded.
-
-    Bytes of the UTF-8 name outside ``A-Z a-z 0-9 _ $ -`` become ``%XX`` (upper-case hex), so ``.`` and ``/``
-    inside a name cannot be confused with the separator, and a leading ``_`` becomes ``%5F`` (Spark and Hadoop
-    skip names starting with ``_`` or ``.``). ``public.orders`` stays ``public.orders``.
-    """
-    return f"{_encode_part(namespace, leading=True)}.{_encode_part(name, leading=False)}"
-
-
-def part_name(first_lsn: int, last_lsn: int, commit: int) -> str:
-    return f"part-{first_lsn:016X}-{last_lsn:016X}-{commit:08d}.parquet"
-
-
-def log_name(commit: int) -> str:
-    return f"{commit:020d}.json"
-
-
-def format_lsn(lsn: int) -> str:
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-# ---------------------------------------------------------------------------------------------------- value objects
-
-@dataclass(frozen=True)
-class SchemaVersion:
-    """One schema version of a staged table: the folder ``v<schema_version>`` holds files of exactly this schema.
-
-    A new version starts when the relation id, its description (column names, type OIDs, type modifiers, key
-    flags, replica identity) or the Arrow type of a column changes. `columns` holds
-    ``(name, type_oid, type_modifier, is_key, arrow_type)`` per column.
-    """
-
-    table: str
-    namespace: str
-    name: str
-    relid: int
-    schema_version: int
-    replica_identity: str | None
-    columns: tuple[tuple[str, int | None, int | None, bool, str], ...]
-
-    @property
-    def identity(self) -> tuple:
-        return (self.relid, self.namespace, self.name, self.replica_identity, self.columns)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "table": self.table, "namespace": self.namespace, "name": self.name, "relid": self.relid,
-            "schema_version": self.schema_version, "replica_identity": self.replica_identity,
-            "columns": [{"name": n, "type_oid": t, "type_modifier": m, "is_key": k, "arrow_type": a}
-                        for n, t, m, k, a in self.columns],
-        }
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> "SchemaVersion":
-        cols = tuple((c["name"], c.get("type_oid"), c.get("type_modifier"), bool(c.get("is_key")),
-                      c.get("arrow_type", "")) for c in obj["columns"])
-        return cls(obj["table"], obj["namespace"], obj["name"], int(obj["relid"]), int(obj["schema_version"]),
-                   obj.get("replica_identity"), cols)
-
-
-@dataclass(frozen=True)
-class StagedFile:
-    """A Parquet file named by a log entry (`path` is relative to the staging folder, with ``/``)."""
-
-    path: str
-    table: str
-    relid: int
-    schema_version: int
-    first_commit_lsn: int
-    last_commit_lsn: int
-    first_seq: int
-    last_seq: int
-    rows: int
-    bytes: int
-    commit: int
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any], commit: int) -> "StagedFile":
-        return cls(obj["path"], obj["table"], int(obj["relid"]), int(obj["schema_version"]),
-                   int(obj["first_commit_lsn"]), int(obj["last_commit_lsn"]), int(obj["first_seq"]),
-                   int(obj["last_seq"]), int(obj["rows"]), int(obj["bytes"]), commit)
-
-
-# ---------------------------------------------------------------------------------------------------- the log
-
-def _log_dir(out: Path) -> Path:
-    return out / LOG_DIR
-
-
-def _read_entries(out: Path) -> list[dict[str, Any]]:
-    """The log entries of `out` in commit order, validated (contiguous numbers, known format)."""
-    log_dir = _log_dir(out)
-    try:
-        names = os.listdir(log_dir)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise StagingError(f"cannot read the staging log {log_dir}: {exc.strerror or exc}") from exc
-    numbered = sorted((int(m.group(1)), n) for n in names if (m := _LOG_NAME.match(n)))
-    entries = []
-    for expected, (number, name) in enumerate(numbered, start=1):
-        path = log_dir / name
-        if number != expected:
-            raise StagingError(f"staging log {log_dir} is damaged: commit {expected} is missing "
-                               f"(next entry is {name})")
-        try:
-            entry = json.loads(path.read_bytes().decode("utf-8"))
-        except OSError as exc:
-            raise StagingError(f"cannot read staging log entry {path}: {exc.strerror or exc}") from exc
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise StagingError(f"staging log entry {path} is not valid JSON: {exc}") from exc
-        if not isinstance(entry, dict) or entry.get("commit") != number:
-            raise StagingError(f"staging log entry {path} does not describe commit {number}")
-        if int(entry.get("format", 1)) > FORMAT_VERSION:
-            raise StagingError(f"staging log entry {path} has format {entry['format']}; this spockwire reads "
-                               f"format {FORMAT_VERSION} and older")
-        entries.append(entry)
-    return entries
-
-
-def read_log(out_dir: PathLike) -> list[dict[str, Any]]:
-    """The log entries of a staging folder, oldest first ([] when there is no log yet). Read-only."""
-    return _read_entries(Path(out_dir))
-
-
-def _key_le(a: tuple[int, int], b: tuple[int, int] | None) -> bool:
-    return b is not None and a <= b
-
-
-def _max_key(a: tuple[int, int] | None, b: tuple[int, int]) -> tuple[int, int]:
-    return b if a is None or b > a else a
-
-
-@dataclass
-class StagingState:
-    """What a staging folder holds according to its log.
-
-    `committed_lsn` is the resume point (0 for an empty folder): the slot may be acknowledged up to it, and the
-    changes with a lower `_commit_lsn` are staged. `high_water` gives, per table, the highest staged
-    (`_commit_lsn`, `_seq`) of its rows and truncates; `message_high_water` the same for transactional messages,
-    `nontransactional_high_water` the highest LSN of a staged non-transactional message.
-    """
-
-    out_dir: Path
-    entries: list[dict[str, Any]] = field(default_factory=list)
-    files: dict[str, list[StagedFile]] = field(default_factory=dict)
-    message_files: list[dict[str, Any]] = field(default_factory=list)
-    truncates: list[dict[str, Any]] = field(default_factory=list)
-    schemas: dict[str, list[SchemaVersion]] = field(default_factory=dict)
-    high_water: dict[str, tuple[int, int]] = field(default_factory=dict)
-    message_high_water: tuple[int, int] | None = None
-    nontransactional_high_water: int | None = None
-    committed_lsn: int = 0
-    commit: int = 0
-    protocol: str | None = None
-    removed: list[Path] = field(default_factory=list)
-
-    @property
-    def resume_lsn(self) -> int:
-        return self.committed_lsn
-
-    @property
-    def tables(self) -> list[str]:
-        names = set(self.files) | set(self.schemas)
-        for t in self.truncates:
-            names.update(t["tables"])
-        return sorted(names)
-
-    def named_paths(self) -> set[str]:
-        paths = {f.path for files in self.files.values() for f in files}
-        paths.update(m["path"] for m in self.message_files)
-        return paths
-
-    # ------------------------------------------------------------------ building
-    def _apply(self, entry: dict[str, Any]) -> None:
-        number = int(entry["commit"])
-        for rel in entry.get("relations", ()):
-            sv = SchemaVersion.from_json(rel)
-            self.schemas.setdefault(sv.table, []).append(sv)
-        for obj in entry.get("files", ()):
-            f = StagedFile.from_json(obj, number)
-            self.files.setdefault(f.table, []).append(f)
-            self.high_water[f.table] = _max_key(self.high_water.get(f.table), (f.last_commit_lsn, f.last_seq))
-        for t in entry.get("truncates", ()):
-            self.truncates.append(t)
-            key = (int(t["commit_lsn"]), int(t["seq"]))
-            for table in t["tables"]:
-                self.high_water[table] = _max_key(self.high_water.get(table), key)
-        for m in entry.get("messages", ()):
-            self.message_files.append(m)
-            if m.get("last_commit_lsn") is not None:
-                key = (int(m["last_commit_lsn"]), int(m["last_seq"]))
-                self.message_high_water = _max_key(self.message_high_water, key)
-            if m.get("last_nontransactional_lsn") is not None:
-                lsn = int(m["last_nontransactional_lsn"])
-                if self.nontransactional_high_water is None or lsn > self.nontransactional_high_water:
-                    self.nontransactional_high_water = lsn
-        self.committed_lsn = max(self.committed_lsn, int(entry["committed_lsn"]))
-        self.commit = number
-        self.protocol = entry.get("protocol", self.protocol)
-        self.entries.append(entry)
-
-    @classmethod
-    def load(cls, out_dir: PathLike) -> "StagingState":
-        """Read the log without touching the folder (what readers use)."""
-        state = cls(Path(out_dir))
-        for entry in _read_entries(state.out_dir):
-            state._apply(entry)
-        return state
-
-    @classmethod
-    def open(cls, out_dir: PathLike) -> "StagingState":
-        """Read the log and remove crash leftovers: Parquet and tmp files that no log entry names.
-
-        Takes the folder's writer lock while cleaning; a folder another writer holds is a StagingError.
-        """
-        out = Path(out_dir)
-        if not (out / META_DIR).is_dir():
-            return cls.load(out)
-        lock = _Lock.acquire(out)
-        try:
-            return cls._open_locked(out)
-        finally:
-            lock.release()
-
-    @classmethod
-    def _open_locked(cls, out: Path) -> "StagingState":
-        state = cls.load(out)
-        state.removed = _remove_leftovers(out, state)
-        return state
-
-
-def _remove_leftovers(out: Path, state: StagingState) -> list[Path]:
-    """Delete what a crashed commit left behind; only spockwire's own file name patterns are touched."""
-    named = state.named_paths()
-    removed: list[Path] = []
-
-    def sweep(folder: Path, rel: str, parquet_too: bool) -> None:
-        try:
-            names = os.listdir(folder)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise StagingError(f"cannot list {folder}: {exc.strerror or exc}") from exc
-        for name in names:
-            path = folder / name
-            if _TMP_NAME.match(name) or (parquet_too and _PART_NAME.match(name) and f"{rel}/{name}" not in named):
-                try:
-                    if path.is_file():
-                        path.unlink()
-                        removed.append(path)
-                except OSError as exc:
-                    raise StagingError(f"cannot remove the leftover {path}: {exc.strerror or exc}") from exc
-
-    sweep(out / LOG_DIR, LOG_DIR, False)
-    sweep(out / MESSAGES_DIR, MESSAGES_DIR, True)
-    try:
-        tops = sorted(os.listdir(out))
-    except OSError as exc:
-        raise StagingError(f"cannot list {out}: {exc.strerror or exc}") from exc
-    for top in tops:
-        if top.startswith((".", "_")) or "." not in top or not (out / top).is_dir():
-            continue
-        for sub in sorted(os.listdir(out / top)):
-            if _VERSION_DIR.match(sub) and (out / top / sub).is_dir():
-                sweep(out / top / sub, f"{top}/{sub}", True)
-    if removed:
-        for folder in {p.parent for p in removed}:
-            _fsync_dir(folder)
-    return removed
-
-
-# ---------------------------------------------------------------------------------------------------- durable I/O
-
-def _write_durable(path: Path, data: Any) -> None:
-    """Create `path` with `data` and fsync it (raises OSError)."""
-    view = memoryview(data).cast("B")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        offset, size = 0, view.nbytes
-        while offset < size:
-            offset += os.write(fd, view[offset:])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _ensure_dir(out: Path, rel: str) -> Path:
-    """Create out/rel (each new level fsynced into its parent); raises OSError."""
-    folder = out
-    for part in rel.split("/"):
-        parent, folder = folder, folder / part
-        if not folder.is_dir():
-            try:
-                os.mkdir(folder)
-            except FileExistsError:
-                if not folder.is_dir():
-                    raise NotADirectoryError(errno.ENOTDIR, "a file is in the way of a folder", str(folder))
-            _fsync_dir(parent)
-    return folder
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        where = f" ({exc.filename})" if exc.filename else ""
-        return f"[Errno {exc.errno}] {exc.strerror}{where}"
-    return f"{type(exc).__name__}: {exc}"
-
-
-class _Lock:
-    """An exclusive flock on OUT/_spockwire/lock: one writer (or cleaner) per staging folder."""
-
-    def __init__(self, fd: int, path: Path) -> None:
-        self.fd: int | None = fd
-        self.path = path
-
-    @classmethod
-    def acquire(cls, out: Path) -> "_Lock":
-        path = out / LOCK_FILE
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise StagingError(f"cannot open the staging lock {path}: {_why(exc)}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise StagingError(f"staging folder {out} is in use by another writer ({path} is locked)") from None
-            raise StagingError(f"cannot lock {path}: {_why(exc)}") from exc
-        return cls(fd, path)
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            finally:
-                os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------------- the writer
@@ -531,13 +129,14 @@ class StagingWriter:
 
     def __init__(self, out_dir: PathLike, protocol: str, *, compression: str = "zstd",
                  max_rows: int = DEFAULT_MAX_ROWS, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_age: float = DEFAULT_MAX_AGE) -> None:
+                 max_age: float = DEFAULT_MAX_AGE, source: StagingSource | None = None) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
         if max_rows < 1 or max_bytes < 1 or max_age < 0:
             raise ValueError("max_rows and max_bytes must be positive and max_age not negative")
         self.out_dir = Path(out_dir)
         self.protocol = protocol
+        self.source = source
         self.compression = compression
         self.max_rows = max_rows
         self.max_bytes = max_bytes
@@ -555,6 +154,10 @@ class StagingWriter:
             if self.state.protocol is not None and self.state.protocol != protocol:
                 raise StagingError(f"staging folder {self.out_dir} holds a {self.state.protocol} stream; "
                                    f"refusing to add {protocol} changes to it")
+            recorded = self.state.source
+            if source is not None and recorded is not None and recorded != source:
+                raise StagingError(f"staging folder {self.out_dir} holds changes from {recorded.describe()}; "
+                                   f"refusing to add changes from {source.describe()}")
         except BaseException:
             self._lock.release()
             self._lock = None
@@ -766,7 +369,7 @@ class StagingWriter:
             files = []
             for (table, version), g in self._groups.items():
                 sv = g.schema
-                data = self._encode_parquet(pa.Table.from_batches(g.batches))
+                data = self._encode_parquet(pa.Table.from_batches([store_batch(b) for b in g.batches]))
                 rel_dir = f"{table_folder_name(sv.namespace, sv.name)}/v{version}"
                 name = part_name(g.first[0], g.last[0], number)
                 self._put(rel_dir, name, data, created, dirs)
@@ -797,6 +400,7 @@ class StagingWriter:
                 "format": FORMAT_VERSION, "commit": number, "committed_lsn": new_lsn,
                 "committed_lsn_text": format_lsn(new_lsn), "previous_committed_lsn": previous,
                 "protocol": self.protocol, "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+                **({"source": self.source.to_json()} if self.source is not None else {}),
                 "files": files, "truncates": list(self._truncates), "messages": messages,
                 "relations": [sv.to_json() for sv in self._new_versions],
             }
@@ -862,66 +466,3 @@ class StagingWriter:
         state = "closed" if self._lock is None else "open"
         return (f"<StagingWriter {state} {self.out_dir} commit={self.state.commit} "
                 f"committed_lsn={format_lsn(self.state.committed_lsn)} buffered_rows={self._rows}>")
-
-
-# ---------------------------------------------------------------------------------------------------- readers
-
-def list_tables(out_dir: PathLike) -> list[str]:
-    """The tables (``namespace.name``) the log knows: those with staged files, schema versions or truncates."""
-    return StagingState.load(out_dir).tables
-
-
-def _read_file(out: Path, rel: str) -> pa.Table:
-    path = out / rel
-    try:
-        return pq.ParquetFile(path).read()
-    except FileNotFoundError:
-        raise StagingError(f"staging file {path} named by the log is missing") from None
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise StagingError(f"cannot read staging file {path}: {exc}") from exc
-
-
-def _concat(tables: list[pa.Table], what: str) -> pa.Table:
-    try:
-        return pa.concat_tables(tables, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise StagingError(f"cannot combine the staged files of {what} into one table: {exc}") from exc
-
-
-def read_staging(out_dir: PathLike, table: str | None = None, *, schema_version: int | None = None) -> pa.Table:
-    """The staged row changes, from the files the log names, in log order.
-
-    With `table` (``namespace.name``): that table's rows (all schema versions, columns unified; a column missing
-    from an older version is null), or one version with `schema_version`. Without: the rows of every table, with
-    a ``_table`` column first. Truncates are in the log (`StagingState.load(out).truncates`); order changes and
-    truncates of a table by (`_commit_lsn`, `_seq`) to replay them.
-    """
-    out = Path(out_dir)
-    state = StagingState.load(out)
-    if table is not None:
-        if table not in state.tables:
-            known = ", ".join(state.tables) or "none"
-            raise StagingError(f"no table {table!r} in the staging folder {out} (tables: {known})")
-        files = [f for f in state.files.get(table, ()) if schema_version is None or f.schema_version == schema_version]
-        if not files:
-            return pa.table({})
-        return _concat([_read_file(out, f.path).replace_schema_metadata(None) for f in files], table)
-    ordered = sorted((f for fs in state.files.values() for f in fs), key=lambda f: (f.commit, f.path))
-    parts = []
-    for f in ordered:
-        t = _read_file(out, f.path).replace_schema_metadata(None)
-        parts.append(t.add_column(0, pa.field("_table", pa.string(), nullable=False),
-                                  pa.array([f.table] * t.num_rows, pa.string())))
-    if not parts:
-        return pa.table({})
-    return _concat(parts, "all tables (read one table at a time)")
-
-
-def read_messages(out_dir: PathLike) -> pa.Table:
-    """The staged logical messages in log order (columns: MESSAGES_SCHEMA)."""
-    out = Path(out_dir)
-    state = StagingState.load(out)
-    parts = [_read_file(out, m["path"]) for m in state.message_files]
-    if not parts:
-        return MESSAGES_SCHEMA.empty_table()
-    return pa.concat_tables(parts)

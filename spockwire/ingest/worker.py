@@ -24,6 +24,7 @@ from typing import Any, Callable, TextIO
 
 from ..errors import SpockwireError
 from ..model import ChangeBatch
+from .source import read_source
 from .staging import StagingWriter
 
 __all__ = ["IngestConfig", "IngestWorker", "Metrics", "IngestError"]
@@ -230,8 +231,11 @@ class IngestWorker:
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         protocol = {"pgoutput": "pgoutput", "pglogical": "pglogical", "pglogical_output": "pglogical",
                     "spock": "spock", "spock_output": "spock"}.get(cfg.plugin, cfg.plugin)
+        # the folder must hold this source's changes only (refused with both named otherwise)
+        source = read_source(cfg.dsn, slot=cfg.slot, plugin=cfg.plugin, publication=cfg.publication,
+                             replication_sets=cfg.replication_sets, connect_kwargs=cfg.extra.get("connect_kwargs"))
         writer = StagingWriter(cfg.out, protocol, compression=cfg.compression, max_rows=cfg.flush_rows,
-                               max_bytes=cfg.flush_bytes, max_age=cfg.flush_seconds)
+                               max_bytes=cfg.flush_bytes, max_age=cfg.flush_seconds, source=source)
         self.writer = writer
         resume = writer.committed_lsn
         log.info(json.dumps({"event": "start", "slot": cfg.slot, "plugin": cfg.plugin, "out": cfg.out,

@@ -13,8 +13,8 @@ Spark has no unsigned integers, no Arrow dictionary columns and no month-day-nan
 | uint8 / uint16 | ShortType / IntegerType |
 | uint64 (table columns) | LongType (a value at or above 2^63 is an error, never wrapped) |
 | timestamp[us, tz] / timestamp[us] | TimestampType / TimestampNTZType |
-| time64 | StringType (`HH:MM:SS.ffffff`) |
-| month_day_nano_interval | struct<months: int, days: int, nanoseconds: long> |
+| time64 | StringType (`HH:MM:SS.ffffff`, 24:00:00 included) |
+| month_day_nano_interval (also read back from staging) | struct<months: int, days: int, nanoseconds: long> |
 | dictionary<_, string> (enums) | StringType |
 | decimal256 (precision > 38) | StringType |
 | fixed_size_binary (uuid) | BinaryType |
@@ -175,6 +175,22 @@ def _interval_struct(arr: pa.Array) -> pa.Array:
                                       names=[n for n, _ in _INTERVAL_FIELDS], mask=mask)
 
 
+def _time_text(arr: pa.Array) -> pa.Array:
+    """time64 values as ``HH:MM:SS.ffffff``, 24:00:00 (a valid PostgreSQL time) included — a plain cast would
+    give ``<value out of range: 86400000000>`` for it."""
+    us = arr.cast(pa.int64())
+    if arr.type.unit == "ns":
+        us = pc.divide(us, 1000)
+    parts = []
+    rest = us
+    for unit in (3_600_000_000, 60_000_000, 1_000_000):
+        whole = pc.divide(rest, unit)
+        rest = pc.subtract(rest, pc.multiply(whole, unit))
+        parts.append(pc.utf8_lpad(pc.cast(whole, pa.string()), 2, "0"))
+    clock = pc.binary_join_element_wise(*parts, ":")
+    return pc.binary_join_element_wise(clock, pc.utf8_lpad(pc.cast(rest, pa.string()), 6, "0"), ".")
+
+
 def conform_array(arr: pa.Array, target: pa.DataType, name: str = "?") -> pa.Array:
     """`arr` (as the decoder made it) converted to the Arrow type Spark expects for its column."""
     if isinstance(arr, pa.ChunkedArray):
@@ -205,6 +221,19 @@ def conform_array(arr: pa.Array, target: pa.DataType, name: str = "?") -> pa.Arr
             return pc.cast(arr, target, safe=True)
         except pa.ArrowInvalid as exc:
             raise OverflowError(f"column {name!r}: a {src} value does not fit Spark's signed {target}") from exc
+    if pa.types.is_time64(src) and pa.types.is_string(target):
+        return _time_text(arr)
+    if (pa.types.is_date32(src) or pa.types.is_timestamp(src)) and pa.types.is_string(target):
+        # a column staged as a date / timestamp in one schema version and as text in a later one: PostgreSQL's
+        # text of each value (infinity, BC, after 9999 included), never pyarrow's ISO cast of the raw number
+        from ..export.python import date_text, timestamp_text
+
+        if pa.types.is_date32(src):
+            texts = [None if v is None else date_text(v) for v in arr.cast(pa.int32()).to_pylist()]
+        else:
+            with_tz = src.tz is not None
+            texts = [None if v is None else timestamp_text(v, with_tz) for v in arr.cast(pa.int64()).to_pylist()]
+        return pa.array(texts, pa.string())
     if (pa.types.is_binary(src) or pa.types.is_large_binary(src)) and pa.types.is_string(target):
         try:
             return pc.cast(arr, target, safe=True)

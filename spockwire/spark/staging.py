@@ -6,7 +6,8 @@
 Both go through the ``spockwire_staging`` data source. Only files named by the staging log are read (a file a
 crash left behind is never data). Each Parquet file is one Spark partition, read with pyarrow and converted to
 the same Spark types as the live ``spockwire`` source (``_commit_lsn`` as LongType, not Spark's DECIMAL(20,0)
-for unsigned INT64). Truncates of the table, which live in the log, come out as rows with ``_change_type`` =
+for unsigned INT64): a stored interval is first restored to the decoder's month_day_nano_interval, then
+converted like the live source's (struct<months, days, nanoseconds>). Truncates of the table, which live in the log, come out as rows with ``_change_type`` =
 ``truncate`` so that :func:`spockwire.spark.apply_changes` can replay them.
 
 Streaming offsets are staging commit numbers (``{"commit": n}``); option ``maxCommitsPerBatch`` bounds a
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
+from ..ingest.stored_types import restore_batch, restore_schema
 from . import schema as S
 
 try:
@@ -65,17 +67,30 @@ class StagedPart(InputPartition):
         self.truncates = tuple(truncates)
 
 
+def _merged(old: pa.Field, new: pa.Field) -> pa.Field:
+    """One field for a column two schema versions typed differently: the type both fit in as `read_staging`
+    unifies them (null -> any, string -> binary, int32 -> int64, ...), else the newer one."""
+    if old.type == new.type:
+        return new
+    try:
+        return pa.unify_schemas([pa.schema([old]), pa.schema([new])], promote_options="permissive").field(0)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return new
+
+
 def _arrow_schema(out: str, state: Any, table: str) -> pa.Schema:
-    """The union (by column name, newest type wins) of the table's staged file schemas."""
+    """The union (by column name) of the table's staged file schemas: types the versions share are unified as
+    `read_staging` does (an all-NULL column staged as string next to binary values is binary); where they cannot
+    be, the newest type wins."""
     fields: dict[str, pa.Field] = {}
     seen_versions = set()
     for f in state.files.get(table, ()):
         if f.schema_version in seen_versions:
             continue
         seen_versions.add(f.schema_version)
-        schema = pq.read_schema(os.path.join(out, f.path))
+        schema = restore_schema(pq.read_schema(os.path.join(out, f.path)))
         for field in schema:
-            fields[field.name] = field
+            fields[field.name] = _merged(fields[field.name], field) if field.name in fields else field
     if not fields:
         raise ValueError(f"no staged rows of {table!r} in {out}: the schema is not known yet")
     ordered = [fields[c] for c in S.CHANGE_COLUMNS] + [fld for n, fld in fields.items()
@@ -104,7 +119,7 @@ def _read_part(out: str, part: StagedPart, target: pa.Schema) -> Iterator[pa.Rec
     for rel in part.files:
         pf = pq.ParquetFile(os.path.join(out, rel))
         for batch in pf.iter_batches():
-            yield S.conform_batch(batch, target)
+            yield S.conform_batch(restore_batch(batch), target)
     for t in part.truncates:
         yield _truncate_batch(t, target)
 
