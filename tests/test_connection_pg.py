@@ -6,6 +6,7 @@ the oracle reports for them. pglogical tests run on PostgreSQL 15 only (pglogica
 """
 from __future__ import annotations
 
+import decimal
 import json
 import struct
 import threading
@@ -89,7 +90,7 @@ def as_text(value, typ: str):
         return value
     if isinstance(value, bool):
         return "t" if value else "f"
-    if isinstance(value, int):
+    if isinstance(value, (int, decimal.Decimal)):
         return str(value)
     if typ == "integer":
         return str(struct.unpack(">i", value)[0])

@@ -516,9 +516,13 @@ class PostgresCluster:
         libs = str(self.settings.get("shared_preload_libraries") or "")
         for lib in (x.strip() for x in libs.split(",")):
             if lib and not self.has_library(lib):
-                hint = "postgresql-15-pglogical" if lib.startswith("pglogical") else DEBIAN_PACKAGES
+                if lib.startswith("spock"):
+                    how = "scripts/install-spock.sh (the Spock build of ../shared/spock beside the checkout)"
+                else:
+                    how = "apt-get install " + ("postgresql-15-pglogical" if lib.startswith("pglogical")
+                                                else DEBIAN_PACKAGES)
                 raise PostgresNotFound(f"shared_preload_libraries names '{lib}' but {self.pkglibdir()}/{lib}.so "
-                                       f"does not exist; install it with: apt-get install {hint}")
+                                       f"does not exist; install it with: {how}")
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def _create(self) -> None:
