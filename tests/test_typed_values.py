@@ -1,6 +1,7 @@
-"""Typed values against live PostgreSQL 15 and 18 servers: every row of the type mapping table (spockwire/values/catalog.py).
+"""Typed values against live PostgreSQL 15 and 18 servers: every row of the type mapping table
+(spockwire/values/catalog.py).
 
-One session-scoped dataset: a database whose tables (one per type case, `t_<case>(id int PRIMARY KEY, v <type>)`)
+One session-scoped dataset per server: a database whose tables (one per type case, `t_<case>(id int PRIMARY KEY, v <type>)`)
 hold edge values and NULLs. Before the rows are written, pgoutput slots (text and binary) and a pglogical slot are
 created; afterwards their streams are read with pg_logical_slot_peek_binary_changes — the text stream several
 times, under different session time zones and bytea_output settings. Every stream is decoded with both
