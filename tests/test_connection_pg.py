@@ -421,9 +421,10 @@ def test_slot_helpers_report_lag(pg_db, slot):
 # ------------------------------------------------------------------------------------------------------------------
 # kill the server mid-stream
 
-@pytest.mark.parametrize("transport", ["replication", "sql"])
-def test_resume_after_server_crash(transport):
-    with PostgresCluster(durable=True) as pg:
+@pytest.mark.parametrize("major, transport", [(15, "replication"), (15, "sql"), (18, "replication")],
+                         ids=["pg15-replication", "pg15-sql", "pg18-replication"])
+def test_resume_after_server_crash(major, transport):
+    with PostgresCluster(durable=True, major=major) as pg:
         db = pg.create_database("crash")
         pg.execute("CREATE TABLE t (id int PRIMARY KEY, batch int)", dbname="crash")
         dsn = pg.dsn(dbname="crash")
