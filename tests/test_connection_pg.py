@@ -1,10 +1,12 @@
-"""Live replication streams against a real PostgreSQL 15, checked against wal2json read from a second slot.
+"""Live replication streams against real PostgreSQL 15 and 18 servers, checked against an oracle slot.
 
-Each test creates its slots (ours and a wal2json oracle slot) before running a workload, so both see exactly the
-same transactions; the decoded stream must equal what wal2json reports for them.
+Each test creates its slots (ours and an oracle slot: wal2json on PostgreSQL 15, test_decoding on 18, which has no
+wal2json) before running a workload, so both see exactly the same transactions; the decoded stream must equal what
+the oracle reports for them. pglogical tests run on PostgreSQL 15 only (pglogical is not in the 18 server).
 """
 from __future__ import annotations
 
+import decimal
 import json
 import struct
 import threading
@@ -16,9 +18,11 @@ import pytest
 from spockwire.connection import (ServerError, connect, create_publication, create_slot, list_slots,
                                   slot_info)
 from spockwire.connection.slots import drop_slot
+from spockwire.connection.options import pgoutput_max_proto
 from spockwire.testing import PostgresCluster
+from tests.live_oracle import oracle_items
 
-pytestmark = pytest.mark.pg
+pytestmark = [pytest.mark.pg, pytest.mark.pg_servers("pg15", "pg18")]
 
 PUMPS = ["c", "python"]
 
@@ -86,7 +90,7 @@ def as_text(value, typ: str):
         return value
     if isinstance(value, bool):
         return "t" if value else "f"
-    if isinstance(value, int):
+    if isinstance(value, (int, decimal.Decimal)):
         return str(value)
     if typ == "integer":
         return str(struct.unpack(">i", value)[0])
@@ -135,7 +139,15 @@ def ours(events, types) -> tuple[list, list]:
     return [i[1] for i in items], sorted(messages)
 
 
+def oracle_plugin(db) -> str:
+    """wal2json where the server has it (PostgreSQL 15 here), else test_decoding."""
+    return "wal2json" if db.major == 15 else "test_decoding"
+
+
 def oracle(db, slot: str, full_tables=("public.full_t",)) -> tuple[list, list]:
+    (plugin,) = db.query("SELECT plugin FROM pg_replication_slots WHERE slot_name = %s", (slot,))[0]
+    if plugin == "test_decoding":
+        return oracle_items(db, slot, full_tables)
     rows = db.query("SELECT data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, 'format-version', '2', "
                     "'include-transaction', 'false', 'include-types', 'false')", (slot,))
     items, messages = [], []
@@ -182,7 +194,7 @@ def setup_pgoutput(db, slot: str, *, two_phase: bool = False):
     db.execute(SCHEMA)
     create_publication(db.dsn, "pub")
     create_slot(db.dsn, slot, "pgoutput", two_phase=two_phase)
-    db.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", (slot + "_w2j",))
+    db.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (slot + "_oracle", oracle_plugin(db)))
 
 
 def run(db, statements) -> None:
@@ -213,7 +225,7 @@ def test_pgoutput_proto1_text_matches_wal2json(pg_db, pump, slot):
         assert stream.impl == pump
         assert stream.options == {"proto_version": "1", "publication_names": '"pub"'}
         run(pg_db, WORKLOAD + ["TRUNCATE full_t"])
-        events = assert_matches_oracle(pg_db, stream, slot + "_w2j")
+        events = assert_matches_oracle(pg_db, stream, slot + "_oracle")
         # key change: the preimage carries the old key
         pre = [r for ev in events if hasattr(ev, "to_arrow") and ev.relation.name == "a"
                for r in ev.to_arrow().to_pylist() if r["_change_type"] == "update_preimage"]
@@ -262,7 +274,9 @@ def test_pgoutput_proto2_binary_streaming(pg_db, slot):
 
     with connect(pg_db.dsn, slot=slot, publication="pub", proto_version=2, binary=True, streaming=True,
                  decoder_factory=factory) as stream:
-        assert stream.options["streaming"] == "true" and stream.options["binary"] == "true"
+        # PostgreSQL 16+ takes on/off/parallel; 15 a boolean
+        assert stream.options["streaming"] == ("true" if pg_db.major < 16 else "on")
+        assert stream.options["binary"] == "true"
         big = pg_db.connect()
         big.autocommit = False
         with big.cursor() as cur:
@@ -279,7 +293,7 @@ def test_pgoutput_proto2_binary_streaming(pg_db, slot):
             cur.execute("INSERT INTO b SELECT g, 'kept', NULL FROM generate_series(1, 1500) g")
         big.commit()
         big.close()
-        events = assert_matches_oracle(pg_db, stream, slot + "_w2j")
+        events = assert_matches_oracle(pg_db, stream, slot + "_oracle")
         assert not any(r == "rolled back" for ev in events if hasattr(ev, "to_arrow") and ev.relation.name == "b"
                        for r in ev.to_arrow().column("payload").to_pylist())
         kinds = set(taps[0].types)
@@ -290,7 +304,8 @@ def test_pgoutput_proto2_binary_streaming(pg_db, slot):
 def test_pgoutput_proto3_two_phase(pg_db, slot):
     setup_pgoutput(pg_db, slot, two_phase=True)
     with connect(pg_db.dsn, slot=slot, publication="pub", two_phase=True) as stream:
-        assert stream.options["proto_version"] == "3" and stream.options["two_phase"] == "true"
+        assert stream.options["proto_version"] == str(pgoutput_max_proto(pg_db.cluster.server_version_num))
+        assert stream.options["two_phase"] == "true"
         run(pg_db, ["BEGIN; INSERT INTO a VALUES (1, 'committed prepared'); PREPARE TRANSACTION 'g1'",
                     "COMMIT PREPARED 'g1'",
                     "BEGIN; INSERT INTO a VALUES (2, 'rolled back prepared'); PREPARE TRANSACTION 'g2'",
@@ -305,7 +320,7 @@ def test_pgoutput_proto3_two_phase(pg_db, slot):
         pg_db.execute("COMMIT PREPARED 'g3'")
         events = collect(stream, lambda evs: row_count(evs) >= 1)
         assert [r["v"] for ev in events for r in ev.to_arrow().to_pylist()] == ["still prepared"]
-        expected, _ = oracle(pg_db, slot + "_w2j")
+        expected, _ = oracle(pg_db, slot + "_oracle")
         assert [dict(e[2])["v"] for e in expected] == ["committed prepared", "plain", "still prepared"]
 
 
@@ -319,7 +334,7 @@ def test_pgoutput_messages_truncate_origin(pg_db, slot):
                     "TRUNCATE a, full_t",
                     "SELECT pg_replication_origin_session_setup('upstream_a'); "
                     "INSERT INTO b VALUES (1, 'from elsewhere')"])
-        events = assert_matches_oracle(pg_db, stream, slot + "_w2j", with_messages=True)
+        events = assert_matches_oracle(pg_db, stream, slot + "_oracle", with_messages=True)
         origins = {r["_origin"] for ev in events if hasattr(ev, "to_arrow") and ev.relation.name == "b"
                    for r in ev.to_arrow().to_pylist()}
         assert origins == {"upstream_a"}
@@ -338,15 +353,16 @@ def setup_pglogical(db, slot: str) -> None:
     db.execute("SELECT pglogical.create_node(node_name := 'provider', dsn := %s)", (db.dsn,))
     db.execute("SELECT pglogical.replication_set_add_all_tables('default', ARRAY['public'])")
     create_slot(db.dsn, slot, "pglogical")
-    db.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", (slot + "_w2j",))
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", (slot + "_oracle",))
 
 
+@pytest.mark.pg_servers("pg15")
 @pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
 def test_pglogical_matches_wal2json(pg_db, binary, slot):
     setup_pglogical(pg_db, slot)
     with connect(pg_db.dsn, slot=slot, plugin="pglogical", binary=binary) as stream:
         run(pg_db, WORKLOAD)
-        assert_matches_oracle(pg_db, stream, slot + "_w2j", full_tables=())
+        assert_matches_oracle(pg_db, stream, slot + "_oracle", full_tables=())
         assert stream.proto_version == 1
         assert stream.startup_params["binary.binary_basetypes"] == ("t" if binary else "f")
         assert stream.startup_params["binary.internal_basetypes"] == "f"
@@ -364,9 +380,18 @@ def test_server_errors_are_not_retried(pg_db, slot):
     create_slot(pg_db.dsn, slot, "pgoutput")
     with connect(pg_db.dsn, slot=slot, publication="does_not_exist") as stream:
         pg_db.execute("INSERT INTO t VALUES (1)")
-        with pytest.raises(ServerError, match="does_not_exist"):
-            for _ in range(50):
-                stream.read(0.2)
+        if pg_db.major < 18:
+            with pytest.raises(ServerError, match="does_not_exist"):
+                for _ in range(50):
+                    stream.read(0.2)
+        else:
+            # PostgreSQL 18 skips a publication that does not exist (with a WARNING in the server log) and
+            # publishes from the moment it is created
+            assert [ev for _ in range(5) for ev in stream.read(0.2)] == []
+            pg_db.execute("CREATE PUBLICATION does_not_exist FOR TABLE t")
+            pg_db.execute("INSERT INTO t VALUES (2)")
+            events = collect(stream, lambda evs: row_count(evs) >= 1)
+            assert [int(r["id"]) for ev in events for r in ev.to_arrow().to_pylist()] == [2]
         assert stream.reconnects == 0
 
 
@@ -396,9 +421,10 @@ def test_slot_helpers_report_lag(pg_db, slot):
 # ------------------------------------------------------------------------------------------------------------------
 # kill the server mid-stream
 
-@pytest.mark.parametrize("transport", ["replication", "sql"])
-def test_resume_after_server_crash(transport):
-    with PostgresCluster(durable=True) as pg:
+@pytest.mark.parametrize("major, transport", [(15, "replication"), (15, "sql"), (18, "replication")],
+                         ids=["pg15-replication", "pg15-sql", "pg18-replication"])
+def test_resume_after_server_crash(major, transport):
+    with PostgresCluster(durable=True, major=major) as pg:
         db = pg.create_database("crash")
         pg.execute("CREATE TABLE t (id int PRIMARY KEY, batch int)", dbname="crash")
         dsn = pg.dsn(dbname="crash")
@@ -504,7 +530,7 @@ def read_all(stream, expected_rows: int, timeout: float = 30.0) -> list:
 def both_transports(db, slot: str, plugin: str, **kwargs) -> tuple[list, list]:
     """The events of the same workload read from two slots created together: replication and sql."""
     types = column_types(db)
-    expected, _ = oracle(db, slot + "_w2j", full_tables=kwargs.pop("full_tables", ("public.full_t",)))
+    expected, _ = oracle(db, slot + "_oracle", full_tables=kwargs.pop("full_tables", ("public.full_t",)))
     got = []
     for transport, name in (("replication", slot), ("sql", slot + "_sql")):
         with connect(db.dsn, slot=name, plugin=plugin, transport=transport, **kwargs) as stream:
@@ -526,6 +552,7 @@ def test_sql_transport_pgoutput_matches_replication(pg_db, binary, slot):
     assert len(sql) > 100
 
 
+@pytest.mark.pg_servers("pg15")
 def test_sql_transport_pglogical_matches_replication(pg_db, slot):
     setup_pglogical(pg_db, slot)
     create_slot(pg_db.dsn, slot + "_sql", "pglogical")

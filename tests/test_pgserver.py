@@ -1,11 +1,19 @@
 """The throwaway PostgreSQL cluster used by the real-server tests."""
 from __future__ import annotations
 
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
 import psycopg2
 import pytest
 
 from spockwire.testing import PostgresCluster, PostgresNotFound
-from spockwire.testing.pgserver import _conf_value, find_bindir
+from spockwire.testing.pgserver import (_conf_value, _world_readable_copy, cache_dir, embedded_bindir, find_bindir,
+                                        find_embedded_pginstall, server_major)
 
 
 def test_cluster_accepts_connections(pg_cluster: PostgresCluster) -> None:
@@ -115,3 +123,46 @@ def test_conf_value_quoting() -> None:
     assert _conf_value(True) == "on"
     assert _conf_value(32) == "32"
     assert _conf_value("it's") == "'it''s'"
+
+
+def test_postgresql_18_from_the_wheel(pg18_cluster: PostgresCluster) -> None:
+    assert pg18_cluster.major == 18
+    assert 180000 <= pg18_cluster.server_version_num < 190000
+    assert pg18_cluster.has_library("pgoutput") and pg18_cluster.has_library("test_decoding")
+    # no pglogical in that server: nothing is preloaded by default
+    assert "shared_preload_libraries" not in pg18_cluster.settings
+    assert pg18_cluster.scalar("SHOW wal_level") == "logical"
+    pginstall = find_embedded_pginstall()
+    assert pginstall is not None
+    # the postgres OS user runs it: in place when it can reach the wheel, else from the cache copy
+    assert pg18_cluster.bindir == pginstall / "bin" or cache_dir() in pg18_cluster.bindir.parents
+    assert embedded_bindir().parent.name == "pginstall"
+
+
+def test_major_must_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    fifteen = find_bindir(major=15)
+    assert server_major(fifteen) == 15
+    monkeypatch.setenv("SPOCKWIRE_PG18_BINDIR", str(fifteen))
+    with pytest.raises(PostgresNotFound, match="holds PostgreSQL 15, not 18"):
+        PostgresCluster(major=18)
+
+
+def test_world_readable_copy_is_made_once_even_when_raced(monkeypatch: pytest.MonkeyPatch) -> None:
+    pginstall = find_embedded_pginstall()
+    assert pginstall is not None
+    cache = Path(tempfile.mkdtemp(prefix="spockwire-cache-test-"))
+    try:
+        os.chmod(cache, 0o755)
+        monkeypatch.setenv("SPOCKWIRE_PG_CACHE", str(cache))
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first, second = pool.map(lambda _: _world_readable_copy(pginstall), range(2))
+        assert first == second and first.parent.parent.parent == cache
+        assert [p.name for p in cache.iterdir()] == [first.parent.parent.name]  # no temporary folder left
+        assert server_major(first / "bin") == 18
+        # the client programs find the wheel's libpq beside the copy, as in the wheel
+        out = subprocess.run([str(first / "bin" / "pg_recvlogical"), "--version"], capture_output=True, text=True)
+        assert out.returncode == 0 and "18" in out.stdout
+        again = _world_readable_copy(pginstall)
+        assert again == first
+    finally:
+        shutil.rmtree(cache)

@@ -1,4 +1,4 @@
-"""The `spockwire` Spark data source against a real PostgreSQL 15 and a real local Spark.
+"""The `spockwire` Spark data source against real PostgreSQL 15 and 18 servers and a real local Spark.
 
 Streaming queries read a live slot while a workload runs; the applied result must equal the PostgreSQL table
 row by row, and a query stopped mid-way and restarted from its checkpoint must neither lose nor repeat a change.
@@ -140,6 +140,7 @@ def _wait_caught_up(query, db, slot: str, timeout: float = 120) -> None:
 
 # ------------------------------------------------------------------------------------------------------- types
 
+@pytest.mark.pg_servers("pg15", "pg18")
 def test_schema_and_typed_values_survive(spark, pg_db):
     pg_db.execute("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
     pg_db.execute("""CREATE TABLE typed (
@@ -217,6 +218,7 @@ def test_null_versus_unchanged_toast(spark, pg_db):
 
 # --------------------------------------------------------------------------------------------------- streaming
 
+@pytest.mark.pg_servers("pg15", "pg18")
 def test_stream_live_workload_into_memory_sink_equals_table(spark, pg_db, tmp_path):
     opts = _setup_orders(pg_db)
     rng = random.Random(7)
@@ -241,6 +243,7 @@ def test_stream_live_workload_into_memory_sink_equals_table(spark, pg_db, tmp_pa
     assert _slot_lsn(pg_db, _slot(pg_db)) <= _flush_lsn(pg_db)
 
 
+@pytest.mark.pg_servers("pg15", "pg18")
 def test_stream_stop_and_restart_loses_and_repeats_nothing(spark, pg_db, tmp_path):
     # slot "oracle" is never read by the stream: a batch read of it afterwards is the expected change set
     opts = _setup_orders(pg_db, extra_slots=("oracle",))

@@ -257,7 +257,7 @@ class ReplicationStream:
         if self.protocol == "pgoutput":
             opts = pgoutput_options(server_version_num, w["publication"], proto_version=w["proto_version"],
                                     binary=w["binary"], streaming=w["streaming"], two_phase=w["two_phase"],
-                                    messages=w["messages"])
+                                    messages=w["messages"], origin=None if w["forward_origins"] else "none")
             self.proto_version = int(opts["proto_version"])
             opts.update(w["extra"])
             return opts
@@ -577,7 +577,9 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: Any =
     * pgoutput only: `binary`, `streaming` (transactions larger than logical_decoding_work_mem arrive while in
       progress), `two_phase` (prepared transactions), `messages` (pg_logical_emit_message), `proto_version`
       (default: the highest the server speaks).
-    * pglogical/spock: `binary` (send/recv format), `forward_origins` (default True).
+    * pglogical/spock: `binary` (send/recv format), `forward_origins` (default True). With pgoutput,
+      ``forward_origins=False`` sends ``origin 'none'`` (PostgreSQL 16+): changes replicated from elsewhere (those
+      with a replication origin) are left out.
     * `transport`: "replication" (default: walsender connection, low latency, keepalives) or "sql" (an ordinary
       connection reading the slot with the SQL functions: catch-up throughput; `sql_batch_changes` = changes per
       call, default 4,000,000). The events and the acknowledgement rules are the same.
