@@ -106,9 +106,9 @@ def make_decoder(protocol: str, types: str = "auto", catalog: Any = None) -> Any
 
 @contextlib.contextmanager
 def _connect(dsn: str, autocommit: bool = True) -> Iterator[Any]:
-    import psycopg2
+    from ..connection.session import pinned_connect
 
-    conn = psycopg2.connect(dsn, application_name="spockwire-spark")
+    conn = pinned_connect(dsn, application_name="spockwire-spark")
     conn.autocommit = autocommit
     try:
         yield conn

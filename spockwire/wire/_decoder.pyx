@@ -399,6 +399,11 @@ cdef class Decoder:
             lsn = self.txn.floor
         return lsn
 
+    @property
+    def open_transactions(self):
+        """Transactions begun and not yet ended: the one being received, streamed ones, prepared ones."""
+        return (self.txn is not None) + len(self.streams) + len(self.prepared)
+
     def feed(self, payload, lsn=None):
         cdef Py_buffer view
         PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)

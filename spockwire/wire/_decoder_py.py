@@ -356,6 +356,11 @@ class Decoder:
             lsn = min(lsn, self._txn.floor)
         return lsn
 
+    @property
+    def open_transactions(self) -> int:
+        """Transactions begun and not yet ended: the one being received, streamed ones, prepared ones."""
+        return (self._txn is not None) + len(self._streams) + len(self._prepared)
+
     def feed(self, payload: Any, lsn: int | None = None) -> None:
         buf = memoryview(payload).cast("B")
         self._message(buf, 0, len(buf))
