@@ -140,6 +140,8 @@ class ReplicationStream:
         #: options sent with START_REPLICATION (filled at the first connect: they depend on the server version)
         self.options: dict[str, str] = {}
         self.server_version_num = 0
+        #: the database's encoding (pglogical/spock send text in it; pgoutput converts to the pinned UTF8)
+        self.server_encoding = "UTF8"
         #: negotiated protocol version (pgoutput: the one asked for; pglogical/spock: from the startup message)
         self.proto_version: int | None = None
         self.startup_params: dict[str, str] = {}
@@ -299,7 +301,8 @@ class ReplicationStream:
             opts.update(w["extra"])
             return opts
         return native_options(self.plugin, server_version_num, replication_sets=w["replication_sets"],
-                              forward_origins=w["forward_origins"], binary=w["binary"], extra=w["extra"])
+                              forward_origins=w["forward_origins"], binary=w["binary"], extra=w["extra"],
+                              encoding=self.server_encoding)
 
     def _open_once(self) -> None:
         if self.transport == "sql":
@@ -312,6 +315,7 @@ class ReplicationStream:
                                 **pinned_kwargs(self.dsn, self._connect_kwargs))
         try:
             self.server_version_num = conn.server_version
+            self.server_encoding = conn.get_parameter_status("server_encoding") or "UTF8"
             if not self.options:
                 self.options = self._build_options(self.server_version_num)
             if self.create_slot:
@@ -338,6 +342,7 @@ class ReplicationStream:
         try:
             conn.autocommit = True
             self.server_version_num = conn.server_version
+            self.server_encoding = conn.get_parameter_status("server_encoding") or "UTF8"
             if not self.options:
                 self.options = self._build_options(self.server_version_num)
             if self.create_slot:
@@ -528,7 +533,8 @@ class ReplicationStream:
         params = parse_startup_message(payload)
         basetypes = int(self.options["binary.basetypes_major_version"]) if self.binary else None
         self.proto_version = check_startup(self.protocol, params, binary_asked=self.binary,
-                                           basetypes_major=basetypes)
+                                           basetypes_major=basetypes,
+                                           encoding=self.options.get("expected_encoding"))
         self.startup_params = params
         self._startup_checked = True
 

@@ -51,8 +51,10 @@ class SlotSpec:
     def protocol(self) -> str:
         return plugin_protocol(self.plugin)
 
-    def plugin_options(self, server_version_num: int) -> dict[str, str]:
-        """The options passed to the output plugin (variadic text pairs of the SQL interface)."""
+    def plugin_options(self, server_version_num: int, server_encoding: str | None = None) -> dict[str, str]:
+        """The options passed to the output plugin (variadic text pairs of the SQL interface).
+
+        `server_encoding`: the database's encoding (pglogical/spock send text in it, see `native_options`)."""
         if self.protocol == "pgoutput":
             if not self.publication:
                 raise ValueError("plugin pgoutput needs the publication option")
@@ -60,7 +62,8 @@ class SlotSpec:
                                     binary=self.binary)
         else:
             opts = native_options(self.plugin, server_version_num,
-                                  replication_sets=list(self.replication_sets) or None, binary=self.binary)
+                                  replication_sets=list(self.replication_sets) or None, binary=self.binary,
+                                  encoding=server_encoding)
         opts.update({str(k): str(v) for k, v in self.extra_options.items()})
         return opts
 
@@ -216,7 +219,7 @@ def plan_end(spec: SlotSpec, start: int, *, max_messages: int | None = None, max
         if upto <= start:
             return Plan(start, flush, 0)
         wanted = max(1, int(max_messages)) if max_messages else 1
-        opts = spec.plugin_options(conn.server_version)
+        opts = spec.plugin_options(conn.server_version, conn.get_parameter_status("server_encoding"))
         cur.execute(_peek_sql(spec, "count(*), max(lsn)::text"),
                     (spec.slot, format_lsn(upto), wanted, _variadic(opts)))
         count, last = cur.fetchone()
@@ -299,7 +302,7 @@ def read_range(spec: SlotSpec, start: int, end: int, tables: Sequence[str] | Non
                     f"replication slot {spec.slot!r} is at {format_lsn(confirmed)}, past the start "
                     f"{format_lsn(start)} of the range to read: the changes in between are no longer available "
                     "(was the slot advanced by another consumer, or the checkpoint restored from an older copy?)")
-            opts = spec.plugin_options(conn.server_version)
+            opts = spec.plugin_options(conn.server_version, conn.get_parameter_status("server_encoding"))
         with conn.cursor(name="spockwire_peek") as cur:
             cur.itersize = fetch_rows
             cur.execute(_peek_sql(spec, "(lsn - '0/0'::pg_lsn)::int8, data"),
