@@ -276,7 +276,7 @@ def check_startup(protocol: str, params: Mapping[str, str], *, binary_asked: boo
         value = params.get(key)
         if value is not None and _enc(value) != wanted and not (wanted == "UTF8" and _enc(value) == "SQLASCII"):
             raise StartupRejected(f"upstream {key} is {value!r}; this client asked for text in "
-                                  f"{encoding or 'UTF8'}")
+                                  f"{'UTF-8' if wanted == 'UTF8' else encoding}")
     return version
 
 
