@@ -64,6 +64,7 @@ class IngestConfig:
     lag_interval: float = 5.0
     impl: str | None = None               # "c" | "python"; default: the one `import spockwire` selected
     transport: str = "replication"        # "replication" (low latency) | "sql" (catch-up throughput)
+    heartbeat_interval: float | None = None  # write a heartbeat message this often (servers that write nothing)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -206,6 +207,8 @@ class IngestWorker:
         kwargs: dict[str, Any] = dict(slot=cfg.slot, plugin=cfg.plugin, create_slot=cfg.create_slot,
                                       start_lsn=start_lsn, binary=cfg.binary, decoder_factory=factory,
                                       transport=cfg.transport, **cfg.extra)
+        if cfg.heartbeat_interval is not None:
+            kwargs["heartbeat_interval"] = cfg.heartbeat_interval
         if cfg.plugin == "pgoutput":
             kwargs.update(publication=cfg.publication, streaming=cfg.streaming, two_phase=cfg.two_phase,
                           messages=cfg.messages)

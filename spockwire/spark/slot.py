@@ -23,10 +23,12 @@ from ..errors import SpockwireError
 from ..model import ChangeBatch, Truncate
 
 __all__ = ["SlotSpec", "SlotAheadError", "make_decoder", "read_range", "advance_slot", "slot_position",
-           "plan_end", "decoder_types_supported"]
+           "plan_end", "decoder_types_supported", "IDLE_ADVANCE_BYTES"]
 
 #: rows fetched from the server per round trip while reading a range
 FETCH_ROWS = 2000
+#: WAL without output for the stream after which an empty range moves the slot on (one WAL segment)
+IDLE_ADVANCE_BYTES = 16 << 20
 
 
 class SlotAheadError(SpockwireError):
@@ -193,21 +195,23 @@ class Plan:
 
 
 def plan_end(spec: SlotSpec, start: int, *, max_messages: int | None = None, max_wal_bytes: int | None = None,
-             until: int | None = None, idle_advance_bytes: int | None = 64 << 20) -> Plan:
+             until: int | None = None, idle_advance_bytes: int | None = None) -> Plan:
     """Choose the end of the range that starts at `start` (the end of everything already durable downstream).
 
     The slot is first advanced to `start` (the caller guarantees everything before it is durable), so the peek
     that plans starts exactly there. Then:
 
     * no limit: `end` is the server's flush LSN when at least one transaction committed in between, else `start`
-      (no new range) -- unless more than `idle_advance_bytes` of WAL went by without output for this slot, when
-      an empty range moves the slot on, so the server can recycle that WAL;
+      (no new range) -- unless more than `idle_advance_bytes` (default IDLE_ADVANCE_BYTES) of WAL went by without
+      output for this slot, when an empty range moves the slot on, so the server can recycle that WAL;
     * `max_messages`: a peek with ``upto_nchanges`` stops after the transaction that reaches the count; the range
       ends right after that transaction's commit (whole transactions only, so a range may exceed the count by
       the messages of one transaction);
     * `max_wal_bytes`: the range covers at most that much WAL;
     * `until` (Trigger.AvailableNow): never beyond this LSN.
     """
+    if idle_advance_bytes is None:
+        idle_advance_bytes = IDLE_ADVANCE_BYTES
     with _connect(spec.dsn) as conn, conn.cursor() as cur:
         _advance(cur, spec, start)
         flush = current_flush_lsn(cur)
@@ -227,7 +231,7 @@ def plan_end(spec: SlotSpec, start: int, *, max_messages: int | None = None, max
         if count == 0:
             if upto < flush and (until is None or upto < until):
                 return Plan(upto, flush, 0)          # WAL without output for us: skip over it
-            if idle_advance_bytes is not None and upto - start >= idle_advance_bytes:
+            if upto - start >= idle_advance_bytes:
                 return Plan(upto, flush, 0)
             return Plan(start, flush, 0)
         if max_messages and count >= wanted:
