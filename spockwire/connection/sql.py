@@ -28,7 +28,7 @@ __all__ = ["SqlSource", "sql_options", "cursor_slot_name", "advance_slot"]
 #: pause before the next call after one that reached the end of the WAL (lets a trickle gather)
 _CAUGHT_UP_PAUSE = 0.05
 #: at most this often the real slot is moved over WAL that had nothing for the stream (see `idle_advance`)
-IDLE_ADVANCE_INTERVAL = 1.0
+IDLE_ADVANCE_INTERVAL = 0.5
 
 
 def sql_options(options: Mapping[str, str]) -> dict[str, str]:
