@@ -211,9 +211,8 @@ def test_ingest_keeps_an_idle_slot_moving(pg_db, tmp_path, plugin, transport):
         assert confirmed >= end, f"slot still {end - confirmed:,} bytes behind {SETTLE} s after the writes"
         from spockwire.ingest import read_staging
 
-        staged = read_staging(str(tmp_path / "stage"))
-        table = staged["public.quiet"] if isinstance(staged, dict) else staged
-        assert table is not None
+        staged = read_staging(str(tmp_path / "stage"), "public.quiet").to_pylist()
+        assert [(str(r["id"]), r["v"]) for r in staged] == [("1", "before")]
     finally:
         worker.stop()
         thread.join(30)
