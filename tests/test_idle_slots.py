@@ -254,3 +254,49 @@ def test_spark_stream_keeps_an_idle_slot_moving(pg_db, tmp_path, plugin):
     finally:
         query.stop()
         _drop(pg_db, slot)
+
+
+def test_a_batch_that_failed_to_decode_is_never_passed(pg_db):
+    """A batch whose decoding failed was never handed out: however quiet the stream is afterwards, and however much
+    the consumer acknowledges, the slot does not move past it."""
+    from spockwire.errors import protocol_error
+    from spockwire.wire import load_implementation
+
+    class Failing:
+        def __init__(self, protocol):
+            self.inner = load_implementation().Decoder(protocol)
+
+        def feed_frames(self, data, partial_ok=False):
+            if b"poison" in bytes(data):
+                raise protocol_error("I", 0, "a value this consumer cannot decode")
+            return self.inner.feed_frames(data)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    slot = "idle_poison"
+    _setup(pg_db, "pgoutput", slot)
+    try:
+        with connect(pg_db.dsn, slot=slot, publication="pub", decoder_factory=Failing) as stream:
+            (before,), = pg_db.query("SELECT pg_current_wal_lsn()::text")
+            pg_db.execute("INSERT INTO quiet VALUES (1, 'poison')")
+            failures = 0
+            deadline = time.monotonic() + 10
+            while not failures and time.monotonic() < deadline:
+                try:
+                    stream.read(0.2)
+                except Exception as exc:  # noqa: BLE001 - the injected failure
+                    assert "cannot decode" in str(exc)
+                    failures += 1
+            assert failures == 1
+            samples: list = []
+            end = _busy_writes(pg_db, slot, samples)
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                stream.read(0.2)
+                stream.ack()
+        (confirmed,), = pg_db.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                                    "WHERE slot_name = %s", (slot,))
+        assert parse_lsn(confirmed) <= parse_lsn(before) < end
+    finally:
+        _drop(pg_db, slot)

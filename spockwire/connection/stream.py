@@ -129,6 +129,8 @@ class ReplicationStream:
         self.heartbeat_interval = None if heartbeat_interval is None else float(heartbeat_interval)
         self._beat_conn: Any = None
         self._last_beat = 0.0
+        #: a batch of this connection failed to decode: its content was never handed out, so never move past it
+        self._undecoded = False
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
         self.max_backoff = max_backoff
@@ -259,8 +261,8 @@ class ReplicationStream:
         pump, source, decoder = self._pump, self._source, self.decoder
         if pump is None and source is None:
             return
-        idle = (decoder is not None and self._acked == self._delivered and decoder.committed_lsn <= self._delivered
-                and not getattr(decoder, "open_transactions", 1))
+        idle = (decoder is not None and not self._undecoded and self._acked == self._delivered
+                and decoder.committed_lsn <= self._delivered and not getattr(decoder, "open_transactions", 1))
         if pump is not None:
             pump.idle = idle
             target = pump.keepalive_end
@@ -332,6 +334,7 @@ class ReplicationStream:
         self._conn = conn
         self._pump = pump
         self.decoder = self._decoder_factory(self.protocol)
+        self._undecoded = False
         self._startup_checked = self.protocol == "pgoutput"
         log.info("streaming slot %s (%s) from %s", self.slot, self.plugin, format_lsn(start))
 
@@ -358,6 +361,7 @@ class ReplicationStream:
         self._conn = conn
         self._source = source
         self.decoder = self._decoder_factory(self.protocol)
+        self._undecoded = False
         self._startup_checked = self.protocol == "pgoutput"
         log.info("reading slot %s (%s) over SQL from %s", self.slot, self.plugin, format_lsn(source.start_position))
 
@@ -577,6 +581,9 @@ class ReplicationStream:
                 if events:
                     events = [e for e in events if not _is_heartbeat(e)]
             except BaseException:
+                self._undecoded = True
+                if self._pump is not None:
+                    self._pump.idle = False
                 if self._source is not None:
                     # the cursor slot has moved past these rows: read them again from the acknowledged position
                     self._teardown()
