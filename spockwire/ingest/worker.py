@@ -237,6 +237,7 @@ class IngestWorker:
         started = time.monotonic()
         last_activity = time.monotonic()
         received = self._messages_received()
+        reconnects = getattr(stream, "reconnects", 0)
         rows_seen = 0
         try:
             while not self._stop.is_set():
@@ -244,7 +245,9 @@ class IngestWorker:
                 now = time.monotonic()
                 # idle means nothing arrived: a large transaction that is still coming has no events yet
                 before, received = received, self._messages_received()
-                if events or received != before:
+                # a reconnect (however long it took) starts a new wait: what was not yet received is still coming
+                was, reconnects = reconnects, getattr(stream, "reconnects", 0)
+                if events or received != before or reconnects != was:
                     last_activity = now
                 for event in events:
                     writer.add(event)
