@@ -25,8 +25,11 @@ LOG_FORMAT = Setting("log_format", "log lines as text or JSON", choices=("text",
 MAX_RUNTIME = Setting("max_runtime", "stop by itself after this many seconds", type=float, metavar="SECONDS")
 IDLE_EXIT = Setting("idle_exit", "stop by itself after this many seconds in which nothing arrived from the "
                     "server", type=float, metavar="SECONDS")
+HEARTBEAT_INTERVAL = Setting("heartbeat_interval", "write a heartbeat (a non-transactional logical message, never "
+                             "staged) this often, so the slot moves even when the server writes nothing at all",
+                             type=float, metavar="SECONDS")
 SETTINGS = (*COMMON_SETTINGS, *STREAM_SETTINGS, *STAGING_SETTINGS, FLUSH_SECONDS,
-            SPILL_BYTES, METRICS_PORT, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT)
+            SPILL_BYTES, METRICS_PORT, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT, HEARTBEAT_INTERVAL)
 
 
 def register(subparsers: Any) -> None:
@@ -59,5 +62,5 @@ def run(args: argparse.Namespace) -> int:
         numeric=cfg.numeric or "decimal", compression=cfg.compression, flush_rows=cfg.flush_rows,
         flush_bytes=cfg.flush_bytes, flush_seconds=cfg.flush_seconds, spill_bytes=cfg.spill_bytes,
         metrics_port=cfg.metrics_port, progress=cfg.progress, max_runtime=cfg.max_runtime,
-        idle_exit=cfg.idle_exit, impl=cfg.impl, transport=cfg.transport)
+        idle_exit=cfg.idle_exit, impl=cfg.impl, transport=cfg.transport, heartbeat_interval=cfg.heartbeat_interval)
     return IngestWorker(config).run()

@@ -290,10 +290,18 @@ cdef class FramePump(_BatchPump):
       stream sets it to what the consumer acknowledged).
     * ``write_lsn`` - the highest WAL position received (dataStart of XLogData, walEnd of keepalives).
     * ``status_interval`` - seconds between unsolicited status updates while `read()` runs.
+    * ``idle`` - set by the stream when nothing is open and everything handed out is acknowledged: a keepalive's
+      walEnd then becomes the flush position (and is reported at once), as PostgreSQL's apply worker does. Any
+      XLogData message clears it (its content has not been handed out yet).
+    * ``keepalive_end`` - the walEnd of the latest keepalive: everything the server decoded before it was sent.
+    * ``sent_flush`` - the flush position of the last status update sent.
     * counters: ``messages``, ``bytes``, ``keepalives``, ``status_sent``.
     """
 
     cdef public double status_interval
+    cdef public bint idle
+    cdef readonly uint64_t keepalive_end
+    cdef readonly uint64_t sent_flush
     cdef uint64_t _flush_lsn
     cdef readonly uint64_t write_lsn
     cdef readonly uint64_t wal_end
@@ -308,6 +316,9 @@ cdef class FramePump(_BatchPump):
         self._flush_lsn = flush_lsn
         self.write_lsn = 0
         self.wal_end = 0
+        self.idle = 0
+        self.keepalive_end = 0
+        self.sent_flush = 0
         self.last_status = monotonic()
 
     @property
@@ -331,6 +342,7 @@ cdef class FramePump(_BatchPump):
         msg[33] = 1 if reply else 0
         if PQputCopyData(self.conn, msg, STATUS_LENGTH) <= 0:
             return -1
+        self.sent_flush = self._flush_lsn
         self.status_sent += 1
         self.last_status = monotonic()
         return 0
@@ -365,14 +377,20 @@ cdef class FramePump(_BatchPump):
                         self.write_lsn = start
                     if end > self.wal_end:
                         self.wal_end = end
+                    self.idle = 0
                     PQfreemem(msg)
                 elif msg[0] == b'k' and n >= KEEPALIVE_LENGTH:
                     end = sw_load_u64(msg + 1)
                     if end > self.wal_end:
                         self.wal_end = end
+                    if end > self.keepalive_end:
+                        self.keepalive_end = end
                     self.keepalives += 1
                     n = msg[17]
                     PQfreemem(msg)
+                    if self.idle and end > self._flush_lsn:
+                        self._flush_lsn = end
+                        n = 1
                     if n and self._send_status(0) != 0:
                         return SEND_ERROR
                 else:

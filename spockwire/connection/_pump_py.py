@@ -183,6 +183,9 @@ class FramePump(_BatchPump):
         self.wal_end = 0
         self.keepalives = 0
         self.status_sent = 0
+        self.idle = False
+        self.keepalive_end = 0
+        self.sent_flush = 0
         self._last_status = time.monotonic()
 
     @property
@@ -204,6 +207,7 @@ class FramePump(_BatchPump):
         lib = self._lib
         if lib.PQputCopyData(self._conn, msg, len(msg)) <= 0 or (flush_now and lib.PQflush(self._conn) != 0):
             raise classify("could not send a standby status update: " + self._errmsg(), None)
+        self.sent_flush = flush
         self.status_sent += 1
         self._last_status = time.monotonic()
 
@@ -274,11 +278,17 @@ class FramePump(_BatchPump):
                         self.write_lsn = start
                     if end > self.wal_end:
                         self.wal_end = end
+                    self.idle = False
                 elif kind == 0x6B and n >= _KEEPALIVE_LENGTH:  # 'k'
                     end, _ts, reply = _K.unpack_from(msg, 1)
                     if end > self.wal_end:
                         self.wal_end = end
+                    if end > self.keepalive_end:
+                        self.keepalive_end = end
                     self.keepalives += 1
+                    if self.idle and end > self._flush_lsn:
+                        self._flush_lsn = end  # nothing open, all acknowledged: confirm what the server passed
+                        reply = True
                     if reply:
                         self._send_status(False)
                 else:

@@ -148,8 +148,11 @@ def local_binary_params() -> dict[str, str]:
 
 def native_options(plugin: str, server_version_num: int, *, replication_sets: str | Iterable[str] | None = None,
                    forward_origins: bool = True, binary: bool = False,
-                   extra: Mapping[str, str] | None = None) -> dict[str, str]:
+                   extra: Mapping[str, str] | None = None, encoding: str | None = None) -> dict[str, str]:
     """Startup parameters for pglogical_output or spock.
+
+    `encoding` is the database's server_encoding (default UTF8): the plugins send text in it, unconverted, and
+    refuse any other ``expected_encoding``; the decoder converts it to UTF-8 (the startup message names it).
 
     `replication_sets` defaults to ``default``; without any set the plugins send no rows at all.
     `forward_origins` asks for transactions replicated from other nodes too (otherwise they are dropped).
@@ -168,7 +171,14 @@ def native_options(plugin: str, server_version_num: int, *, replication_sets: st
                 "max_proto_version": str(SPOCK_PROTO_RANGE[1]), "spock_version_num": SPOCK_CLIENT_VERSION_NUM}
     else:
         opts = {"startup_params_format": "1", "min_proto_version": "1", "max_proto_version": "1"}
-    opts["expected_encoding"] = "UTF8"
+    if encoding is not None:
+        from ..wire.encodings import text_codec
+
+        try:
+            text_codec(encoding)
+        except ValueError as exc:
+            raise StartupRejected(str(exc)) from None
+    opts["expected_encoding"] = encoding or "UTF8"
     opts[prefix + "replication_set_names"] = ",".join(sets)
     if forward_origins:
         opts[prefix + "forward_origins"] = "all"
@@ -219,11 +229,12 @@ def _flag(params: Mapping[str, str], key: str) -> bool | None:
 
 
 def check_startup(protocol: str, params: Mapping[str, str], *, binary_asked: bool = False,
-                  basetypes_major: int | None = None) -> int:
+                  basetypes_major: int | None = None, encoding: str | None = None) -> int:
     """Validate a native startup message against what was asked for; return the negotiated protocol version.
 
     Raises StartupRejected for an unknown protocol version, internal (host-order) datums, binary datums that were
-    not asked for or of another major version, or a text encoding other than UTF-8.
+    not asked for or of another major version, or a text encoding other than the one asked for (`encoding`,
+    default UTF-8).
     """
     if protocol == "spock":
         text = params.get("proto_version")
@@ -260,11 +271,14 @@ def check_startup(protocol: str, params: Mapping[str, str], *, binary_asked: boo
         if basetypes_major is not None and sent is not None and sent.strip() != str(basetypes_major):
             raise StartupRejected(f"upstream binary datums are of major version {sent}, asked for "
                                   f"{basetypes_major}")
-    db_encoding = params.get("database_encoding")
-    encoding = params.get("encoding")
-    for key, value in (("database_encoding", db_encoding), ("encoding", encoding)):
-        if value is not None and value.upper().replace("-", "") not in ("UTF8", "SQL_ASCII"):
-            raise StartupRejected(f"upstream {key} is {value!r}; this client decodes text as UTF-8")
-    if db_encoding is not None and db_encoding.upper().replace("-", "") != "UTF8":
-        raise StartupRejected(f"upstream database_encoding is {db_encoding!r}; this client decodes text as UTF-8")
+    wanted = _enc(encoding or "UTF8")
+    for key in ("database_encoding", "encoding"):
+        value = params.get(key)
+        if value is not None and _enc(value) != wanted and not (wanted == "UTF8" and _enc(value) == "SQLASCII"):
+            raise StartupRejected(f"upstream {key} is {value!r}; this client asked for text in "
+                                  f"{'UTF-8' if wanted == 'UTF8' else encoding}")
     return version
+
+
+def _enc(name: str) -> str:
+    return "".join(ch for ch in name.upper() if ch.isalnum())

@@ -59,9 +59,9 @@ class SlotInfo:
 @contextmanager
 def _connection(conn_or_dsn: Any) -> Iterator[Any]:
     if isinstance(conn_or_dsn, str):
-        import psycopg2
+        from .session import pinned_connect
 
-        conn = psycopg2.connect(conn_or_dsn)
+        conn = pinned_connect(conn_or_dsn)
         conn.autocommit = True
         try:
             yield conn

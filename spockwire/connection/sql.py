@@ -20,12 +20,15 @@ import time
 from typing import Any, Mapping
 
 from .errors import ConnectionLost, ServerError
+from .session import pinned_kwargs
 from .slots import format_lsn, parse_lsn
 
 __all__ = ["SqlSource", "sql_options", "cursor_slot_name", "advance_slot"]
 
 #: pause before the next call after one that reached the end of the WAL (lets a trickle gather)
 _CAUGHT_UP_PAUSE = 0.05
+#: at most this often the real slot is moved over WAL that had nothing for the stream (see `idle_advance`)
+IDLE_ADVANCE_INTERVAL = 0.5
 
 
 def sql_options(options: Mapping[str, str]) -> dict[str, str]:
@@ -69,6 +72,9 @@ class SqlSource:
         self._last_advance = time.monotonic()
         self._last_wal_check = 0.0
         self._advance_wanted = False
+        self._idle_wanted = False
+        #: the cursor slot's confirmed position after the last finished call: the end of the WAL it has read
+        self.read_end = 0
         with conn.cursor() as cur:
             cur.execute("SELECT pg_backend_pid()")
             self.cursor_slot = cursor_slot_name(slot, cur.fetchone()[0])
@@ -141,6 +147,14 @@ class SqlSource:
                 return data
 
     def _call_done(self, rows: int) -> None:
+        # where the call stopped reading: `get` confirms the end of the WAL it decoded on the cursor slot, also
+        # when nothing there was for this stream
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                        (self.cursor_slot,))
+            row = cur.fetchone()
+        if row is not None and row[0] is not None:
+            self.read_end = max(self.read_end, parse_lsn(row[0]))
         now = time.monotonic()
         if rows == 0:
             # nothing new: back off up to max_idle_wait
@@ -158,13 +172,22 @@ class SqlSource:
         if not self.pump.active:
             self.housekeeping()
 
+    def idle_advance(self) -> None:
+        """The stream confirmed WAL that had nothing for it: move the real slot there soon (at most once every
+        IDLE_ADVANCE_INTERVAL s), so a quiet stream on a busy server does not hold WAL."""
+        self._idle_wanted = True
+        if not self.pump.active:
+            self.housekeeping()
+
     def housekeeping(self) -> None:
         """Between calls: move the real slot when due; refresh the server's WAL position for lag figures."""
         if self.pump.active:
             return
         now = time.monotonic()
+        since = now - self._last_advance
         if self._flush_lsn > self.real_confirmed and (
-                self._advance_wanted or now - self._last_advance >= self.status_interval):
+                self._advance_wanted or since >= self.status_interval
+                or (self._idle_wanted and since >= IDLE_ADVANCE_INTERVAL)):
             self._advance_real()
         if now - self._last_wal_check >= 1.0:
             self._last_wal_check = now
@@ -188,7 +211,7 @@ class SqlSource:
                 raise
             # in use by another process for a moment ("55006"), or already further ("55000"): try again later
             return
-        self._advance_wanted = False
+        self._advance_wanted = self._idle_wanted = False
         self.status_sent += 1
 
     def advance_now(self) -> bool:
@@ -230,7 +253,7 @@ def advance_slot(dsn: str, slot: str, lsn: int, connect_kwargs: Mapping[str, Any
     deadline = time.monotonic() + timeout
     while True:
         try:
-            conn = psycopg2.connect(dsn, **dict(connect_kwargs or {}))
+            conn = psycopg2.connect(dsn, **pinned_kwargs(dsn, connect_kwargs))
         except psycopg2.Error:
             return False
         try:

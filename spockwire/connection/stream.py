@@ -23,6 +23,7 @@ from .errors import ConnectionLost, ReplicationError, ServerError, StartupReject
 from .options import check_startup, native_options, parse_startup_message, pgoutput_options, plugin_protocol
 from .slots import create_slot as _create_slot
 from .slots import format_lsn, parse_lsn
+from .session import pinned_kwargs
 from .sql import SqlSource, advance_slot, sql_options
 
 __all__ = ["ReplicationStream", "load_pump", "connect"]
@@ -34,6 +35,8 @@ _RETRYABLE_ON_RECONNECT = ("55006",)  # object in use: the old walsender still h
 TRANSPORTS = ("replication", "sql")
 #: how long close() waits for the server to end the stream (or a running SQL call) before it just disconnects
 CLOSE_TIMEOUT = 5.0
+#: prefix of the non-transactional messages `heartbeat_interval` writes; the stream never hands them out
+HEARTBEAT_PREFIX = "spockwire.heartbeat"
 
 
 def load_pump(choice: str | None = None) -> ModuleType:
@@ -77,6 +80,10 @@ def _server_unavailable(exc: BaseException) -> bool:
                                              "terminating connection"))
 
 
+def _is_heartbeat(event: Any) -> bool:
+    return getattr(event, "prefix", None) == HEARTBEAT_PREFIX and getattr(event, "transactional", True) is False
+
+
 class ReplicationStream:
     """Committed change events from one logical replication slot, with acknowledgement and resume.
 
@@ -95,7 +102,8 @@ class ReplicationStream:
                  max_batch_bytes: int = 4 << 20, read_timeout: float = 1.0, pump: str | ModuleType | None = None,
                  decoder_factory: Callable[[str], Any] | None = None,
                  connect_kwargs: Mapping[str, Any] | None = None, transport: str = "replication",
-                 sql_batch_changes: int = 4_000_000, type_catalog: Any = "auto") -> None:
+                 sql_batch_changes: int = 4_000_000, type_catalog: Any = "auto",
+                 heartbeat_interval: float | None = None) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be 'replication' or 'sql', not {transport!r}")
         if sql_batch_changes < 1:
@@ -123,6 +131,13 @@ class ReplicationStream:
         self.binary = binary
         self.create_slot = create_slot
         self.status_interval = float(status_interval)
+        if heartbeat_interval is not None and heartbeat_interval <= 0:
+            raise ValueError("heartbeat_interval must be a positive number of seconds (or None)")
+        self.heartbeat_interval = None if heartbeat_interval is None else float(heartbeat_interval)
+        self._beat_conn: Any = None
+        self._last_beat = 0.0
+        #: a batch of this connection failed to decode: its content was never handed out, so never move past it
+        self._undecoded = False
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
         self.max_backoff = max_backoff
@@ -138,6 +153,8 @@ class ReplicationStream:
         #: options sent with START_REPLICATION (filled at the first connect: they depend on the server version)
         self.options: dict[str, str] = {}
         self.server_version_num = 0
+        #: the database's encoding (pglogical/spock send text in it; pgoutput converts to the pinned UTF8)
+        self.server_encoding = "UTF8"
         #: negotiated protocol version (pgoutput: the one asked for; pglogical/spock: from the startup message)
         self.proto_version: int | None = None
         self.startup_params: dict[str, str] = {}
@@ -225,9 +242,15 @@ class ReplicationStream:
             pump = self._pump if self._pump is not None else self._source
             if pump is not None:
                 pump.flush_lsn = target
+            if not send and self._lock.acquire(blocking=False):
+                try:
+                    self._settle_idle()  # a running read settles it itself when it ends
+                finally:
+                    self._lock.release()
         if send:
             with self._lock:
                 try:
+                    self._settle_idle()
                     if self._pump is not None:
                         self._pump.send_status()
                     elif self._source is not None:
@@ -238,6 +261,35 @@ class ReplicationStream:
                     if not isinstance(self._connect_error(exc), ConnectionLost):
                         raise
         return self._acked
+
+    def _settle_idle(self) -> None:
+        """With nothing open and everything handed out acknowledged, let the slot follow the server (lock held).
+
+        Replication: the pump may confirm the walEnd of keepalives (`FramePump.idle`); the latest one already
+        received is confirmed now. SQL: the end of the WAL the last finished call read is confirmed (the slot is
+        advanced over it). Both only ever cover WAL whose decoded output was handed out and acknowledged.
+        """
+        pump, source, decoder = self._pump, self._source, self.decoder
+        if pump is None and source is None:
+            return
+        idle = (decoder is not None and not self._undecoded and self._acked == self._delivered
+                and decoder.committed_lsn <= self._delivered and not getattr(decoder, "open_transactions", 1))
+        if pump is not None:
+            pump.idle = idle
+            target = pump.keepalive_end
+        else:
+            target = source.read_end
+        if idle and target > self._acked:
+            self._acked = self._delivered = target
+            (pump if pump is not None else source).flush_lsn = target
+        if idle and source is not None and source.flush_lsn > source.real_confirmed:
+            source.idle_advance()
+        elif idle and pump is not None and pump.flush_lsn > pump.sent_flush:
+            # tell the server now: a walsender sends its next keepalive only once the last one was answered
+            try:
+                pump.send_status()
+            except ReplicationError:
+                pass  # the next read sees the broken connection and reconnects
 
     # ---------------------------------------------------------------------------------------------- lifecycle
     def open(self) -> "ReplicationStream":
@@ -262,7 +314,8 @@ class ReplicationStream:
             opts.update(w["extra"])
             return opts
         return native_options(self.plugin, server_version_num, replication_sets=w["replication_sets"],
-                              forward_origins=w["forward_origins"], binary=w["binary"], extra=w["extra"])
+                              forward_origins=w["forward_origins"], binary=w["binary"], extra=w["extra"],
+                              encoding=self.server_encoding)
 
     def _open_once(self) -> None:
         if self.transport == "sql":
@@ -272,9 +325,10 @@ class ReplicationStream:
         import psycopg2.extras
 
         conn = psycopg2.connect(self.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                **self._connect_kwargs)
+                                **pinned_kwargs(self.dsn, self._connect_kwargs))
         try:
             self.server_version_num = conn.server_version
+            self.server_encoding = conn.get_parameter_status("server_encoding") or "UTF8"
             if not self.options:
                 self.options = self._build_options(self.server_version_num)
             if self.create_slot:
@@ -291,16 +345,18 @@ class ReplicationStream:
         self._conn = conn
         self._pump = pump
         self.decoder = self._decoder_factory(self.protocol)
+        self._undecoded = False
         self._startup_checked = self.protocol == "pgoutput"
         log.info("streaming slot %s (%s) from %s", self.slot, self.plugin, format_lsn(start))
 
     def _open_sql(self) -> None:
         import psycopg2
 
-        conn = psycopg2.connect(self.dsn, **self._connect_kwargs)
+        conn = psycopg2.connect(self.dsn, **pinned_kwargs(self.dsn, self._connect_kwargs))
         try:
             conn.autocommit = True
             self.server_version_num = conn.server_version
+            self.server_encoding = conn.get_parameter_status("server_encoding") or "UTF8"
             if not self.options:
                 self.options = self._build_options(self.server_version_num)
             if self.create_slot:
@@ -316,6 +372,7 @@ class ReplicationStream:
         self._conn = conn
         self._source = source
         self.decoder = self._decoder_factory(self.protocol)
+        self._undecoded = False
         self._startup_checked = self.protocol == "pgoutput"
         log.info("reading slot %s (%s) over SQL from %s", self.slot, self.plugin, format_lsn(source.start_position))
 
@@ -366,6 +423,7 @@ class ReplicationStream:
             self.type_catalog.close()
         if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
             self._heartbeat.join(timeout=5)
+        self._close_beat()
 
     @property
     def closed(self) -> bool:
@@ -399,7 +457,11 @@ class ReplicationStream:
         """Keep the server from timing the walsender out while the consumer is busy between reads (replication),
         move the slot to acknowledged positions while the consumer does not read (sql)."""
         period = max(self.status_interval / 2.0, 0.05)
+        if self.heartbeat_interval is not None:
+            period = max(min(period, self.heartbeat_interval / 2.0), 0.05)
         while not self._stop.wait(period):
+            if self.heartbeat_interval is not None and time.monotonic() - self._last_beat >= self.heartbeat_interval:
+                self._beat()
             if not self._lock.acquire(blocking=False):
                 continue  # a read is running: it sends status updates itself
             try:
@@ -412,6 +474,31 @@ class ReplicationStream:
                 pass
             finally:
                 self._lock.release()
+
+    def _beat(self) -> None:
+        """Write a non-transactional logical message (never handed out) over an ordinary connection of its own, so
+        that the server has WAL to pass, and the slot moves, even when nothing at all is written."""
+        self._last_beat = time.monotonic()
+        try:
+            if self._beat_conn is None or self._beat_conn.closed:
+                import psycopg2
+
+                self._beat_conn = psycopg2.connect(self.dsn, **pinned_kwargs(self.dsn, {
+                    **self._connect_kwargs, "application_name": f"spockwire-heartbeat-{self.slot}"}))
+                self._beat_conn.autocommit = True
+            with self._beat_conn.cursor() as cur:
+                cur.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
+        except Exception as exc:  # noqa: BLE001 - a missed heartbeat only delays the slot; tried again later
+            log.debug("slot %s: heartbeat failed: %s", self.slot, exc)
+            self._close_beat()
+
+    def _close_beat(self) -> None:
+        conn, self._beat_conn = self._beat_conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
 
     # ---------------------------------------------------------------------------------------------- reading
     def _reconnect(self, cause: ReplicationError) -> None:
@@ -463,7 +550,8 @@ class ReplicationStream:
         params = parse_startup_message(payload)
         basetypes = int(self.options["binary.basetypes_major_version"]) if self.binary else None
         self.proto_version = check_startup(self.protocol, params, binary_asked=self.binary,
-                                           basetypes_major=basetypes)
+                                           basetypes_major=basetypes,
+                                           encoding=self.options.get("expected_encoding"))
         self.startup_params = params
         self._startup_checked = True
 
@@ -475,6 +563,7 @@ class ReplicationStream:
             if not self.connected:
                 self._reconnect(ConnectionLost("not connected"))
             try:
+                self._settle_idle()
                 if self._source is not None:
                     data = self._source.read(timeout)
                 else:
@@ -502,7 +591,12 @@ class ReplicationStream:
                     self._check_startup(data)
                 self.decoder.feed_frames(data)
                 events = self.decoder.drain()
+                if events:
+                    events = [e for e in events if not _is_heartbeat(e)]
             except BaseException:
+                self._undecoded = True
+                if self._pump is not None:
+                    self._pump.idle = False
                 if self._source is not None:
                     # the cursor slot has moved past these rows: read them again from the acknowledged position
                     self._teardown()

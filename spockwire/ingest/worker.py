@@ -66,6 +66,7 @@ class IngestConfig:
     lag_interval: float = 5.0
     impl: str | None = None               # "c" | "python"; default: the one `import spockwire` selected
     transport: str = "replication"        # "replication" (low latency) | "sql" (catch-up throughput)
+    heartbeat_interval: float | None = None  # write a heartbeat message this often (servers that write nothing)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -214,6 +215,8 @@ class IngestWorker:
         kwargs: dict[str, Any] = dict(slot=cfg.slot, plugin=cfg.plugin, create_slot=cfg.create_slot,
                                       start_lsn=start_lsn, binary=cfg.binary, decoder_factory=factory,
                                       transport=cfg.transport, **cfg.extra)
+        if cfg.heartbeat_interval is not None:
+            kwargs["heartbeat_interval"] = cfg.heartbeat_interval
         if cfg.plugin == "pgoutput":
             kwargs.update(publication=cfg.publication, streaming=cfg.streaming, two_phase=cfg.two_phase,
                           messages=cfg.messages)
@@ -245,6 +248,7 @@ class IngestWorker:
         started = time.monotonic()
         last_activity = time.monotonic()
         received = self._messages_received()
+        reconnects = getattr(stream, "reconnects", 0)
         rows_seen = 0
         try:
             while not self._stop.is_set():
@@ -252,7 +256,9 @@ class IngestWorker:
                 now = time.monotonic()
                 # idle means nothing arrived: a large transaction that is still coming has no events yet
                 before, received = received, self._messages_received()
-                if events or received != before:
+                # a reconnect (however long it took) starts a new wait: what was not yet received is still coming
+                was, reconnects = reconnects, getattr(stream, "reconnects", 0)
+                if events or received != before or reconnects != was:
                     last_activity = now
                 for event in events:
                     writer.add(event)

@@ -42,8 +42,8 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from ..connection.slots import format_lsn, parse_lsn
 from ..model import Relation
 from . import schema as S
-from .slot import SlotSpec, _connect, current_flush_lsn, ensure_slot, make_decoder, plan_end, read_range, \
-    slot_position, advance_slot
+from .slot import IDLE_ADVANCE_BYTES, SlotSpec, _connect, current_flush_lsn, ensure_slot, make_decoder, plan_end, \
+    read_range, slot_position, advance_slot
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python streaming sources
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -250,7 +250,7 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.max_messages = int(opts["maxchangesperbatch"]) if opts.get("maxchangesperbatch") else None
         self.max_wal_bytes = int(opts["maxwalbytesperbatch"]) if opts.get("maxwalbytesperbatch") else None
         idle = opts.get("idleadvancebytes")
-        self.idle_advance = int(idle) if idle not in (None, "") else 64 << 20
+        self.idle_advance = int(idle) if idle not in (None, "") else IDLE_ADVANCE_BYTES
         self.starting = parse_lsn(opts["startinglsn"]) if opts.get("startinglsn") else None
         self._until: int | None = None
         self._known_start: int | None = None

@@ -23,10 +23,12 @@ from ..errors import SpockwireError
 from ..model import ChangeBatch, Truncate
 
 __all__ = ["SlotSpec", "SlotAheadError", "make_decoder", "read_range", "advance_slot", "slot_position",
-           "plan_end", "decoder_types_supported"]
+           "plan_end", "decoder_types_supported", "IDLE_ADVANCE_BYTES"]
 
 #: rows fetched from the server per round trip while reading a range
 FETCH_ROWS = 2000
+#: WAL without output for the stream after which an empty range moves the slot on (one WAL segment)
+IDLE_ADVANCE_BYTES = 16 << 20
 
 
 class SlotAheadError(SpockwireError):
@@ -51,8 +53,10 @@ class SlotSpec:
     def protocol(self) -> str:
         return plugin_protocol(self.plugin)
 
-    def plugin_options(self, server_version_num: int) -> dict[str, str]:
-        """The options passed to the output plugin (variadic text pairs of the SQL interface)."""
+    def plugin_options(self, server_version_num: int, server_encoding: str | None = None) -> dict[str, str]:
+        """The options passed to the output plugin (variadic text pairs of the SQL interface).
+
+        `server_encoding`: the database's encoding (pglogical/spock send text in it, see `native_options`)."""
         if self.protocol == "pgoutput":
             if not self.publication:
                 raise ValueError("plugin pgoutput needs the publication option")
@@ -60,7 +64,8 @@ class SlotSpec:
                                     binary=self.binary)
         else:
             opts = native_options(self.plugin, server_version_num,
-                                  replication_sets=list(self.replication_sets) or None, binary=self.binary)
+                                  replication_sets=list(self.replication_sets) or None, binary=self.binary,
+                                  encoding=server_encoding)
         opts.update({str(k): str(v) for k, v in self.extra_options.items()})
         return opts
 
@@ -106,9 +111,9 @@ def make_decoder(protocol: str, types: str = "auto", catalog: Any = None) -> Any
 
 @contextlib.contextmanager
 def _connect(dsn: str, autocommit: bool = True) -> Iterator[Any]:
-    import psycopg2
+    from ..connection.session import pinned_connect
 
-    conn = psycopg2.connect(dsn, application_name="spockwire-spark")
+    conn = pinned_connect(dsn, application_name="spockwire-spark")
     conn.autocommit = autocommit
     try:
         yield conn
@@ -190,21 +195,23 @@ class Plan:
 
 
 def plan_end(spec: SlotSpec, start: int, *, max_messages: int | None = None, max_wal_bytes: int | None = None,
-             until: int | None = None, idle_advance_bytes: int | None = 64 << 20) -> Plan:
+             until: int | None = None, idle_advance_bytes: int | None = None) -> Plan:
     """Choose the end of the range that starts at `start` (the end of everything already durable downstream).
 
     The slot is first advanced to `start` (the caller guarantees everything before it is durable), so the peek
     that plans starts exactly there. Then:
 
     * no limit: `end` is the server's flush LSN when at least one transaction committed in between, else `start`
-      (no new range) -- unless more than `idle_advance_bytes` of WAL went by without output for this slot, when
-      an empty range moves the slot on, so the server can recycle that WAL;
+      (no new range) -- unless more than `idle_advance_bytes` (default IDLE_ADVANCE_BYTES) of WAL went by without
+      output for this slot, when an empty range moves the slot on, so the server can recycle that WAL;
     * `max_messages`: a peek with ``upto_nchanges`` stops after the transaction that reaches the count; the range
       ends right after that transaction's commit (whole transactions only, so a range may exceed the count by
       the messages of one transaction);
     * `max_wal_bytes`: the range covers at most that much WAL;
     * `until` (Trigger.AvailableNow): never beyond this LSN.
     """
+    if idle_advance_bytes is None:
+        idle_advance_bytes = IDLE_ADVANCE_BYTES
     with _connect(spec.dsn) as conn, conn.cursor() as cur:
         _advance(cur, spec, start)
         flush = current_flush_lsn(cur)
@@ -216,7 +223,7 @@ def plan_end(spec: SlotSpec, start: int, *, max_messages: int | None = None, max
         if upto <= start:
             return Plan(start, flush, 0)
         wanted = max(1, int(max_messages)) if max_messages else 1
-        opts = spec.plugin_options(conn.server_version)
+        opts = spec.plugin_options(conn.server_version, conn.get_parameter_status("server_encoding"))
         cur.execute(_peek_sql(spec, "count(*), max(lsn)::text"),
                     (spec.slot, format_lsn(upto), wanted, _variadic(opts)))
         count, last = cur.fetchone()
@@ -224,7 +231,7 @@ def plan_end(spec: SlotSpec, start: int, *, max_messages: int | None = None, max
         if count == 0:
             if upto < flush and (until is None or upto < until):
                 return Plan(upto, flush, 0)          # WAL without output for us: skip over it
-            if idle_advance_bytes is not None and upto - start >= idle_advance_bytes:
+            if upto - start >= idle_advance_bytes:
                 return Plan(upto, flush, 0)
             return Plan(start, flush, 0)
         if max_messages and count >= wanted:
@@ -299,7 +306,7 @@ def read_range(spec: SlotSpec, start: int, end: int, tables: Sequence[str] | Non
                     f"replication slot {spec.slot!r} is at {format_lsn(confirmed)}, past the start "
                     f"{format_lsn(start)} of the range to read: the changes in between are no longer available "
                     "(was the slot advanced by another consumer, or the checkpoint restored from an older copy?)")
-            opts = spec.plugin_options(conn.server_version)
+            opts = spec.plugin_options(conn.server_version, conn.get_parameter_status("server_encoding"))
         with conn.cursor(name="spockwire_peek") as cur:
             cur.itersize = fetch_rows
             cur.execute(_peek_sql(spec, "(lsn - '0/0'::pg_lsn)::int8, data"),

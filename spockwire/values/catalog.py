@@ -225,8 +225,8 @@ class PostgresTypeCatalog:
                 if self._connect is not None:
                     self._conn = self._connect(self.dsn)
                 else:
-                    import psycopg2
-                    self._conn = psycopg2.connect(self.dsn)
+                    from ..connection.session import pinned_connect
+                    self._conn = pinned_connect(self.dsn)
                 self._conn.autocommit = True
             except Exception as exc:  # noqa: BLE001 - any driver error is a catalog error here
                 raise TypeCatalogError(f"cannot connect to the upstream catalog: {exc}") from exc

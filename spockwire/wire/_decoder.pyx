@@ -8,6 +8,7 @@ final Arrow assembly are made in Python once per relation / per batch, never per
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memchr, memcmp
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,6 +19,7 @@ from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_
     pg_timestamp_to_datetime
 from ..values.catalog import column_specs
 from ..values.failures import value_problem
+from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, released_batch, row_bytes_estimate, spill_item
 
@@ -310,6 +312,49 @@ cdef object utf8_text_of(Cur* c, bytes raw, Py_ssize_t at, str what, int column=
         raise_bad(c, at, f"{what} is not valid UTF-8", column)
 
 
+cdef object native_text_of(Cur* c, bytes raw, Py_ssize_t at, str what, object codec, int column=-1):
+    """A native name in the stream's text encoding (`codec`; None: UTF-8)."""
+    if codec is None or raw.isascii():
+        return utf8_text_of(c, raw, at, what, column)
+    try:
+        return raw.decode(codec)
+    except UnicodeDecodeError:
+        raise_bad(c, at, f"{what} is not valid {codec_label(codec)}", column)
+
+
+cdef str codec_label(object codec):
+    return encoding_name(codec)
+
+
+cdef inline bint all_ascii(const char* p, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        if <unsigned char>p[i] >= 0x80:
+            return False
+    return True
+
+
+cdef bytes latin1_to_utf8(const char* p, Py_ssize_t n):
+    """LATIN1 bytes as UTF-8: every byte from 0x80 up becomes two."""
+    cdef Py_ssize_t i, j = 0, extra = 0
+    cdef unsigned char ch
+    for i in range(n):
+        if <unsigned char>p[i] >= 0x80:
+            extra += 1
+    out = PyBytes_FromStringAndSize(NULL, n + extra)
+    cdef char* q = PyBytes_AS_STRING(out)
+    for i in range(n):
+        ch = <unsigned char>p[i]
+        if ch < 0x80:
+            q[j] = <char>ch
+            j += 1
+        else:
+            q[j] = <char>(0xC0 | (ch >> 6))
+            q[j + 1] = <char>(0x80 | (ch & 0x3F))
+            j += 2
+    return out
+
+
 cdef str _lsn(uint64_t v):
     return f"{v >> 32:X}/{v & 0xFFFFFFFF:X}"
 
@@ -342,6 +387,7 @@ cdef class Decoder:
     cdef int64_t spill_bytes
     cdef object spill_dir
     cdef readonly object type_catalog
+    cdef object codec                 # native protocols: the codec of text (startup 'encoding'); None: UTF-8
     cdef int internal_order           # server byte order of 'i' datums: 1 big, 0 little, -1 not announced
 
     def __init__(self, str protocol="pgoutput", *, proto_version=None, Py_ssize_t batch_rows=DEFAULT_BATCH_ROWS,
@@ -398,6 +444,11 @@ cdef class Decoder:
         if self.txn is not None and self.txn.kind == PREPARED and self.txn.floor < lsn:
             lsn = self.txn.floor
         return lsn
+
+    @property
+    def open_transactions(self):
+        """Transactions begun and not yet ended: the one being received, streamed ones, prepared ones."""
+        return (self.txn is not None) + len(self.streams) + len(self.prepared)
 
     def feed(self, payload, lsn=None):
         cdef Py_buffer view
@@ -639,6 +690,10 @@ cdef class Decoder:
                 params[key] = get_cstring(c, f"the value of startup parameter {key!r}")
             self.startup_params = params
             self.internal_order = _byte_order(params)
+            try:
+                self.codec = text_codec(params.get("encoding"))
+            except ValueError as exc:
+                raise_bad(c, c.start, str(exc))
             if spock:
                 self.spock_version = _negotiated_spock_version(type_name(c.mtype), params)
             return 0
@@ -681,7 +736,7 @@ cdef class Decoder:
                 done(c)
                 if n8 == 0 or c.base[c.pos - 1] != 0:
                     raise_bad(c, c.pos - 1 if n8 else c.pos, "origin name is not NUL-terminated")
-                name = utf8_text_of(c, raw[:n8 - 1], c.pos - n8, "the origin name")
+                name = native_text_of(c, raw[:n8 - 1], c.pos - n8, "the origin name", self.codec)
             self._origin(c, after, name)
             if spock:
                 self.after = AFTER_ORIGIN
@@ -694,8 +749,8 @@ cdef class Decoder:
         elif t == 0x52:  # R
             get_flags(c, 0, &flags)
             get_u32(c, &relid, "the relation id")
-            nsp = _native_name(c, "the namespace")
-            name = _native_name(c, "the relation name")
+            nsp = _native_name(c, "the namespace", self.codec)
+            name = _native_name(c, "the relation name", self.codec)
             expect(c, 0x41, "the attributes block")
             get_u16(c, &natts, "the column count")
             cols = []
@@ -714,7 +769,8 @@ cdef class Decoder:
                 c.pos += n16
                 if n16 == 0 or c.base[c.pos - 1] != 0:
                     raise_bad(c, c.pos - 1 if n16 else c.pos, "column name is not NUL-terminated", i)
-                cname = utf8_text_of(c, c.base[c.pos - n16:c.pos - 1], c.pos - n16, "the column name", i)
+                cname = native_text_of(c, c.base[c.pos - n16:c.pos - 1], c.pos - n16, "the column name",
+                                       self.codec, i)
                 if spock:
                     if c.end - c.pos < 4:
                         raise_truncated(c, c.pos, 4, "the type OID", i, cname)
@@ -896,6 +952,8 @@ cdef class Decoder:
         cdef int32_t ntoast = 0
         cdef int rc
         cdef int32_t toast_at
+        cdef bytes converted              # a text value converted from the stream's encoding to UTF-8
+        cdef Py_ssize_t vat               # where the value starts in the message
         cdef unsigned char bit = 1 << (row & 7)
         cdef Py_ssize_t byte = row >> 3
         if native:
@@ -924,12 +982,24 @@ cdef class Decoder:
                 if <size_t>(c.end - c.pos) < n:
                     raise_truncated(c, c.pos, n, "the value", i, b.names[i])
                 p = c.base + c.pos
+                vat = c.pos
                 c.pos += n
                 if kind == 0x74 and native:
                     if n == 0 or p[n - 1] != 0:
                         raise_bad(c, c.pos - 1 if n else c.pos, "text value is not NUL-terminated", i,
                                   b.names[i])
                     n -= 1
+                    if self.codec is not None and not all_ascii(p, n):
+                        if self.codec == "latin-1":
+                            converted = latin1_to_utf8(p, n)
+                        else:
+                            try:
+                                converted = p[:n].decode(self.codec).encode("utf-8")
+                            except UnicodeDecodeError:
+                                raise_bad(c, vat, f"text value is not valid {codec_label(self.codec)}", i,
+                                          b.names[i])
+                        p = converted
+                        n = len(converted)
                 b.nbytes += n
                 if col.kind == K_RAW or col.kind == K_OTHER:
                     if kind != 0x74 or not sw_utf8_valid(<const unsigned char*>p, n):
@@ -947,7 +1017,7 @@ cdef class Decoder:
                 else:
                     rc = append_value(col, row, kind, p, n, self.internal_order)
                     if rc:
-                        raise_bad(c, p - c.base, value_problem(rc, kind, p[:n], b.specs[i].type_name), i,
+                        raise_bad(c, vat, value_problem(rc, kind, p[:n], b.specs[i].type_name), i,
                                   b.names[i])
             elif kind == 0x6E or kind == 0x75:  # n u
                 set_null(col, row)
@@ -1205,7 +1275,7 @@ cdef class Decoder:
         return 0
 
 
-cdef object _native_name(Cur* c, str what):
+cdef object _native_name(Cur* c, str what, object codec):
     cdef uint8_t n
     get_u8(c, &n, what + " length")
     if c.end - c.pos < n:
@@ -1213,7 +1283,7 @@ cdef object _native_name(Cur* c, str what):
     c.pos += n
     if n == 0 or c.base[c.pos - 1] != 0:
         raise_bad(c, c.pos - 1 if n else c.pos, f"{what} is not NUL-terminated")
-    return utf8_text_of(c, c.base[c.pos - n:c.pos - 1], c.pos - n, what)
+    return native_text_of(c, c.base[c.pos - n:c.pos - 1], c.pos - n, what, codec)
 
 
 def _negotiated_spock_version(mtype, dict params):

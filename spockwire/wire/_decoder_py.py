@@ -18,6 +18,7 @@ from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_
 from ..values._convert_py import ValueFailure, build_array, decode_value
 from ..values.catalog import ColumnSpec, column_specs
 from ..values.failures import value_problem
+from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
 
@@ -343,6 +344,7 @@ class Decoder:
         self._prepared: dict[str, _Txn] = {}       # prepared, unresolved transactions by gid
         self._last_commit_end = 0
         self._after = _AFTER_NOTHING
+        self._codec: str | None = None             # native protocols: the encoding of text, from the startup message
 
     # ------------------------------------------------------------------ public API
     @property
@@ -355,6 +357,11 @@ class Decoder:
         if self._txn is not None and self._txn.kind == _PREPARED:
             lsn = min(lsn, self._txn.floor)
         return lsn
+
+    @property
+    def open_transactions(self) -> int:
+        """Transactions begun and not yet ended: the one being received, streamed ones, prepared ones."""
+        return (self._txn is not None) + len(self._streams) + len(self._prepared)
 
     def feed(self, payload: Any, lsn: int | None = None) -> None:
         buf = memoryview(payload).cast("B")
@@ -555,6 +562,7 @@ class Decoder:
                 params[key] = r.cstring(f"the value of startup parameter {key!r}")
             self.startup_params = params
             self._big_endian = _byte_order(params)
+            self._codec = _startup_codec(r, params)
             if spock:
                 self._spock_version = _negotiated_spock_version(r, params)
             return
@@ -597,7 +605,7 @@ class Decoder:
                 if n == 0 or raw[-1] != 0:
                     raise protocol_error(r.mtype, r.pos - 1 if n else r.pos,
                                          "origin name is not NUL-terminated")
-                name = r.utf8(raw[:-1], r.pos - n, "the origin name")
+                name = self._text(r, raw[:-1], r.pos - n, "the origin name")
             self._origin(r, after, name)
             if spock:
                 self._after = _AFTER_ORIGIN
@@ -625,7 +633,7 @@ class Decoder:
                 raw = r.take(n, "the column name", i)
                 if n == 0 or raw[-1] != 0:
                     raise protocol_error(r.mtype, r.pos - 1 if n else r.pos, "column name is not NUL-terminated", i)
-                cname = r.utf8(raw[:-1], r.pos - n, "the column name", i)
+                cname = self._text(r, raw[:-1], r.pos - n, "the column name", i)
                 if spock:
                     typoid = r.u32("the type OID", i, cname)
                     typmod = r.i32("the type modifier", i, cname)
@@ -655,13 +663,22 @@ class Decoder:
         else:
             raise protocol_error(r.mtype, r.start, f"unknown {self.protocol} message type")
 
-    @staticmethod
-    def _native_name(r: _Reader, what: str) -> str:
+    def _native_name(self, r: _Reader, what: str) -> str:
         n = r.u8(what + " length")
         raw = r.take(n, what)
         if n == 0 or raw[-1] != 0:
             raise protocol_error(r.mtype, r.pos - 1 if n else r.pos, f"{what} is not NUL-terminated")
-        return r.utf8(raw[:-1], r.pos - n, what)
+        return self._text(r, raw[:-1], r.pos - n, what)
+
+    def _text(self, r: _Reader, raw: bytes, at: int, what: str, column: int | None = None) -> str:
+        """A native name in the stream's text encoding (UTF-8 unless the startup message said otherwise)."""
+        if self._codec is None or raw.isascii():
+            return r.utf8(raw, at, what, column)
+        try:
+            return raw.decode(self._codec)
+        except UnicodeDecodeError:
+            raise protocol_error(r.mtype, at, f"{what} is not valid {encoding_name(self._codec)}",
+                                 column) from None
 
     # ------------------------------------------------------------------ relations
     def _stream_xid(self, r: _Reader) -> int:
@@ -801,6 +818,12 @@ class Decoder:
                         raise protocol_error(r.mtype, r.pos - 1 if n else r.pos,
                                              "text value is not NUL-terminated", i, name)
                     v = v[:-1]
+                    if self._codec is not None and not v.isascii():
+                        try:
+                            v = v.decode(self._codec).encode("utf-8")
+                        except UnicodeDecodeError:
+                            raise protocol_error(r.mtype, start, "text value is not valid "
+                                                 f"{encoding_name(self._codec)}", i, name) from None
                 b.nbytes += len(v)
                 spec = specs[i]
                 if b.marks[i] is not None:
@@ -1034,6 +1057,14 @@ def _negotiated_spock_version(r: _Reader, params: dict[str, str]) -> int:
     if version not in (2, 3, 4, 5):
         raise protocol_error(r.mtype, r.start, f"unsupported spock proto_version {text!r} in the startup message")
     return version
+
+
+def _startup_codec(r: _Reader, params: dict[str, str]) -> str | None:
+    """The codec of the text a native stream sends (its startup message's ``encoding``); None for UTF-8."""
+    try:
+        return text_codec(params.get("encoding"))
+    except ValueError as exc:
+        raise protocol_error(r.mtype, r.start, str(exc)) from None
 
 
 def _is_utf8(raw: bytes) -> bool:
