@@ -156,6 +156,28 @@ EOF
     PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install "${pip_opts[@]}" "${packages[@]}"
 }
 
+# Wheels that tests install into virtualenvs of their own (tests/test_connection_libpq.py: psycopg2-binary beside
+# this spockwire) are fetched here, once, so that no test depends on the network.
+wheelhouse_dir() {
+    printf '%s\n' "${SPOCKWIRE_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/spockwire/wheelhouse}"
+}
+
+fetch_wheelhouse() {
+    local dir
+    dir="$(wheelhouse_dir)"
+    mkdir -p "$dir"
+    log "fetching test wheels into $dir"
+    "$PYTHON" -m pip download -q --disable-pip-version-check --no-input --only-binary :all: -d "$dir" \
+        psycopg2-binary numpy pyarrow 2>&1 | grep -v "^WARNING: Location" >&2 || true
+    local pkg
+    for pkg in psycopg2_binary numpy pyarrow; do
+        if ! ls "$dir"/"$pkg"-*.whl >/dev/null 2>&1; then
+            log "could not fetch a wheel of $pkg into $dir"
+            return 1
+        fi
+    done
+}
+
 main() {
     if [ ! -r /etc/debian_version ]; then
         log "warning: not a Debian-family system; system packages must be installed by hand"
@@ -163,6 +185,7 @@ main() {
     fi
     install_apt
     install_pip
+    fetch_wheelhouse
     # the Spock output plugin into the wheel's PostgreSQL 18 (from ../shared/spock beside the checkout, if there)
     bash "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/install-spock.sh" "$PYTHON"
     log "done"

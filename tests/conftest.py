@@ -8,11 +8,37 @@ import pytest
 pytest_plugins = ["tests.pg_fixtures"]
 
 
+# The test tiers, defined here and nowhere else (README, "Development"; the workflows and the wheel builds select
+# them with -m). Markers are set at collection; nothing is ever skipped:
+#   pg     needs PostgreSQL: uses a server fixture (tests/pg_fixtures.py) or starts clusters of its own
+#   spark  starts a local SparkSession (tests/test_spark*.py and tests using the `spark` fixture)
+#   fuzz   needs the sanitizer build (clang, atheris): uses the `sanitized` fixture of tests/test_fuzz_short.py
+#   slow   heavy (millions of rows, kill -9 campaigns): marked in the test module
+#   lint   the workflow linters over the source tree's .github/workflows (tests/test_workflows.py)
+#   fast   none of the above: golden vectors, malformed input, round trips, differential, both implementations;
+#          what the wheel builds run (pyproject.toml, [tool.cibuildwheel] test-command)
+TIER_MARKERS = ("pg", "spark", "fuzz", "slow", "lint")
+
+
+def _starts_clusters(module) -> bool:
+    return module is not None and getattr(module, "PostgresCluster", None) is not None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects anything
 def pytest_collection_modifyitems(config, items):
-    """Tests in tests/test_spark*.py start a local SparkSession: they get the `spark` marker (nothing is skipped)."""
+    from tests.pg_fixtures import PG_FIXTURES
+
     for item in items:
-        if item.path.name.startswith("test_spark"):
+        names = set(getattr(item, "fixturenames", ()))
+        if item.path.name.startswith("test_spark") or "spark" in names:
             item.add_marker(pytest.mark.spark)
+        if "sanitized" in names:
+            item.add_marker(pytest.mark.fuzz)
+        if PG_FIXTURES & names or _starts_clusters(getattr(item, "module", None)):
+            item.add_marker(pytest.mark.pg)
+        if not any(item.get_closest_marker(m) for m in TIER_MARKERS):
+            item.add_marker(pytest.mark.fast)
+
 
 IMPLEMENTATIONS = ("c", "python")
 

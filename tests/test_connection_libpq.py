@@ -96,13 +96,18 @@ def test_another_libpq_in_the_process_makes_no_difference(pg_db, tmp_path):
 def test_psycopg2_binary(pg_db, tmp_path):
     """With psycopg2-binary (its own private libpq, next to the system's) both pumps stream from a real server
     through psycopg2-binary's libpq. Runs in a virtualenv of its own holding psycopg2-binary, numpy and pyarrow
-    (from PyPI) and this spockwire."""
+    (from the wheels the setup step fetched) and this spockwire."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
+    # from the wheels the setup step fetched (scripts/setup-machine.sh), never from the network
+    wheelhouse = Path(os.environ.get("SPOCKWIRE_WHEELHOUSE") or Path(os.environ.get("XDG_CACHE_HOME")
+                                                                     or Path.home() / ".cache") / "spockwire" / "wheelhouse")
+    assert wheelhouse.is_dir(), f"{wheelhouse} is missing: scripts/setup-machine.sh fetches it"
     proc = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-input",
-                           "psycopg2-binary", "numpy", "pyarrow"], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, "pip could not install psycopg2-binary: " + proc.stderr[-2000:]
+                           "--no-index", "--find-links", str(wheelhouse), "psycopg2-binary", "numpy", "pyarrow"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"pip could not install psycopg2-binary from {wheelhouse}: " + proc.stderr[-2000:]
     # this spockwire (the installed one under test), without the rest of this interpreter's packages
     only = tmp_path / "only-spockwire"
     only.mkdir()

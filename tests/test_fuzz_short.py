@@ -13,6 +13,7 @@ SPOCKWIRE_FUZZ_SECONDS sets the length of the run (default 75).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,8 @@ from tests import wire_encoder as W
 ROOT = Path(os.environ.get("SPOCKWIRE_SOURCE_DIR") or Path(__file__).resolve().parents[1])
 FUZZ = ROOT / "fuzz"
 FUZZ_SECONDS = int(os.environ.get("SPOCKWIRE_FUZZ_SECONDS", "75"))
+# inputs beyond the seeds a short run must execute (a floor, not a target: a loaded machine still does ~2,500)
+MIN_MUTATIONS = int(os.environ.get("SPOCKWIRE_FUZZ_MIN_MUTATIONS", "1000"))
 REGRESSIONS = FUZZ / "regressions"
 
 
@@ -82,7 +85,7 @@ def _report(proc: subprocess.CompletedProcess) -> str:
     return "\n".join(lines[-60:])
 
 
-def test_short_fuzz_run_finds_nothing(sanitized, tmp_path):
+def test_short_fuzz_run_finds_nothing(sanitized, tmp_path, request):
     """Every entry point (feed after a preamble, feed of message sequences, feed_frames, feed_frames with
     partial_ok), every protocol, typed and raw: the seeds cover each, and the fuzzer mutates from there."""
     seeds, corpus, artifacts = tmp_path / "seeds", tmp_path / "corpus", tmp_path / "artifacts"
@@ -101,7 +104,15 @@ def test_short_fuzz_run_finds_nothing(sanitized, tmp_path):
     assert proc.returncode == 0 and not found, (
         f"the fuzzer reported a finding (exit code {proc.returncode}, artifacts {found}; replay one with "
         f"`fuzz/run.sh --replay FILE`):\n{_report(proc)}")
-    assert "stat::number_of_executed_units" in proc.stderr
+    executed = re.search(r"stat::number_of_executed_units:\s*(\d+)", proc.stderr)
+    assert executed, f"libFuzzer printed no execution count:\n{_report(proc)}"
+    units, nseeds = int(executed.group(1)), len(list(seeds.iterdir()))
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"short fuzz run: {units} inputs executed in {FUZZ_SECONDS} s "
+                            f"({nseeds} seeds, {units - nseeds} mutations)")
+    # every seed ran, and the fuzzer mutated well beyond them (a loaded 2-core machine does 37-111 inputs/s)
+    assert units >= nseeds + MIN_MUTATIONS, (units, nseeds)
 
 
 def test_replay_fuzzer_regressions(sanitized):

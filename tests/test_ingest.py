@@ -444,6 +444,7 @@ def _ingest_peak_rss(dsn: str, slot: str, out: Path, spill_bytes: str) -> tuple[
 
 
 # PostgreSQL 15 only: what it measures is the worker's memory, the same against either server (and it is long)
+@pytest.mark.slow
 @pytest.mark.parametrize("durable_cluster", [15], ids=["pg15"], indirect=True)
 def test_huge_transaction_ingest_memory_is_bounded(durable_cluster, tmp_path):
     """One 4-million-row transaction through the worker, end to end, twice from two slots at the same position:

@@ -80,7 +80,8 @@ HUGE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("module,rows", [("_decoder", 10_000_000), ("_decoder_py", 300_000)])
+@pytest.mark.parametrize("module,rows", [pytest.param("_decoder", 10_000_000, marks=pytest.mark.slow),
+                                         ("_decoder_py", 300_000)])
 def test_huge_transaction_memory_is_bounded(tmp_path, module, rows):
     """One transaction of 10 million rows (C; 300k for the slower twin) decodes with peak RSS under 512 MB and
     every row comes out exactly, only at COMMIT."""
