@@ -389,9 +389,10 @@ def numeric_text_from_binary(raw: bytes) -> str:
     if weight < 0:
         out.append("0")
     else:
-        for k in range(weight + 1):
-            d = digits[k] if k < ndigits else 0
-            out.append(str(d) if k == 0 else f"{d:04d}")
+        head = digits[:min(ndigits, weight + 1)]
+        out.append(str(head[0]) if head else "0")
+        out.extend(f"{d:04d}" for d in head[1:])
+        out.append("0000" * (weight + 1 - max(len(head), 1)))   # groups past the stored digits are zero
     if dscale > 0:
         frac = []
         for j in range((dscale + 3) // 4):

@@ -8,6 +8,9 @@ SPECIAL_DECIMAL = 4      # NaN or ±Infinity in a numeric(p,s) column decoded as
 OUT_OF_RANGE = 5         # a valid value that does not fit the Arrow type
 INVALID_UTF8 = 6         # text that is not UTF-8
 BYTE_ORDER_UNKNOWN = 7   # an internal datum, but the startup message did not say the server's byte order
+TOO_LARGE = 8            # the value alone takes its column past Arrow's 32-bit offsets (2 GiB - 1 bytes) in a batch
+
+OFFSET_LIMIT = 0x7FFFFFFF  # most bytes (elements, for lists) a variable-length column holds in one batch
 
 _FORMATS = {0x74: "text", 0x62: "binary", 0x69: "internal"}
 
@@ -31,4 +34,7 @@ def value_problem(code: int, fmt: int, raw: bytes, type_name: str) -> str:
     if code == BYTE_ORDER_UNKNOWN:
         return (f"internal-format value of type {type_name} needs the server's byte order "
                 f"(binary.bigendian in the startup message)")
+    if code == TOO_LARGE:
+        return (f"{form} value of type {type_name} does not fit one batch: its column's data would pass "
+                f"{OFFSET_LIMIT} bytes, the limit of Arrow's 32-bit offsets")
     return f"cannot decode {form} value {shown!r} as {type_name}"

@@ -16,8 +16,9 @@ from ..export.arrow import finish_batch
 from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_EPOCH_OFFSET_US, \
     pg_timestamp_to_datetime
 from ..values._convert_py import ValueFailure, build_array, decode_value
-from ..values.catalog import ColumnSpec, column_specs
-from ..values.failures import value_problem
+from ..values.catalog import ARRAY, BYTEA, CHAR, ENUM, JSON, JSONB, NUMERIC_TEXT, OTHER, RAW, TEXT, TIMETZ, \
+    ColumnSpec, column_specs
+from ..values.failures import OFFSET_LIMIT, TOO_LARGE, value_problem
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
 
@@ -43,8 +44,38 @@ MAX_TXN_TS = 252_455_615_999_999_999
 
 #: rows in one batch at most (a batch is closed and a new one started beyond it)
 DEFAULT_BATCH_ROWS = 1 << 18
-#: value bytes in one batch at most (keeps Arrow's 32-bit offsets safe: a PostgreSQL value is at most 1 GiB)
+#: value bytes in one batch at most: per value, the larger of its wire bytes and the bytes it adds to a
+#: variable-length column (binary numeric decoded to text can expand ten thousand fold). A message whose values
+#: would take a column past Arrow's 32-bit offsets (OFFSET_LIMIT) with the rows already in the batch starts a new one.
 MAX_BATCH_BYTES = 1 << 30
+
+# kinds whose text can be longer than the binary or internal form it is made from
+_EXPANDING = frozenset((NUMERIC_TEXT, TIMETZ, CHAR))
+_VARLEN = frozenset((RAW, OTHER, TEXT, JSON, JSONB, BYTEA, NUMERIC_TEXT, TIMETZ, ENUM, CHAR))
+
+
+class _BatchFull(Exception):
+    """Internal: the row message must start a new batch (see Decoder._row_message)."""
+
+
+def _output_bytes(spec: ColumnSpec, value: Any) -> int:
+    """Bytes a binary or internal value of an expanding kind adds to its column (0 for other kinds)."""
+    if spec.kind in _EXPANDING:
+        return len(value)                       # these texts are ASCII
+    if spec.kind == ARRAY and spec.element.kind in _EXPANDING:
+        return sum(len(e) for e in value if e is not None)
+    return 0
+
+
+def _column_size(spec: ColumnSpec, values: list[Any]) -> int:
+    """What a column's Arrow offsets would have to count: data bytes, or elements and element bytes of a list."""
+    if spec.kind == ARRAY:
+        elements = sum(len(v) for v in values if v is not None)
+        flat = [e for v in values if v is not None for e in v]
+        return max(elements, _column_size(spec.element, flat))
+    if spec.kind not in _VARLEN:
+        return 0
+    return sum(len(v.encode("utf-8")) if isinstance(v, str) else len(v) for v in values if v is not None)
 
 # transaction kinds
 _PLAIN, _STREAM, _PREPARED = 0, 1, 2
@@ -164,7 +195,7 @@ class _Builder:
     """Rows of one relation version, column by column (the twin keeps Python lists; C keeps Arrow buffers)."""
 
     __slots__ = ("relation", "specs", "ncols", "change", "lsn", "ts", "xid", "seq", "origin", "toast", "subxid",
-                 "values", "marks", "committed", "nbytes")
+                 "values", "marks", "committed", "nbytes", "msg_mark", "full")
 
     def __init__(self, relation: Relation, specs: tuple[ColumnSpec, ...]) -> None:
         self.relation = relation
@@ -184,6 +215,8 @@ class _Builder:
         self.marks: list[list[bool] | None] | None = None
         self.committed = 0
         self.nbytes = 0
+        self.msg_mark = 0       # rows before the row message being decoded
+        self.full = False       # closed early: a message's values would not fit with the rows already here
 
     @property
     def nrows(self) -> int:
@@ -718,14 +751,14 @@ class Decoder:
     def _builder(self, txn: _Txn, rel: Relation) -> _Builder:
         if txn.kind == _PLAIN:
             b = self._shared.get(id(rel))
-            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES):
+            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES or b.full):
                 self._flush_shared()
                 b = None
             if b is None:
                 b = self._shared[id(rel)] = _Builder(rel, self._specs[id(rel)])
         else:
             b = txn.builders.get(id(rel))
-            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES):
+            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES or b.full):
                 self._pend_rows(txn, b, 0, b.nrows)
                 b = None
             if b is None:
@@ -738,32 +771,50 @@ class Decoder:
         rel = self.relations.get(relid)
         if rel is None:
             raise protocol_error(r.mtype, r.pos - 4, f"row for relation {relid}, which was never described")
+        body = r.pos
         b = self._builder(txn, rel)
-        mark = b.nrows
-        try:
-            if t == 0x49:
-                r.expect(0x4E, "the new tuple marker")
-                self._tuple(r, b, txn, INSERT, sub, txn.seq)
-            elif t == 0x55:
-                kind = r.u8("the tuple marker")
-                if kind in (0x4B, 0x4F):
-                    self._tuple(r, b, txn, UPDATE_PRE, sub, txn.seq)
-                    r.expect(0x4E, "the new tuple marker")
-                elif kind != 0x4E:
-                    raise protocol_error(r.mtype, r.pos - 1,
-                                         f"expected 'K', 'O' or 'N' tuple marker, got {_type_name(kind)!r}")
-                self._tuple(r, b, txn, UPDATE_POST, sub, txn.seq + b.nrows - mark)
-            else:
-                kind = r.u8("the tuple marker")
-                if kind not in (0x4B, 0x4F):
-                    raise protocol_error(r.mtype, r.pos - 1,
-                                         f"expected 'K' or 'O' tuple marker, got {_type_name(kind)!r}")
-                self._tuple(r, b, txn, DELETE, sub, txn.seq)
-            r.done()
-        except ProtocolError:
-            b.truncate_to(mark)
-            raise
+        while True:
+            mark = b.nrows
+            mark_bytes = b.nbytes
+            b.msg_mark = mark
+            try:
+                self._row_body(r, t, b, txn, sub, mark)
+            except _BatchFull:
+                # the message's values would take a column past Arrow's 32-bit offsets together with the rows
+                # already in this batch: those rows close as a batch and the message is decoded again, alone
+                b.truncate_to(mark)
+                b.nbytes = mark_bytes
+                b.full = True
+                r.pos = body
+                b = self._builder(txn, rel)
+                continue
+            except ProtocolError:
+                b.truncate_to(mark)
+                raise
+            break
         txn.advance(sub, b.nrows - mark)
+
+    def _row_body(self, r: _Reader, t: int, b: _Builder, txn: _Txn, sub: int, mark: int) -> None:
+        """The tuples of an INSERT, UPDATE or DELETE after the relation id."""
+        if t == 0x49:
+            r.expect(0x4E, "the new tuple marker")
+            self._tuple(r, b, txn, INSERT, sub, txn.seq)
+        elif t == 0x55:
+            kind = r.u8("the tuple marker")
+            if kind in (0x4B, 0x4F):
+                self._tuple(r, b, txn, UPDATE_PRE, sub, txn.seq)
+                r.expect(0x4E, "the new tuple marker")
+            elif kind != 0x4E:
+                raise protocol_error(r.mtype, r.pos - 1,
+                                     f"expected 'K', 'O' or 'N' tuple marker, got {_type_name(kind)!r}")
+            self._tuple(r, b, txn, UPDATE_POST, sub, txn.seq + b.nrows - mark)
+        else:
+            kind = r.u8("the tuple marker")
+            if kind not in (0x4B, 0x4F):
+                raise protocol_error(r.mtype, r.pos - 1,
+                                     f"expected 'K' or 'O' tuple marker, got {_type_name(kind)!r}")
+            self._tuple(r, b, txn, DELETE, sub, txn.seq)
+        r.done()
 
     def _tuple(self, r: _Reader, b: _Builder, txn: _Txn, change: int, sub: int, seq: int) -> None:
         native = self._proto != _PGOUTPUT
@@ -801,17 +852,26 @@ class Decoder:
                         raise protocol_error(r.mtype, r.pos - 1 if n else r.pos,
                                              "text value is not NUL-terminated", i, name)
                     v = v[:-1]
-                b.nbytes += len(v)
                 spec = specs[i]
                 if b.marks[i] is not None:
                     values[i].append(v)
                     b.marks[i].append(kind != 0x74 or not _is_utf8(v))
+                    b.nbytes += len(v)
                 else:
                     try:
-                        values[i].append(decode_value(spec, kind, v, self._big_endian))
+                        value = decode_value(spec, kind, v, self._big_endian)
                     except ValueFailure as failure:
                         raise protocol_error(r.mtype, start, value_problem(failure.code, kind, v, spec.type_name),
                                              i, name) from None
+                    values[i].append(value)
+                    # output bytes count too: an expanding kernel (binary numeric to text) closes batches as well
+                    b.nbytes += max(len(v), _output_bytes(spec, value)) if kind != 0x74 else len(v)
+                if b.nbytes > OFFSET_LIMIT:
+                    if b.msg_mark > 0:
+                        raise _BatchFull()
+                    if _column_size(spec, values[i]) > OFFSET_LIMIT:
+                        raise protocol_error(r.mtype, start, value_problem(TOO_LARGE, kind, v, spec.type_name),
+                                             i, name)
             else:
                 raise protocol_error(r.mtype, r.pos - 1, f"unknown value kind {_type_name(kind)!r}", i, name)
         b.change.append(change)
