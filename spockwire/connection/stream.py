@@ -46,10 +46,16 @@ def load_pump(choice: str | None = None) -> ModuleType:
                   "Build it with `python setup.py build_ext --inplace` (needs libpq-dev)", choice)
 
 
-def _default_decoder_factory(protocol: str) -> Any:
+def _default_decoder_factory(protocol: str, type_catalog: Any = None) -> Any:
     from ..wire import load_implementation
 
-    return load_implementation().Decoder(protocol)
+    return load_implementation().Decoder(protocol, type_catalog=type_catalog)
+
+
+def _auto_catalog(dsn: str) -> Any:
+    from ..values.catalog import PostgresTypeCatalog
+
+    return PostgresTypeCatalog(dsn, strict=False)
 
 
 def _server_unavailable(exc: BaseException) -> bool:
@@ -89,7 +95,7 @@ class ReplicationStream:
                  max_batch_bytes: int = 4 << 20, read_timeout: float = 1.0, pump: str | ModuleType | None = None,
                  decoder_factory: Callable[[str], Any] | None = None,
                  connect_kwargs: Mapping[str, Any] | None = None, transport: str = "replication",
-                 sql_batch_changes: int = 4_000_000) -> None:
+                 sql_batch_changes: int = 4_000_000, type_catalog: Any = "auto") -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be 'replication' or 'sql', not {transport!r}")
         if sql_batch_changes < 1:
@@ -123,7 +129,10 @@ class ReplicationStream:
         self.max_batch_bytes = max_batch_bytes
         self.read_timeout = read_timeout
         self._pump_module = pump if isinstance(pump, ModuleType) else load_pump(pump)
-        self._decoder_factory = decoder_factory or _default_decoder_factory
+        # column types the stream does not carry (pglogical/spock send none; enums, composites): read through `dsn`
+        self._own_catalog = type_catalog == "auto" and decoder_factory is None
+        self.type_catalog = _auto_catalog(dsn) if self._own_catalog else (None if type_catalog == "auto" else type_catalog)
+        self._decoder_factory = decoder_factory or (lambda p: _default_decoder_factory(p, self.type_catalog))
         self._connect_kwargs = dict(connect_kwargs or {})
         #: options sent with START_REPLICATION (filled at the first connect: they depend on the server version)
         self.options: dict[str, str] = {}
@@ -352,6 +361,8 @@ class ReplicationStream:
             elif self._source is not None:
                 self._close_sql(self._source)
             self._teardown()
+        if self._own_catalog:
+            self.type_catalog.close()
         if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
             self._heartbeat.join(timeout=5)
 
@@ -572,6 +583,10 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: Any =
     * tuning: `status_interval` (10 s; sql: how often acknowledged positions move the slot), `reconnect` (True),
       `reconnect_timeout` (300 s), `max_backoff` (5 s), `max_batch_bytes` (4 MiB), `read_timeout` (1 s; sql: the
       longest pause between polls when idle), `pump` ("c" | "python"), `connect_kwargs`.
+    * `type_catalog`: where column types the stream does not carry come from (pglogical/spock send none; enums,
+      composites and user ranges are named only by the catalog). Default "auto": a PostgresTypeCatalog read over
+      `dsn` (one extra ordinary connection, opened at the first relation that needs it); None: no catalog
+      (pglogical columns then stay untyped); or any TypeCatalog. Ignored with a `decoder_factory`.
     """
     stream = ReplicationStream(dsn, slot=slot, plugin=plugin, publication=publication,
                                replication_sets=replication_sets, create_slot=create_slot, start_lsn=start_lsn,

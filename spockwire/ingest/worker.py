@@ -51,6 +51,7 @@ class IngestConfig:
     two_phase: bool = False
     messages: bool = False
     types: str = "typed"
+    type_catalog: bool = True             # column types the stream does not carry, read from the catalog over `dsn`
     numeric: str = "decimal"
     compression: str = "zstd"
     flush_rows: int = 1_000_000
@@ -165,6 +166,7 @@ class IngestWorker:
         self._last_commit = time.monotonic()
         self.stream: Any = None
         self.writer: StagingWriter | None = None
+        self.type_catalog: Any = None
 
     def stop(self, *_: Any) -> None:
         """Ask the worker to finish: it flushes, acknowledges what it wrote and returns from `run()`."""
@@ -200,8 +202,13 @@ class IngestWorker:
         impl = load_implementation() if cfg.impl is None else importlib.import_module(
             "spockwire.wire._decoder" if cfg.impl == "c" else "spockwire.wire._decoder_py")
 
+        if self.type_catalog is None and cfg.type_catalog and cfg.types != "raw":
+            from ..values.catalog import PostgresTypeCatalog
+            self.type_catalog = PostgresTypeCatalog(cfg.dsn, strict=False)
+
         def factory(protocol: str) -> Any:
-            return impl.Decoder(protocol, types=cfg.types, numeric=cfg.numeric, spill_bytes=cfg.spill_bytes)
+            return impl.Decoder(protocol, types=cfg.types, numeric=cfg.numeric, spill_bytes=cfg.spill_bytes,
+                                type_catalog=self.type_catalog)
 
         kwargs: dict[str, Any] = dict(slot=cfg.slot, plugin=cfg.plugin, create_slot=cfg.create_slot,
                                       start_lsn=start_lsn, binary=cfg.binary, decoder_factory=factory,
@@ -273,6 +280,8 @@ class IngestWorker:
                 stream.close()
             finally:
                 writer.close()
+                if self.type_catalog is not None:
+                    self.type_catalog.close()
 
     def _messages_received(self) -> int:
         """Messages the stream has received so far (0 for a stream that does not count them)."""

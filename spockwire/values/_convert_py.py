@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from .catalog import ARRAY, BOOL, BYTEA, CHAR, DATE, DECIMAL, ENUM, FLOAT4, FLOAT8, INT2, INT4, INT8, INTERVAL, JSON, \
-    JSONB, NUMERIC_TEXT, OID, OTHER, RAW, TEXT, TIME, TIMESTAMP, TIMESTAMPTZ, TIMETZ, UUID, ColumnSpec
+    JSONB, NUMERIC_TEXT, OID, OTHER, PGTEXT, RAW, TEXT, TIME, TIMESTAMP, TIMESTAMPTZ, TIMETZ, UUID, ColumnSpec
 from .failures import BYTE_ORDER_UNKNOWN, INTERNAL_UNSUPPORTED, INVALID, INVALID_UTF8, MULTIDIMENSIONAL, \
     OUT_OF_RANGE, SPECIAL_DECIMAL
 
@@ -540,6 +540,8 @@ def _binary(spec: ColumnSpec, raw: bytes) -> Any:
         return raw
     if kind == ARRAY:
         return _binary_array(raw, spec)
+    if kind == PGTEXT:
+        return spec.render(raw)   # spockwire.values.sendtext: PostgreSQL's text output of the send form
     raise _fail()
 
 
@@ -602,7 +604,7 @@ def decode_value(spec: ColumnSpec, fmt: int, raw: bytes, big_endian: bool | None
         return _internal(spec, raw, big_endian)
     if fmt == B:
         return _binary(spec, raw)
-    if kind in (TEXT, JSON, JSONB, ENUM, NUMERIC_TEXT, TIMETZ, CHAR):
+    if kind in (TEXT, JSON, JSONB, ENUM, NUMERIC_TEXT, TIMETZ, CHAR, PGTEXT):
         return _utf8(raw)
     if kind in _RANGES:
         return _text_int(kind, raw)

@@ -23,14 +23,26 @@ column with the kind it returns. The mapping:
 | enums | ENUM | dictionary<int32, string> |
 | domains | their base type | |
 | 1-D arrays of the above | ARRAY | list<element type> (lower bounds are not kept) |
-| anything else | OTHER | string from the text form; binary from the binary form |
+| every other builtin type with a send format (spockwire.values.sendtext.RENDERED_TYPES: inet, cidr, macaddr(8), money, bit, varbit, ranges, multiranges, geometric types, tsvector, tsquery, pg_lsn, ...), arrays of them, composites, user ranges/multiranges over such types, domains over them | PGTEXT | string, PostgreSQL's text output: text values as they arrive, binary values rendered by `send_to_text` (the ColumnSpec's `render`) |
+| anything else (types of extensions) | OTHER | string from the text form; binary from the binary form |
 
 Without type information (pglogical sends none and no catalog was given) columns are RAW: string when every
 value arrived as valid UTF-8 text, binary otherwise — never guessed.
+
+Catalogs: pgoutput names every column's type OID, so only user-defined types need a catalog (enums, domains,
+composites, user ranges, and arrays of them); pglogical and spock name none, so every column needs one.
+`PostgresTypeCatalog(dsn)` reads `pg_type`/`pg_attribute`/`pg_range` over an ordinary connection and caches the
+answers; `spockwire.connect()`, the ingest worker and the Spark source attach one for their DSN by default
+(`strict=False`: an unreadable catalog leaves columns untyped with a warning instead of failing the stream).
+It reads the catalog as it is when asked, not as it was when the change was written: a type altered between
+the change and its decoding is described as it is now.
 """
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import pyarrow as pa
@@ -46,10 +58,13 @@ __all__ = [
 # value kinds (the Cython decoder uses the same numbers)
 RAW, BOOL, INT2, INT4, INT8, OID, FLOAT4, FLOAT8, DECIMAL, NUMERIC_TEXT, TEXT, JSON, JSONB, BYTEA, DATE, \
     TIMESTAMP, TIMESTAMPTZ, TIME, TIMETZ, INTERVAL, UUID, ENUM, ARRAY, OTHER, CHAR = range(25)
+# a type kept as PostgreSQL's text form: text values as they arrive, binary values rendered to the same text
+# (spockwire.values.sendtext)
+PGTEXT = 25
 
 KIND_NAMES = ("raw", "bool", "int2", "int4", "int8", "oid", "float4", "float8", "numeric", "numeric", "text",
               "json", "jsonb", "bytea", "date", "timestamp", "timestamptz", "time", "timetz", "interval", "uuid",
-              "enum", "array", "other", "char")
+              "enum", "array", "other", "char", "pgtext")
 
 # builtin type OID -> (name, kind); array type OID -> element OID
 BUILTIN_TYPES: dict[int, tuple[str, int]] = {
@@ -91,6 +106,8 @@ class ColumnSpec:
     precision: int = 0
     scale: int = 0
     element: "ColumnSpec | None" = None
+    type_oid: int = 0                       # PGTEXT: the type whose binary values `render` turns into text
+    render: Any = field(default=None, compare=False, repr=False)   # PGTEXT: bytes -> str (send_to_text)
 
     @property
     def is_raw(self) -> bool:
@@ -108,6 +125,7 @@ class TypeInfo:
     base_typmod: int = -1         # domains: the underlying type's modifier
     element_oid: int = 0          # arrays: the element type
     category: str = ""            # pg_type.typcategory ('A' for arrays)
+    subtype_oid: int = 0          # ranges: the subtype; multiranges: the range type
 
 
 class TypeCatalog(Protocol):
@@ -174,11 +192,19 @@ class PostgresTypeCatalog:
     """Types loaded from the upstream catalog (`pg_attribute`, `pg_type`) over a normal connection, cached.
 
     The cache of a relation is keyed by its relation id and version, so a new Relation message (after DDL)
-    reloads it.
+    reloads it. The connection is opened at the first question (for pgoutput only user-defined types ask one).
+
+    `strict=False` (what `spockwire.connect()` and the ingest worker attach by default): when the catalog cannot
+    be read (no ordinary connection allowed, server gone), a warning is logged and the columns it would have
+    typed stay untyped, instead of the stream failing; it tries again at questions RETRY_SECONDS later.
     """
 
-    def __init__(self, dsn: str, *, connect: Callable[[str], Any] | None = None) -> None:
+    RETRY_SECONDS = 30.0
+
+    def __init__(self, dsn: str, *, connect: Callable[[str], Any] | None = None, strict: bool = True) -> None:
         self.dsn = dsn
+        self.strict = strict
+        self._failed_at: float | None = None
         self._connect = connect
         self._conn: Any = None
         self._types: dict[int, TypeInfo | None] = {}
@@ -202,17 +228,52 @@ class PostgresTypeCatalog:
             self._conn.close()
             self._conn = None
 
+    def _unavailable(self, exc: Exception) -> None:
+        if self.strict:
+            raise exc if isinstance(exc, TypeCatalogError) else TypeCatalogError(
+                f"cannot read the upstream catalog: {exc}")
+        logging.getLogger("spockwire.values").warning(
+            "the upstream type catalog cannot be read (%s): columns it would type stay untyped", exc)
+        self._failed_at = time.monotonic()
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the connection is broken already
+            self._conn = None
+
+    def _resting(self) -> bool:
+        return self._failed_at is not None and time.monotonic() - self._failed_at < self.RETRY_SECONDS
+
     def type_info(self, oid: int) -> TypeInfo | None:
+        if self._resting():
+            return self._types.get(oid)
+        try:
+            return self._type_info(oid)
+        except Exception as exc:  # noqa: BLE001 - any driver error means the catalog is unavailable
+            self._unavailable(exc)
+            return None
+
+    def column_types(self, relation: Relation) -> Sequence[tuple[int, int]] | None:
+        if self._resting():
+            return self._columns.get((relation.relid, relation.version))
+        try:
+            return self._column_types(relation)
+        except Exception as exc:  # noqa: BLE001 - any driver error means the catalog is unavailable
+            self._unavailable(exc)
+            return None
+
+    def _type_info(self, oid: int) -> TypeInfo | None:
         if oid not in self._types:
             with self._cursor() as cur:
                 cur.execute("SELECT t.oid, t.typname, t.typtype, t.typbasetype, t.typtypmod, t.typelem, "
-                            "t.typcategory FROM pg_type t WHERE t.oid = %s", (oid,))
+                            "t.typcategory, COALESCE(r.rngsubtype, m.rngtypid, 0) FROM pg_type t "
+                            "LEFT JOIN pg_range r ON r.rngtypid = t.oid "
+                            "LEFT JOIN pg_range m ON m.rngmultitypid = t.oid WHERE t.oid = %s", (oid,))
                 row = cur.fetchone()
             self._types[oid] = None if row is None else TypeInfo(int(row[0]), row[1], row[2], int(row[3]),
-                                                                 int(row[4]), int(row[5]), row[6])
+                                                                 int(row[4]), int(row[5]), row[6], int(row[7]))
         return self._types[oid]
 
-    def column_types(self, relation: Relation) -> Sequence[tuple[int, int]] | None:
+    def _column_types(self, relation: Relation) -> Sequence[tuple[int, int]] | None:
         key = (relation.relid, relation.version)
         if key not in self._columns:
             with self._cursor() as cur:
@@ -248,8 +309,20 @@ _SIMPLE_ARROW: dict[int, pa.DataType] = {
     FLOAT4: pa.float32(), FLOAT8: pa.float64(), TEXT: pa.string(), JSON: pa.string(), JSONB: pa.string(),
     BYTEA: pa.binary(), DATE: pa.date32(), TIMESTAMP: pa.timestamp("us"), TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
     TIME: pa.time64("us"), TIMETZ: pa.string(), INTERVAL: pa.month_day_nano_interval(), UUID: pa.binary(16),
-    ENUM: pa.dictionary(pa.int32(), pa.string()), CHAR: pa.string(),
+    ENUM: pa.dictionary(pa.int32(), pa.string()), CHAR: pa.string(), PGTEXT: pa.string(),
 }
+
+
+def _sendtext() -> Any:
+    # imported when first needed: spockwire.values.sendtext builds on the value decoders, which import this module
+    from . import sendtext
+    return sendtext
+
+
+def _text_spec(oid: int, name: str, catalog: TypeCatalog | None) -> ColumnSpec:
+    """A column kept as PostgreSQL's text: binary values are rendered to it by send_to_text."""
+    return ColumnSpec(PGTEXT, name, pa.string(), type_oid=oid,
+                      render=partial(_sendtext().send_to_text, oid, catalog=catalog))
 
 
 def _builtin_spec(oid: int, typmod: int, numeric_text: bool = False) -> ColumnSpec | None:
@@ -263,10 +336,19 @@ def _builtin_spec(oid: int, typmod: int, numeric_text: bool = False) -> ColumnSp
     if elem is not None:
         element = _builtin_spec(elem, typmod, numeric_text)
         return _array_spec(element)
+    st = _sendtext()
+    if oid in st.RENDERED_TYPES:
+        return _text_spec(oid, st.TYPE_NAMES[oid], None)
+    elem = st.ARRAY_ELEMENTS.get(oid)
+    if elem is not None and elem in st.RENDERED_TYPES:
+        return _text_spec(oid, st.TYPE_NAMES.get(elem, str(elem)) + "[]", None)
     return None
 
 
-def _array_spec(element: ColumnSpec) -> ColumnSpec:
+def _array_spec(element: ColumnSpec, array_oid: int = 0, catalog: TypeCatalog | None = None) -> ColumnSpec:
+    if element.kind == PGTEXT and array_oid:
+        # an array of a type kept as text is kept whole as its text, like the text format gives it
+        return _text_spec(array_oid, element.type_name + "[]", catalog)
     if element.is_raw or element.kind == ARRAY:
         # no decoder for the elements: the whole value stays as it arrived (text -> string, binary -> binary)
         return ColumnSpec(OTHER, element.type_name + "[]", None)
@@ -290,7 +372,10 @@ def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catal
         if info.typtype == "e":
             return ColumnSpec(ENUM, info.name, _SIMPLE_ARROW[ENUM])
         if info.category == "A" and info.element_oid:
-            return _array_spec(_spec_for(info.element_oid, typmod, types, catalog, numeric_text, depth + 1))
+            return _array_spec(_spec_for(info.element_oid, typmod, types, catalog, numeric_text, depth + 1),
+                               oid, catalog)
+        if info.typtype == "c" or (info.typtype in ("r", "m") and _sendtext().can_render(oid, catalog)):
+            return _text_spec(oid, info.name, catalog)
         return ColumnSpec(OTHER, info.name, None)
     described = types.get(oid)
     if described is not None:
@@ -298,6 +383,9 @@ def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catal
         # pgoutput names a domain by its base type (in pg_catalog, sent as "")
         if nsp in ("", "pg_catalog") and name in _BY_NAME:
             return _spec_for(_BY_NAME[name], typmod, types, catalog, numeric_text, depth + 1)
+        rendered = {n: o for o, n in _sendtext().TYPE_NAMES.items() if o not in (705, 2249)}
+        if nsp in ("", "pg_catalog") and name in rendered:
+            return _spec_for(rendered[name], typmod, types, catalog, numeric_text, depth + 1)
         return ColumnSpec(OTHER, f"{nsp}.{name}" if nsp else name, None)
     return ColumnSpec(OTHER, str(oid), None)
 

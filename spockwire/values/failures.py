@@ -9,6 +9,7 @@ OUT_OF_RANGE = 5         # a valid value that does not fit the Arrow type
 INVALID_UTF8 = 6         # text that is not UTF-8
 BYTE_ORDER_UNKNOWN = 7   # an internal datum, but the startup message did not say the server's byte order
 TOO_LARGE = 8            # the value alone takes its column past Arrow's 32-bit offsets (2 GiB - 1 bytes) in a batch
+NO_TEXT_FORM = 16        # a binary value holding a value of a type whose send format is unknown (no text form)
 
 OFFSET_LIMIT = 0x7FFFFFFF  # most bytes (elements, for lists) a variable-length column holds in one batch
 
@@ -37,4 +38,7 @@ def value_problem(code: int, fmt: int, raw: bytes, type_name: str) -> str:
     if code == TOO_LARGE:
         return (f"{form} value of type {type_name} does not fit one batch: its column's data would pass "
                 f"{OFFSET_LIMIT} bytes, the limit of Arrow's 32-bit offsets")
+    if code == NO_TEXT_FORM:
+        return (f"{form} value of type {type_name} holds a value of a type whose binary format is unknown "
+                f"(stream this table in the text format, or use types='raw')")
     return f"cannot decode {form} value {shown!r} as {type_name}"

@@ -16,8 +16,8 @@ from ..export.arrow import finish_batch
 from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_EPOCH_OFFSET_US, \
     pg_timestamp_to_datetime
 from ..values._convert_py import ValueFailure, build_array, decode_value
-from ..values.catalog import ARRAY, BYTEA, CHAR, ENUM, JSON, JSONB, NUMERIC_TEXT, OTHER, RAW, TEXT, TIMETZ, \
-    ColumnSpec, column_specs
+from ..values.catalog import ARRAY, BYTEA, CHAR, ENUM, JSON, JSONB, NUMERIC_TEXT, OTHER, PGTEXT, RAW, TEXT, \
+    TIMETZ, ColumnSpec, column_specs
 from ..values.failures import OFFSET_LIMIT, TOO_LARGE, value_problem
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
@@ -51,7 +51,7 @@ MAX_BATCH_BYTES = 1 << 30
 
 # kinds whose text can be longer than the binary or internal form it is made from
 _EXPANDING = frozenset((NUMERIC_TEXT, TIMETZ, CHAR))
-_VARLEN = frozenset((RAW, OTHER, TEXT, JSON, JSONB, BYTEA, NUMERIC_TEXT, TIMETZ, ENUM, CHAR))
+_VARLEN = frozenset((RAW, OTHER, TEXT, JSON, JSONB, BYTEA, NUMERIC_TEXT, TIMETZ, ENUM, CHAR, PGTEXT))
 
 
 class _BatchFull(Exception):
@@ -59,9 +59,11 @@ class _BatchFull(Exception):
 
 
 def _output_bytes(spec: ColumnSpec, value: Any) -> int:
-    """Bytes a binary or internal value of an expanding kind adds to its column (0 for other kinds)."""
+    """Bytes a binary or internal value of a kind rendered to text adds to its column (0 for other kinds)."""
     if spec.kind in _EXPANDING:
         return len(value)                       # these texts are ASCII
+    if spec.kind == PGTEXT:
+        return len(value.encode("utf-8"))
     if spec.kind == ARRAY and spec.element.kind in _EXPANDING:
         return sum(len(e) for e in value if e is not None)
     return 0

@@ -3,7 +3,10 @@
 # A kernel returns 0, or a failure code from spockwire.values.failures (> 0); the caller raises.
 
 from libc.stdio cimport snprintf
-from cpython.ref cimport PyObject
+from cpython.ref cimport PyObject, Py_XINCREF, Py_XDECREF
+from cpython.bytes cimport PyBytes_FromStringAndSize
+
+from ..values._convert_py import ValueFailure
 
 cdef extern from "Python.h":
     double PyOS_string_to_double(const char* s, char** endptr, PyObject* overflow_exception) except? -1.0
@@ -37,6 +40,7 @@ cdef enum:
     K_ARRAY = 22
     K_OTHER = 23
     K_CHAR = 24
+    K_PGTEXT = 25
 
 cdef enum:
     F_INVALID = 1
@@ -76,6 +80,7 @@ cdef struct ColBuf:
     Buf marks             # RAW/OTHER: 1 bit per value, set when it did not arrive as UTF-8 text
     int nontext           # RAW/OTHER: set at freeze when any value of the builder is marked
     ColBuf* child         # ARRAY: the elements
+    PyObject* render      # PGTEXT: spec.render (bytes -> str), one reference held
 
 
 cdef int kind_width(int kind) noexcept nogil:
@@ -92,7 +97,8 @@ cdef int kind_width(int kind) noexcept nogil:
 
 cdef inline bint is_varlen(int kind) noexcept nogil:
     return (kind == K_RAW or kind == K_OTHER or kind == K_TEXT or kind == K_JSON or kind == K_JSONB
-            or kind == K_BYTEA or kind == K_NUMERIC_TEXT or kind == K_TIMETZ or kind == K_ENUM or kind == K_CHAR)
+            or kind == K_BYTEA or kind == K_NUMERIC_TEXT or kind == K_TIMETZ or kind == K_ENUM or kind == K_CHAR
+            or kind == K_PGTEXT)
 
 
 cdef int col_init(ColBuf* col, object spec) except -1:
@@ -101,6 +107,10 @@ cdef int col_init(ColBuf* col, object spec) except -1:
     col.width = kind_width(col.kind)
     col.precision = spec.precision
     col.scale = spec.scale
+    if col.kind == K_PGTEXT:
+        render = spec.render
+        Py_XINCREF(<PyObject*>render)
+        col.render = <PyObject*>render
     if col.kind == K_ARRAY:
         col.child = <ColBuf*>malloc(sizeof(ColBuf))
         if col.child == NULL:
@@ -115,6 +125,9 @@ cdef void col_free(ColBuf* col) noexcept:
     buf_free(&col.offsets)
     buf_free(&col.data)
     buf_free(&col.marks)
+    if col.render != NULL:
+        Py_XDECREF(col.render)
+        col.render = NULL
     if col.child != NULL:
         col_free(col.child)
         free(col.child)
@@ -1298,12 +1311,14 @@ cdef int append_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ss
             memcpy(slot, p, 16)
         elif kind == K_ARRAY:
             return binary_array(col, idx, p, n, order)
+        elif kind == K_PGTEXT and col.render != NULL:
+            return render_text(col, idx, p, n)
         else:
             return F_INVALID
         return 0
     # text form
     if kind == K_TEXT or kind == K_JSON or kind == K_JSONB or kind == K_ENUM or kind == K_NUMERIC_TEXT \
-            or kind == K_TIMETZ or kind == K_CHAR:
+            or kind == K_TIMETZ or kind == K_CHAR or kind == K_PGTEXT:
         return utf8_text(col, idx, p, n)
     if kind == K_INT2:
         rc = text_int(p, n, -32768, 32767, &v64)
@@ -1361,6 +1376,18 @@ cdef int append_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ss
     else:
         rc = F_INVALID
     return rc
+
+
+cdef int render_text(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    """A binary value of a type kept as text (PGTEXT): PostgreSQL's text output of it, made by the column's
+    renderer (spockwire.values.sendtext, Python: a cold path, one call per value; the twin calls the same
+    function, so both give the same text and the same failures)."""
+    cdef bytes out
+    try:
+        out = (<object>col.render)(PyBytes_FromStringAndSize(p, n)).encode("utf-8")
+    except ValueFailure as failure:
+        return failure.code
+    return var_append(col, idx, out, len(out))
 
 
 cdef object storage_array(ColBuf* col, object spec, Py_ssize_t n):
