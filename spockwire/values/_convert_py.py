@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from .catalog import ARRAY, BOOL, BYTEA, CHAR, DATE, DECIMAL, ENUM, FLOAT4, FLOAT8, INT2, INT4, INT8, INTERVAL, JSON, \
     JSONB, NUMERIC_TEXT, OID, OTHER, PGTEXT, RAW, TEXT, TIME, TIMESTAMP, TIMESTAMPTZ, TIMETZ, UUID, ColumnSpec
-from .failures import BYTE_ORDER_UNKNOWN, INTERNAL_UNSUPPORTED, INVALID, INVALID_UTF8, MULTIDIMENSIONAL, \
+from .failures import BYTE_ORDER_UNKNOWN, INTERNAL_UNSUPPORTED, INVALID, INVALID_UTF8, LOWER_BOUND, MULTIDIMENSIONAL, \
     OUT_OF_RANGE, SPECIAL_DECIMAL
 
 __all__ = ["ValueFailure", "decode_value", "build_array", "UNIX_DAYS_2000", "UNIX_US_2000"]
@@ -281,6 +281,7 @@ def _text_uuid(raw: bytes) -> bytes:
 def _text_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
     n = len(raw)
     i = 0
+    shifted = False               # a lower bound other than 1: a list cannot keep it
     if i < n and raw[0] == 0x5B:  # [lb:ub]= dimension decoration
         close = raw.find(b"]")
         if close < 0:
@@ -289,6 +290,7 @@ def _text_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
             raise _fail(MULTIDIMENSIONAL)
         if not re.fullmatch(rb"\[-?[0-9]+:-?[0-9]+\]=", raw[:close + 2]):
             raise _fail()
+        shifted = raw[1:3] != b"1:"
         i = close + 2
     if i >= n or raw[i] != 0x7B:
         raise _fail()
@@ -298,6 +300,8 @@ def _text_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
     if i < n and raw[i] == 0x7D:
         if i + 1 != n:
             raise _fail()
+        if shifted:
+            raise _fail(LOWER_BOUND)
         return out
     while True:
         if i >= n:
@@ -338,6 +342,8 @@ def _text_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
             i += 1
             continue
         if raw[i] == 0x7D and i + 1 == n:
+            if shifted:
+                raise _fail(LOWER_BOUND)
             return out
         raise _fail()
 
@@ -455,6 +461,8 @@ def _binary_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
         pos += length
     if pos != n:
         raise _fail()
+    if _I32.unpack_from(raw, 16)[0] != 1:
+        raise _fail(LOWER_BOUND)
     return out
 
 

@@ -16,7 +16,7 @@ from ..errors import FrameError, ProtocolError, protocol_error, truncated
 from ..export.arrow import finish_batch
 from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_EPOCH_OFFSET_US, \
     pg_timestamp_to_datetime
-from ..values.catalog import column_specs
+from ..values.catalog import check_column_types, column_specs, switches_to_text, text_column_spec
 from ..values.failures import value_problem
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, released_batch, row_bytes_estimate, spill_item
@@ -61,6 +61,16 @@ _TS_TYPE = pa.timestamp("us", tz="UTC")
 
 class _BatchFull(Exception):
     """Internal: the row message must start a new batch (see Decoder._row_message)."""
+
+
+class _Unrepresentable(Exception):
+    """Internal: a valid value its column's Arrow type cannot hold; the column switches to text."""
+
+    def __init__(self, column):
+        self.column = column
+
+
+UNREPRESENTABLE_CHOICES = ("text", "error")
 
 
 # ---------------------------------------------------------------------------------------------- builder
@@ -346,6 +356,9 @@ cdef class Decoder:
     cdef _RelInfo last_info
     cdef bint typed
     cdef str numeric
+    cdef readonly str on_unrepresentable
+    cdef bint fallback_text
+    cdef readonly dict column_types
     cdef int64_t spill_bytes
     cdef object spill_dir
     cdef readonly object type_catalog
@@ -353,7 +366,13 @@ cdef class Decoder:
 
     def __init__(self, str protocol="pgoutput", *, proto_version=None, Py_ssize_t batch_rows=DEFAULT_BATCH_ROWS,
                  str types="typed", type_catalog=None, str numeric="decimal",
-                 int64_t spill_bytes=DEFAULT_SPILL_BYTES, spill_dir=None):
+                 int64_t spill_bytes=DEFAULT_SPILL_BYTES, spill_dir=None, str on_unrepresentable="text",
+                 column_types=None):
+        if on_unrepresentable not in UNREPRESENTABLE_CHOICES:
+            raise ValueError(f"on_unrepresentable must be 'text' or 'error', got {on_unrepresentable!r}")
+        self.on_unrepresentable = on_unrepresentable
+        self.fallback_text = on_unrepresentable == "text"
+        self.column_types = check_column_types(column_types)
         self.spill_bytes = spill_bytes
         self.spill_dir = spill_dir
         if types not in ("typed", "raw"):
@@ -776,7 +795,7 @@ cdef class Decoder:
         self.versions[relid] = version
         rel = Relation(relid, nsp, name, cols, ident, version)
         cdef _RelInfo info = _RelInfo.__new__(_RelInfo)
-        info.specs = column_specs(rel, self.types, self.type_catalog, self.typed, self.numeric)
+        info.specs = column_specs(rel, self.types, self.type_catalog, self.typed, self.numeric, self.column_types)
         self.relations[relid] = rel
         info.relation = rel
         info.ncols = len(cols)
@@ -784,6 +803,27 @@ cdef class Decoder:
         self.infos[relid] = info
         if self.last_info is not None and self.last_relid == relid:
             self.last_info = None
+
+    cdef _RelInfo _switch_to_text(self, _RelInfo previous, Py_ssize_t column):
+        """A new version of the relation whose `column` keeps PostgreSQL's text of every value from now on; the
+        rows of the previous version close first, as for a Relation message sent again."""
+        self._close_builders_of(previous)
+        old = previous.relation
+        version = self.versions.get(old.relid, 0) + 1
+        self.versions[old.relid] = version
+        rel = Relation(old.relid, old.namespace, old.name, old.columns, old.replica_identity, version)
+        cdef _RelInfo info = _RelInfo.__new__(_RelInfo)
+        specs = list(previous.specs)
+        specs[column] = text_column_spec(rel, column, self.types, self.type_catalog)
+        info.specs = tuple(specs)
+        info.relation = rel
+        info.ncols = previous.ncols
+        info.builder = None
+        self.relations[old.relid] = rel
+        self.infos[old.relid] = info
+        self.last_info = info
+        self.last_relid = old.relid
+        return info
 
     cdef int _close_builders_of(self, _RelInfo info) except -1:
         """A relation is described again: the rows of its previous version that open streamed or prepared
@@ -883,6 +923,15 @@ cdef class Decoder:
                 c.pos = body
                 b = self._builder(txn, info)
                 continue
+            except _Unrepresentable as u:
+                # a valid value its column's type cannot hold: the column becomes text under a new version of
+                # the relation and the message is decoded again with it
+                b.nrows = mark
+                b.nbytes = mark_bytes
+                info = self._switch_to_text(info, u.column)
+                c.pos = body
+                b = self._builder(txn, info)
+                continue
             except ProtocolError:
                 b.nrows = mark
                 raise
@@ -967,7 +1016,7 @@ cdef class Decoder:
                     off = <int32_t*>col.offsets.data
                     pos = off[row]
                     if pos + <Py_ssize_t>n > OFFSET_LIMIT:
-                        self._too_large(c, b, p - c.base, F_TOO_LARGE, kind, p, n, i)
+                        self._value_failed(c, b, p - c.base, F_TOO_LARGE, kind, p, n, i)
                     if pos + <Py_ssize_t>n > col.data.cap:
                         buf_grow(&col.data, pos + n)
                     if n:
@@ -979,7 +1028,7 @@ cdef class Decoder:
                     appended = 0
                     rc = append_value(col, row, kind, p, n, self.internal_order)
                     if rc:
-                        self._too_large(c, b, p - c.base, rc, kind, p, n, i)
+                        self._value_failed(c, b, p - c.base, rc, kind, p, n, i)
                     # output bytes count too: an expanding kernel (binary numeric to text) closes batches as well
                     b.nbytes += n if <Py_ssize_t>n >= appended else appended
                 if b.nbytes > OFFSET_LIMIT and b.msg_mark > 0:
@@ -1009,11 +1058,14 @@ cdef class Decoder:
         b.nrows = row + 1
         return 0
 
-    cdef int _too_large(self, Cur* c, _Builder b, Py_ssize_t at, int rc, uint8_t kind, const char* p, uint32_t n,
-                        Py_ssize_t i) except -1:
-        """A value failed: a batch-full signal when rows before the message can close first, else the error."""
+    cdef int _value_failed(self, Cur* c, _Builder b, Py_ssize_t at, int rc, uint8_t kind, const char* p,
+                           uint32_t n, Py_ssize_t i) except -1:
+        """A value failed: a batch-full signal when rows before the message can close first, a switch to text
+        for a valid value the column's Arrow type cannot hold, else the error."""
         if rc == F_TOO_LARGE and b.msg_mark > 0:
             raise _BatchFull()
+        if self.fallback_text and switches_to_text(rc, b.specs[i]):
+            raise _Unrepresentable(i)
         raise_bad(c, at, value_problem(rc, kind, p[:n], b.specs[i].type_name), i, b.names[i])
 
     cdef int _truncate(self, Cur* c, uint32_t nrels, uint8_t flags, uint32_t sub) except -1:

@@ -17,7 +17,7 @@ from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_
     pg_timestamp_to_datetime
 from ..values._convert_py import ValueFailure, build_array, decode_value
 from ..values.catalog import ARRAY, BYTEA, CHAR, ENUM, JSON, JSONB, NUMERIC_TEXT, OTHER, PGTEXT, RAW, TEXT, \
-    TIMETZ, ColumnSpec, column_specs
+    TIMETZ, ColumnSpec, check_column_types, column_specs, switches_to_text, text_column_spec
 from ..values.failures import OFFSET_LIMIT, TOO_LARGE, value_problem
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
@@ -56,6 +56,16 @@ _VARLEN = frozenset((RAW, OTHER, TEXT, JSON, JSONB, BYTEA, NUMERIC_TEXT, TIMETZ,
 
 class _BatchFull(Exception):
     """Internal: the row message must start a new batch (see Decoder._row_message)."""
+
+
+class _Unrepresentable(Exception):
+    """Internal: a valid value its column's Arrow type cannot hold; the column switches to text."""
+
+    def __init__(self, column: int) -> None:
+        self.column = column
+
+
+UNREPRESENTABLE_CHOICES = ("text", "error")
 
 
 def _output_bytes(spec: ColumnSpec, value: Any) -> int:
@@ -343,7 +353,12 @@ class Decoder:
     def __init__(self, protocol: str = "pgoutput", *, proto_version: int | None = None,
                  batch_rows: int = DEFAULT_BATCH_ROWS, types: str = "typed", type_catalog: Any = None,
                  numeric: str = "decimal", spill_bytes: int = DEFAULT_SPILL_BYTES,
-                 spill_dir: str | None = None) -> None:
+                 spill_dir: str | None = None, on_unrepresentable: str = "text",
+                 column_types: dict[str, str] | None = None) -> None:
+        if on_unrepresentable not in UNREPRESENTABLE_CHOICES:
+            raise ValueError(f"on_unrepresentable must be 'text' or 'error', got {on_unrepresentable!r}")
+        self.on_unrepresentable = on_unrepresentable
+        self.column_types = check_column_types(column_types)
         self._spill_bytes = spill_bytes
         self._spill_dir = spill_dir
         if types not in ("typed", "raw"):
@@ -711,8 +726,23 @@ class Decoder:
         version = self._versions.get(relid, 0) + 1
         self._versions[relid] = version
         rel = Relation(relid, nsp, name, cols, ident, version)
-        self._specs[id(rel)] = column_specs(rel, self.types, self.type_catalog, self._typed, self._numeric)
+        self._specs[id(rel)] = column_specs(rel, self.types, self.type_catalog, self._typed, self._numeric,
+                                            self.column_types)
         self.relations[relid] = rel
+
+    def _switch_to_text(self, previous: Relation, column: int) -> Relation:
+        """A new version of the relation whose `column` keeps PostgreSQL's text of every value from now on; the
+        rows of the previous version close first, as for a Relation message sent again."""
+        self._close_builders_of(previous)
+        version = self._versions.get(previous.relid, 0) + 1
+        self._versions[previous.relid] = version
+        rel = Relation(previous.relid, previous.namespace, previous.name, previous.columns,
+                       previous.replica_identity, version)
+        specs = list(self._specs[id(previous)])
+        specs[column] = text_column_spec(rel, column, self.types, self.type_catalog)
+        self._specs[id(rel)] = tuple(specs)
+        self.relations[previous.relid] = rel
+        return rel
 
     def _close_builders_of(self, relation: Relation) -> None:
         """A relation is described again: the rows of its previous version that open streamed or prepared
@@ -790,6 +820,15 @@ class Decoder:
                 r.pos = body
                 b = self._builder(txn, rel)
                 continue
+            except _Unrepresentable as u:
+                # a valid value its column's type cannot hold: the column becomes text under a new version of
+                # the relation and the message is decoded again with it
+                b.truncate_to(mark)
+                b.nbytes = mark_bytes
+                rel = self._switch_to_text(rel, u.column)
+                r.pos = body
+                b = self._builder(txn, rel)
+                continue
             except ProtocolError:
                 b.truncate_to(mark)
                 raise
@@ -863,6 +902,8 @@ class Decoder:
                     try:
                         value = decode_value(spec, kind, v, self._big_endian)
                     except ValueFailure as failure:
+                        if self.on_unrepresentable == "text" and switches_to_text(failure.code, spec):
+                            raise _Unrepresentable(i) from None
                         raise protocol_error(r.mtype, start, value_problem(failure.code, kind, v, spec.type_name),
                                              i, name) from None
                     values[i].append(value)

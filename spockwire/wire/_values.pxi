@@ -51,6 +51,7 @@ cdef enum:
     F_INVALID_UTF8 = 6
     F_BYTE_ORDER_UNKNOWN = 7
     F_TOO_LARGE = 8
+    F_LOWER_BOUND = 9
 
 cdef int64_t I64_MAX = 0x7FFFFFFFFFFFFFFF
 cdef uint64_t U64_MAX = 18446744073709551615
@@ -764,6 +765,7 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
     cdef int rc
     cdef char* tmp
     cdef Py_ssize_t tlen
+    cdef bint shifted = False     # a lower bound other than 1: a list cannot keep it
     if n > 0 and p[0] == 91:  # [lb:ub]= decoration
         close = -1
         for j in range(n):
@@ -776,6 +778,7 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
             return F_MULTIDIMENSIONAL
         if not bounds_decoration(p, close + 2, n):
             return F_INVALID
+        shifted = not (p[1] == 49 and p[2] == 58)
         i = close + 2
     if i >= n or p[i] != 123:
         return F_INVALID
@@ -783,6 +786,8 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
     if i < n and p[i] == 125:
         if i + 1 != n:
             return F_INVALID
+        if shifted:
+            return F_LOWER_BOUND
         off[idx + 1] = <int32_t>count
         return 0
     while True:
@@ -850,6 +855,8 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
             i += 1
             continue
         if p[i] == 125 and i + 1 == n:
+            if shifted:
+                return F_LOWER_BOUND
             off[idx + 1] = <int32_t>count
             return 0
         return F_INVALID
@@ -920,6 +927,8 @@ cdef int binary_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, 
         count += 1
     if pos != n:
         return F_INVALID
+    if sw_load_i32(p + 16) != 1:
+        return F_LOWER_BOUND
     off[idx + 1] = <int32_t>count
     return 0
 
