@@ -8,7 +8,7 @@ column with the kind it returns. The mapping:
 | bool | BOOL | bool |
 | int2, int4, int8, oid | INT2, INT4, INT8, OID | int16, int32, int64, uint32 |
 | float4, float8 | FLOAT4, FLOAT8 | float32, float64 (NaN, ±Infinity kept) |
-| numeric(p,s), p <= 38 | DECIMAL | decimal128(p, s) (negative scale s: decimal128(p-s, 0); s > p: decimal128(s, s)); NaN, which decimal128 cannot hold, is an error naming the column — decode with `numeric="text"` where a column holds NaN |
+| numeric(p,s), p <= 38 | DECIMAL | decimal128(p, s) (negative scale s: decimal128(p-s, 0); s > p: decimal128(s, s)); NaN and ±Infinity, which decimal128 cannot hold: see below |
 | numeric without typmod, or p > 38, or any numeric with `numeric="text"` | NUMERIC_TEXT | string, PostgreSQL's exact text (NaN, Infinity, -Infinity kept as text) |
 | text, varchar, bpchar, name, citext, xml | TEXT | string |
 | "char" | CHAR | string, PostgreSQL's text of the byte (byte 0: empty; 0x80-0xff: backslash and 3 octal digits) |
@@ -22,12 +22,23 @@ column with the kind it returns. The mapping:
 | uuid | UUID | fixed_size_binary(16) |
 | enums | ENUM | dictionary<int32, string> |
 | domains | their base type | |
-| 1-D arrays of the above | ARRAY | list<element type> (lower bounds are not kept) |
+| 1-D arrays of the above | ARRAY | list<element type> (lower bound 1: other bounds, like more dimensions, see below) |
 | every other builtin type with a send format (spockwire.values.sendtext.RENDERED_TYPES: inet, cidr, macaddr(8), money, bit, varbit, ranges, multiranges, geometric types, tsvector, tsquery, pg_lsn, ...), arrays of them, composites, user ranges/multiranges over such types, domains over them | PGTEXT | string, PostgreSQL's text output: text values as they arrive, binary values rendered by `send_to_text` (the ColumnSpec's `render`) |
 | anything else (types of extensions) | OTHER | string from the text form; binary from the binary form |
 
 Without type information (pglogical sends none and no catalog was given) columns are RAW: string when every
 value arrived as valid UTF-8 text, binary otherwise — never guessed.
+
+Lossless by default: a valid value its column's Arrow type cannot hold (`switches_to_text`: a multi-dimensional
+array or a lower bound other than 1 in an ARRAY column, NaN/±Infinity in DECIMAL, a DATE/TIMESTAMP/TIMESTAMPTZ
+outside the Arrow type's range such as a timestamp after 294247 AD, an INTERVAL whose microseconds overflow
+month_day_nano's nanoseconds) makes the decoder switch that column to PGTEXT (`text_column_spec`: PostgreSQL's
+exact text, binary values rendered by spockwire.values.sendtext) under a new version of the relation (version + 1,
+the rows of the previous version closed first). It stays text for the rest of that relation version's life; the
+next Relation message from the server starts a version typed from the declared types again. Failures of bytes that
+are not a value of the type (INVALID, INVALID_UTF8, integers out of their type's range, ...) stay errors. The
+decoder option `on_unrepresentable="error"` raises instead of switching. `column_types` overrides single columns
+("schema.table.column" -> "text" for PGTEXT, "raw" for RAW) in every version.
 
 Catalogs: pgoutput names every column's type OID, so only user-defined types need a catalog (enums, domains,
 composites, user ranges, and arrays of them); pglogical and spock name none, so every column needs one.
@@ -409,6 +420,17 @@ def check_column_types(column_types: Mapping[str, str] | None) -> dict[str, str]
                              f"got {value!r}")
         out[key] = value
     return out
+
+
+def parse_column_types(text: str) -> dict[str, str]:
+    """``schema.table.column=TYPE[,...]`` (TYPE: text or raw) as a column_types mapping (CLI, Spark options)."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in str(text).split(","))):
+        key, sep, value = item.rpartition("=")
+        if not sep:
+            raise ValueError(f"expected schema.table.column=TYPE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return check_column_types(out)
 
 
 def switches_to_text(code: int, spec: ColumnSpec) -> bool:
