@@ -216,7 +216,8 @@ def message_seeds(corpus: Corpus) -> None:
                 raw = k % 3 == 2
                 corpus.add(f"message-{protocol}{version or ''}-p{preamble}-{tag}",
                            F.make_input(protocol, "message", body, raw=raw, numeric_text=k % 4 == 1,
-                                        spock_variant=variant, batch_rows=k % 4, preamble=preamble))
+                                        spock_variant=variant, batch_rows=k % 4, preamble=preamble,
+                                        strict=k % 5 == 3))
 
 
 def golden_seeds(corpus: Corpus) -> None:

@@ -10,6 +10,8 @@ overrides apply, and the ingest worker stages past such values, writing the new 
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
+import sys
 from decimal import Decimal
 from typing import Any
 
@@ -19,7 +21,6 @@ import pytest
 from spockwire.errors import ProtocolError
 from spockwire.ingest import read_staging
 from spockwire.ingest.staging import StagingState
-from spockwire.ingest.worker import IngestConfig, IngestWorker
 from spockwire.values.catalog import PostgresTypeCatalog
 from tests.conftest import IMPLEMENTATIONS, load_impl
 from tests.pg_fixtures import PgDatabase
@@ -158,8 +159,8 @@ def test_column_type_overrides(source: Source, impl_name: str) -> None:
 
 
 def test_ingest_stages_past_unrepresentable_values(pg_db, tmp_path) -> None:
-    """The ingest worker (pgoutput binary) gets past every such value and writes each new schema version; the
-    staged text equals the server's."""
+    """`spockwire ingest` (pgoutput binary, --column-type) gets past every such value and writes each new schema
+    version; the staged text equals the server's."""
     from spockwire.connection import create_publication, create_slot
 
     pg_db.execute("CREATE TABLE u (id int PRIMARY KEY, a int[], n numeric(10,2), ts timestamp, iv interval)")
@@ -169,10 +170,11 @@ def test_ingest_stages_past_unrepresentable_values(pg_db, tmp_path) -> None:
     for r in ROWS:
         pg_db.execute(f"INSERT INTO u VALUES ({', '.join(map(str, r))})")
     out = tmp_path / "staging"
-    worker = IngestWorker(IngestConfig(dsn=pg_db.dsn, slot=slot, out=str(out), publication=["pub"], binary=True,
-                                       column_types={"public.u.iv": "text"}, idle_exit=1.5, flush_seconds=0.2,
-                                       progress=False))
-    assert worker.run() == 0
+    proc = subprocess.run([sys.executable, "-m", "spockwire", "ingest", "--dsn", pg_db.dsn, "--slot", slot,
+                           "--publication", "pub", "--out", str(out), "--binary", "--idle-exit", "1.5",
+                           "--flush-seconds", "0.2", "--column-type", "public.u.iv=text",
+                           "--column-type", "public.other.x=raw"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     text = {r[0]: dict(zip(COLUMNS, r[1:])) for r in
             pg_db.query("SELECT id, a::text, n::text, ts::text, iv::text FROM u")}
     state = StagingState.load(out)
@@ -191,3 +193,46 @@ def test_ingest_stages_past_unrepresentable_values(pg_db, tmp_path) -> None:
                 else:
                     assert row["id"] < SWITCH_AT[col]
     assert seen == {r[0] for r in ROWS}
+
+
+def test_connect_passes_the_decoder_options(pg_db) -> None:
+    """spockwire.connect(column_types=..., on_unrepresentable=...) decodes with them."""
+    import spockwire
+    from spockwire.connection import create_publication, create_slot
+
+    pg_db.execute("CREATE TABLE u (id int PRIMARY KEY, a int[], n numeric(10,2), ts timestamp, iv interval)")
+    create_publication(pg_db.dsn, "pub")
+    create_slot(pg_db.dsn, "s", "pgoutput")
+    pg_db.execute("INSERT INTO u VALUES (1, '{{1,2},{3,4}}', 1, now(), '1 day')")
+    with pytest.raises(ValueError, match="decoder_factory"):
+        spockwire.connect(pg_db.dsn, slot="s", publication="pub", column_types={"public.u.n": "text"},
+                          decoder_factory=lambda p: None)
+    for options, expected in (({"column_types": {"public.u.n": "text"}}, (2, pa.string())),
+                              ({"column_types": {"public.u.a": "text"}, "on_unrepresentable": "error"},
+                               (1, pa.string()))):
+        stream = spockwire.connect(pg_db.dsn, slot="s", publication="pub", binary=True, **options)
+        try:
+            batches = []
+            for _ in range(30):
+                batches = [e for e in stream.read(timeout=1) if hasattr(e, "to_arrow")]
+                if batches:
+                    break
+        finally:
+            stream.close()
+        (batch,) = batches
+        assert (batch.relation.version, batch.to_arrow().schema.field("a").type) == expected
+        assert batch.to_arrow().schema.field("n").type == (pa.string() if "public.u.n" in options["column_types"]
+                                                           else pa.decimal128(10, 2))
+
+
+def test_spark_options_reach_the_decoder() -> None:
+    from spockwire.spark.datasource import options_to_spec
+    from spockwire.spark.slot import make_decoder
+
+    spec = options_to_spec({"dsn": "x", "slot": "s", "columnTypes": "public.u.a=text, public.u.b=raw",
+                            "onUnrepresentable": "error"})
+    assert spec.column_types == {"public.u.a": "text", "public.u.b": "raw"}
+    dec = make_decoder("pgoutput", spec.types, None, spec.column_types, spec.on_unrepresentable)
+    assert (dec.column_types, dec.on_unrepresentable) == (spec.column_types, "error")
+    with pytest.raises(ValueError, match="column_types"):
+        options_to_spec({"dsn": "x", "slot": "s", "columnTypes": "public.u.a=list"})
