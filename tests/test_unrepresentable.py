@@ -44,6 +44,7 @@ PGOUTPUT_BINARY = PGOUTPUT_TEXT + ["binary", "true"]
 PGL_TEXT = ["startup_params_format", "1", "min_proto_version", "1", "max_proto_version", "1",
             "pglogical.replication_set_names", "u_set"]
 PGL_BINARY = PGL_TEXT + ["binary.want_binary_basetypes", "1", "binary.basetypes_major_version", "1500"]
+PGL_INTERNAL_UT = [o if o != "u_set" else "ut_set" for o in PGL_BINARY] + ["binary.want_internal_basetypes", "1"]
 STREAMS = {"pgoutput_text": ("pgoutput", "u_pgo", PGOUTPUT_TEXT), "pgoutput_binary": ("pgoutput", "u_pgo", PGOUTPUT_BINARY),
            "pglogical_text": ("pglogical", "u_pgl", PGL_TEXT), "pglogical_binary": ("pglogical", "u_pgl", PGL_BINARY)}
 
@@ -53,6 +54,7 @@ class Source:
         self.db = db
         self.streams: dict[str, tuple[str, list[bytes]]] = {}
         self.text: dict[int, dict[str, str]] = {}
+        self.ut_text: dict[int, dict[str, str]] = {}
         self.catalog = PostgresTypeCatalog(db.dsn)
 
     def decode(self, impl_name: str, stream: str, **kwargs: Any) -> list[Any]:
@@ -72,16 +74,28 @@ def source(pg_cluster) -> Source:
     db.execute("SELECT pglogical.create_node(node_name := 'u', dsn := %s)", (db.dsn,))
     db.execute("SELECT pglogical.create_replication_set('u_set')")
     db.execute("SELECT pglogical.replication_set_add_table('u_set', 'u'::regclass)")
+    db.execute("CREATE TABLE ut (id int PRIMARY KEY, ts timestamp, tz timestamptz)")
+    db.execute("SELECT pglogical.create_replication_set('ut_set')")
+    db.execute("SELECT pglogical.replication_set_add_table('ut_set', 'ut'::regclass)")
     db.execute("SELECT pg_create_logical_replication_slot('u_pgo', 'pgoutput')")
     db.execute("SELECT pg_create_logical_replication_slot('u_pgl', 'pglogical_output')")
     db.execute("BEGIN; " + "; ".join(f"INSERT INTO u VALUES ({', '.join(map(str, r))})" for r in ROWS) + "; COMMIT")
+    db.execute("INSERT INTO ut VALUES (1, '2024-01-01 10:00', '2024-01-01 10:00+00'), "
+               "(2, '294270-01-01 12:00:00.5', '2024-01-02 10:00+00'), (3, '1999-12-31 23:59:59', "
+               "'294276-12-31 23:59:59.999999+00')")
     src = Source(db)
     for name, (protocol, slot, options) in STREAMS.items():
         rows = db.query("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, VARIADIC %s::text[])",
                         (slot, options))
         src.streams[name] = (protocol, [bytes(r[0]) for r in rows])
+    rows = db.query("SELECT data FROM pg_logical_slot_peek_binary_changes('u_pgl', NULL, NULL, VARIADIC %s::text[])",
+                    (PGL_INTERNAL_UT,))
+    src.streams["pglogical_internal_ut"] = ("pglogical", [bytes(r[0]) for r in rows])
     for row in db.query("SELECT id, a::text, n::text, ts::text, iv::text FROM u ORDER BY id"):
         src.text[row[0]] = dict(zip(COLUMNS, row[1:]))
+    db.execute("SET TimeZone = 'UTC'")
+    src.ut_text = {r[0]: {"ts": r[1], "tz": r[2]} for r in
+                   db.query("SET TimeZone = 'UTC'; SELECT id, ts::text, tz::text FROM ut")}
     return src
 
 
@@ -236,3 +250,22 @@ def test_spark_options_reach_the_decoder() -> None:
     assert (dec.column_types, dec.on_unrepresentable) == (spec.column_types, "error")
     with pytest.raises(ValueError, match="column_types"):
         options_to_spec({"dsn": "x", "slot": "s", "columnTypes": "public.u.a=list"})
+
+
+@pytest.mark.parametrize("impl_name", IMPLEMENTATIONS)
+def test_internal_format_timestamps_past_the_arrow_range(source: Source, impl_name: str) -> None:
+    """pglogical's internal format (by-value datums in the server's byte order): a timestamp past 294247 AD
+    switches its column to text too, rendered from the datum."""
+    _protocol, payloads = source.streams["pglogical_internal_ut"]
+    assert any(p[:1] == b"I" and b"i\x00\x00\x00\x08" in p for p in payloads)   # 8-byte internal datums
+    batches = source.decode(impl_name, "pglogical_internal_ut")
+    rows = [(b.relation.version, b.to_arrow().schema, row) for b in batches for row in b.to_pylist()]
+    assert [r["id"] for _v, _s, r in rows] == [1, 2, 3]
+    assert [v for v, _s, _r in rows] == [1, 2, 3]
+    _v, schema, first = rows[0]
+    assert schema.field("ts").type == pa.timestamp("us") and first["ts"] == dt.datetime(2024, 1, 1, 10)
+    for _v, schema, row in rows[1:]:
+        assert schema.field("ts").type == pa.string()
+        assert row["ts"] == source.ut_text[row["id"]]["ts"]
+    assert rows[2][1].field("tz").type == pa.string()
+    assert rows[2][2]["tz"] == source.ut_text[3]["tz"]

@@ -575,8 +575,28 @@ _INTERNAL_STRUCTS = {BOOL: "?", INT2: "h", INT4: "i", INT8: "q", OID: "I", FLOAT
                      TIMESTAMP: "q", TIMESTAMPTZ: "q", TIME: "q"}
 
 
+# PGTEXT columns of by-value types: the internal datum is the send form in the server's byte order
+# (type OID -> datum size; uuid's 16 bytes have no byte order)
+INTERNAL_SEND_SIZES = {16: 1, 18: 1, 20: 8, 21: 2, 23: 4, 26: 4, 700: 4, 701: 8, 1082: 4, 1083: 8, 1114: 8,
+                       1184: 8, 2950: 16}
+
+
+def _internal_text(spec: ColumnSpec, raw: bytes, big_endian: bool | None) -> str:
+    """A column kept as text (PGTEXT) given an internal datum: PostgreSQL's text of it, through its send form."""
+    size = INTERNAL_SEND_SIZES.get(spec.type_oid)
+    if size is None or spec.render is None:
+        raise _fail(INTERNAL_UNSUPPORTED)
+    if big_endian is None and size not in (1, 16):
+        raise _fail(BYTE_ORDER_UNKNOWN)
+    if len(raw) != size:
+        raise _fail()
+    return spec.render(bytes(raw) if big_endian or size == 16 else bytes(raw[::-1]))
+
+
 def _internal(spec: ColumnSpec, raw: bytes, big_endian: bool | None) -> Any:
     kind = spec.kind
+    if kind == PGTEXT:
+        return _internal_text(spec, raw, big_endian)
     if kind == UUID:
         if len(raw) != 16:
             raise _fail()

@@ -6,7 +6,7 @@ from libc.stdio cimport snprintf
 from cpython.ref cimport PyObject, Py_XINCREF, Py_XDECREF
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
-from ..values._convert_py import ValueFailure
+from ..values._convert_py import INTERNAL_SEND_SIZES, ValueFailure
 
 cdef extern from "Python.h":
     double PyOS_string_to_double(const char* s, char** endptr, PyObject* overflow_exception) except? -1.0
@@ -81,6 +81,7 @@ cdef struct ColBuf:
     Buf marks             # RAW/OTHER: 1 bit per value, set when it did not arrive as UTF-8 text
     int nontext           # RAW/OTHER: set at freeze when any value of the builder is marked
     ColBuf* child         # ARRAY: the elements
+    int type_oid          # PGTEXT: the type whose send form `render` turns into text
     PyObject* render      # PGTEXT: spec.render (bytes -> str), one reference held
 
 
@@ -109,6 +110,7 @@ cdef int col_init(ColBuf* col, object spec) except -1:
     col.precision = spec.precision
     col.scale = spec.scale
     if col.kind == K_PGTEXT:
+        col.type_oid = spec.type_oid
         render = spec.render
         Py_XINCREF(<PyObject*>render)
         col.render = <PyObject*>render
@@ -1165,6 +1167,22 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
     cdef int64_t d64
     cdef float f4
     cdef double f8
+    cdef char swapped[8]
+    cdef int k
+    if kind == K_PGTEXT:
+        # a column kept as text: the datum of a by-value type is its send form in the server's byte order
+        size = INTERNAL_SEND_SIZES.get(col.type_oid, 0)
+        if size == 0 or col.render == NULL:
+            return F_INTERNAL_UNSUPPORTED
+        if order < 0 and size != 1 and size != 16:
+            return F_BYTE_ORDER_UNKNOWN
+        if n != size:
+            return F_INVALID
+        if order == 0 and size != 1 and size != 16:
+            for k in range(size):
+                swapped[k] = p[size - 1 - k]
+            return render_text(col, idx, swapped, size)
+        return render_text(col, idx, p, n)
     if kind == K_UUID:
         if n != 16:
             return F_INVALID
