@@ -183,6 +183,22 @@ def test_schema_and_typed_values_survive(spark, pg_db):
     assert two["_unchanged_toast"] is None
 
 
+@pytest.mark.parametrize("binary", ["false", "true"])
+def test_types_kept_as_text_are_the_servers_text_in_both_formats(spark, pg_db, binary):
+    pg_db.execute("CREATE TYPE pair AS (a int, b text)")
+    pg_db.execute("CREATE TABLE net (id int PRIMARY KEY, addr inet, r int4range, p pair, m money, bits varbit)")
+    pg_db.execute("CREATE PUBLICATION pub FOR TABLE net")
+    pg_db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (_slot(pg_db),))
+    pg_db.execute("INSERT INTO net VALUES (1, '192.168.0.1/24', '[1,10)', ROW(1, 'x y'), 1234.56, B'1011')")
+    df = (spark.read.format("spockwire").option("dsn", pg_db.dsn).option("slot", _slot(pg_db))
+          .option("publication", "pub").option("table", "public.net").option("binary", binary).load())
+    types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    assert [types[c] for c in ("addr", "r", "p", "m", "bits")] == ["string"] * 5
+    (row,) = df.collect()
+    assert (row["addr"], row["r"], row["p"], row["m"], row["bits"]) == \
+        ("192.168.0.1/24", "[1,10)", '(1,"x y")', "$1,234.56", "1011")
+
+
 def test_null_versus_unchanged_toast(spark, pg_db):
     opts = _setup_orders(pg_db)
     big = "t" * 10000

@@ -131,7 +131,8 @@ class ReplicationStream:
         self._pump_module = pump if isinstance(pump, ModuleType) else load_pump(pump)
         # column types the stream does not carry (pglogical/spock send none; enums, composites): read through `dsn`
         self._own_catalog = type_catalog == "auto" and decoder_factory is None
-        self.type_catalog = _auto_catalog(dsn) if self._own_catalog else (None if type_catalog == "auto" else type_catalog)
+        self.type_catalog = _auto_catalog(dsn) if self._own_catalog else \
+            (None if type_catalog == "auto" else type_catalog)
         self._decoder_factory = decoder_factory or (lambda p: _default_decoder_factory(p, self.type_catalog))
         self._connect_kwargs = dict(connect_kwargs or {})
         #: options sent with START_REPLICATION (filled at the first connect: they depend on the server version)

@@ -185,7 +185,7 @@ class SpockwireDataSource(DataSource):
                                              lambda p: make_decoder(p, spec.types, catalog, spec.column_types,
                                                                     spec.on_unrepresentable))
                 if spec.binary:
-                    arrow = _raw_as_binary(arrow, relation)
+                    arrow = _raw_as_binary(arrow, relation, catalog)
                 found.append((relation, arrow))
         return S.spark_schema(found, multi_table=multi)
 
@@ -196,8 +196,10 @@ class SpockwireDataSource(DataSource):
         return SpockwireStreamReader(self._spec(), schema, self.options)
 
 
-def _raw_as_binary(arrow: pa.Schema, relation: Relation) -> pa.Schema:
-    """With binary=true, untyped columns arrive as the types' send format: binary, not string."""
+def _raw_as_binary(arrow: pa.Schema, relation: Relation, catalog: Any = None) -> pa.Schema:
+    """With binary=true, untyped columns arrive as the types' send format: binary, not string (types the
+    decoders render to text - every builtin type, and composites and user ranges through `catalog` - stay
+    string)."""
     try:
         from ..values.catalog import column_specs
     except ImportError:  # pragma: no cover
@@ -207,7 +209,7 @@ def _raw_as_binary(arrow: pa.Schema, relation: Relation) -> pa.Schema:
     specs = None
     if column_specs is not None:
         try:
-            specs = column_specs(relation, {}, None, True)
+            specs = column_specs(relation, {}, catalog, True)
         except Exception:  # noqa: BLE001 - fall back to treating every string column as raw
             specs = None
     for i, column in enumerate(relation.columns):

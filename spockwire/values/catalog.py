@@ -24,7 +24,12 @@ column with the kind it returns. The mapping:
 | domains | their base type | |
 | 1-D arrays of the above | ARRAY | list<element type> (lower bound 1: other bounds, like more dimensions, see below) |
 | every other builtin type with a send format (spockwire.values.sendtext.RENDERED_TYPES: inet, cidr, macaddr(8), money, bit, varbit, ranges, multiranges, geometric types, tsvector, tsquery, pg_lsn, ...), arrays of them, composites, user ranges/multiranges over such types, domains over them | PGTEXT | string, PostgreSQL's text output: text values as they arrive, binary values rendered by `send_to_text` (the ColumnSpec's `render`) |
-| anything else (types of extensions) | OTHER | string from the text form; binary from the binary form |
+| anything else (types of extensions, composites holding them, reg* types) | OTHER | string from the text form; binary from the binary form |
+
+PGTEXT binary values: the C implementation renders inet, cidr, macaddr, macaddr8, money, bit, varbit and the
+int4/int8/date/timestamp/timestamptz ranges itself, and calls the column's `render` (Python, one call per value)
+for the other types; the pure-Python twin calls `render` for all of them. Both give send_to_text's text and
+refuse the same bytes.
 
 Without type information (pglogical sends none and no catalog was given) columns are RAW: string when every
 value arrived as valid UTF-8 text, binary otherwise — never guessed.
@@ -191,10 +196,13 @@ def parse_type_name(spec: Any) -> tuple[int, int]:
         else:
             typmod = nums[0]
     oid = _BY_NAME.get(text)
+    if oid is None:   # the builtin types kept as text (inet, money, int4range, ...)
+        oid = {n: o for o, n in _sendtext().TYPE_NAMES.items() if o not in (705, 2249)}.get(text)
     if oid is None:
         raise ValueError(f"unknown type name {spec!r}")
     if is_array:
         arrays = {elem: arr for arr, elem in ARRAY_TYPES.items()}
+        arrays.update({elem: arr for arr, elem in _sendtext().ARRAY_ELEMENTS.items() if elem not in arrays})
         oid = arrays[oid]
     return oid, typmod
 
@@ -219,6 +227,7 @@ class PostgresTypeCatalog:
         self._connect = connect
         self._conn: Any = None
         self._types: dict[int, TypeInfo | None] = {}
+        self._fields: dict[int, list[int] | None] = {}
         self._columns: dict[tuple[int, int], list[tuple[int, int]] | None] = {}
 
     def _cursor(self) -> Any:
@@ -271,6 +280,21 @@ class PostgresTypeCatalog:
         except Exception as exc:  # noqa: BLE001 - any driver error means the catalog is unavailable
             self._unavailable(exc)
             return None
+
+    def composite_fields(self, oid: int) -> list[int] | None:
+        """The field types of composite type `oid` (None when it is not one, or the catalog cannot be read)."""
+        if oid not in self._fields:
+            if self._resting():
+                return None
+            try:
+                with self._cursor() as cur:
+                    cur.execute("SELECT a.atttypid FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid "
+                                "WHERE t.oid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (oid,))
+                    self._fields[oid] = [int(r[0]) for r in cur.fetchall()] or None
+            except Exception as exc:  # noqa: BLE001 - any driver error means the catalog is unavailable
+                self._unavailable(exc)
+                return None
+        return self._fields[oid]
 
     def _type_info(self, oid: int) -> TypeInfo | None:
         if oid not in self._types:
@@ -385,7 +409,7 @@ def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catal
         if info.category == "A" and info.element_oid:
             return _array_spec(_spec_for(info.element_oid, typmod, types, catalog, numeric_text, depth + 1),
                                oid, catalog)
-        if info.typtype == "c" or (info.typtype in ("r", "m") and _sendtext().can_render(oid, catalog)):
+        if info.typtype in ("c", "r", "m") and _sendtext().can_render(oid, catalog):
             return _text_spec(oid, info.name, catalog)
         return ColumnSpec(OTHER, info.name, None)
     described = types.get(oid)

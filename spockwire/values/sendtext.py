@@ -27,8 +27,8 @@ from typing import Any, Callable
 from ._convert_py import ValueFailure, char_text, numeric_text_from_binary, timetz_text
 from .failures import INVALID, INVALID_UTF8, NO_TEXT_FORM
 
-__all__ = ["send_to_text", "can_render", "RENDERED_TYPES", "TYPE_NAMES", "RANGE_SUBTYPES", "MULTIRANGE_RANGES", "ARRAY_ELEMENTS",
-           "float8_text", "float4_text"]
+__all__ = ["send_to_text", "can_render", "RENDERED_TYPES", "TYPE_NAMES", "RANGE_SUBTYPES", "MULTIRANGE_RANGES",
+           "ARRAY_ELEMENTS", "float8_text", "float4_text"]
 
 _I16, _U16, _I32, _U32, _I64, _U64 = (struct.Struct(">h"), struct.Struct(">H"), struct.Struct(">i"),
                                       struct.Struct(">I"), struct.Struct(">q"), struct.Struct(">Q"))
@@ -523,7 +523,10 @@ def _tsquery(raw: bytes) -> str:
         left = parse(depth + 1)
         return ("o", it[1], it[2], left, right)
 
-    tree = parse(0)
+    try:
+        tree = parse(0)
+    except RecursionError:   # deeper than Python's stack allows: refused alike by both implementations
+        raise _bad() from None
     if pos != len(items):
         raise _bad()
 
@@ -557,7 +560,10 @@ def _tsquery(raw: bytes) -> str:
         needs = prio < parent_prio or (op == _OP_PHRASE and right_of_phrase)
         return f"( {s} )" if needs else s
 
-    return show(tree, 0)
+    try:
+        return show(tree, 0)
+    except RecursionError:
+        raise _bad() from None
 
 
 # ------------------------------------------------------------------ containers
@@ -823,8 +829,8 @@ def send_to_text(type_oid: int, raw: bytes, catalog: Any = None) -> str:
 
 
 def can_render(type_oid: int, catalog: Any = None, depth: int = 0) -> bool:
-    """Whether `send_to_text` knows the send format of `type_oid` (nested types of records and arrays of
-    records are only known once a value names them)."""
+    """Whether `send_to_text` knows the send format of `type_oid`: builtin types, and through `catalog` domains,
+    enums, user ranges and composites whose fields it can render (when the catalog has `composite_fields`)."""
     if type_oid in RENDERED_TYPES:
         return True
     elem = ARRAY_ELEMENTS.get(type_oid)
@@ -837,8 +843,12 @@ def can_render(type_oid: int, catalog: Any = None, depth: int = 0) -> bool:
         return False
     if info.typtype == "d" and info.base_oid:
         return can_render(info.base_oid, catalog, depth + 1)
-    if info.typtype in ("e", "c"):
+    if info.typtype == "e":
         return True
+    if info.typtype == "c":
+        fields = getattr(catalog, "composite_fields", None)
+        oids = fields(type_oid) if fields is not None else None
+        return oids is None or all(can_render(o, catalog, depth + 1) for o in oids)
     if info.category == "A" and info.element_oid:
         return can_render(info.element_oid, catalog, depth + 1)
     if info.typtype in ("r", "m") and getattr(info, "subtype_oid", 0):
