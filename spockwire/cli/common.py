@@ -60,11 +60,11 @@ def decoder_module(impl: str | None) -> ModuleType:
 
 
 def decoder_for(module: ModuleType, header: dict[str, Any], types: str | None = None,
-                numeric: str | None = None) -> Any:
-    """A decoder for a frame file, configured from its header (protocol, spock proto_version), `types` and
-    `numeric`."""
+                numeric: str | None = None, **options: Any) -> Any:
+    """A decoder for a frame file, configured from its header (protocol, spock proto_version), `types`,
+    `numeric` and further decoder options (column_types, on_unrepresentable; None: the decoder's default)."""
     protocol = header["protocol"]
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
     if types is not None:
         kwargs["types"] = types
     if numeric is not None:
