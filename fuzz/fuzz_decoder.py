@@ -24,6 +24,8 @@ Input layout (so the fuzzer mutates the configuration along with the bytes):
             bit 2     drain() after every message (else once at the end)
             bits 3-4  preamble of "message": 0 R.. B | 1 R.. B O(origin) | 2 pgoutput stream block S..E + c
                       (native: no startup message) | 3 pgoutput two-phase b..P + K (native: like 1)
+            bit 5     on_unrepresentable="error" (else "text": a value its column's type cannot hold switches the
+                      column to text under a new relation version)
     rest    the fuzzed bytes
 
 Run it under the sanitizer build (fuzz/README.md):
@@ -109,6 +111,8 @@ def parse_input(data: bytes) -> Case:
     elif protocol == "pglogical":
         startup = "pglogical"
         kwargs["type_catalog"] = pglogical_catalog()
+    if b1 & 0x20:
+        kwargs["on_unrepresentable"] = "error"
     if BATCH_ROWS[b1 & 3] is not None:
         kwargs["batch_rows"] = BATCH_ROWS[b1 & 3]
     return Case(protocol, kwargs, ENTRIES[(b0 >> 2) & 3], spock_version, startup, (b1 >> 3) & 3,
@@ -116,11 +120,12 @@ def parse_input(data: bytes) -> Case:
 
 
 def make_input(protocol: str, entry: str, body: bytes, *, raw: bool = False, numeric_text: bool = False,
-               spock_variant: int = 0, batch_rows: int = 0, drain_each: bool = False, preamble: int = 0) -> bytes:
+               spock_variant: int = 0, batch_rows: int = 0, drain_each: bool = False, preamble: int = 0,
+               strict: bool = False) -> bytes:
     """The input that parse_input() turns back into these choices (used by fuzz/seeds.py and the tests)."""
     b0 = ({"pgoutput": 0, "pglogical": 1, "spock": 2}[protocol] | ENTRIES.index(entry) << 2
           | (0x10 if raw else 0) | (0x20 if numeric_text else 0) | spock_variant << 6)
-    b1 = batch_rows | (4 if drain_each else 0) | preamble << 3
+    b1 = batch_rows | (4 if drain_each else 0) | preamble << 3 | (0x20 if strict else 0)
     return bytes([b0, b1]) + body
 
 

@@ -8,6 +8,8 @@ Seeds, each in the input layout of fuzz_decoder.py (two configuration bytes, the
   relation and type messages -- for each protocol, spock version and preamble kind, typed and raw;
 * "messages": the golden streams (tests/golden_vectors.py) and single transactions of the real captures
   (tests/data/*.spwf) as length-prefixed message sequences;
+* "expanding": transactions of binary values whose text is thousands of times longer (numeric 1e131068 alone
+  and in numeric[] arrays), which the batch limit must count by what they add to their columns;
 * "frames" / "partial": the same transactions as frame-record bodies, each preceded by the startup and relation
   messages it needs.
 """
@@ -214,7 +216,8 @@ def message_seeds(corpus: Corpus) -> None:
                 raw = k % 3 == 2
                 corpus.add(f"message-{protocol}{version or ''}-p{preamble}-{tag}",
                            F.make_input(protocol, "message", body, raw=raw, numeric_text=k % 4 == 1,
-                                        spock_variant=variant, batch_rows=k % 4, preamble=preamble))
+                                        spock_variant=variant, batch_rows=k % 4, preamble=preamble,
+                                        strict=k % 5 == 3))
 
 
 def golden_seeds(corpus: Corpus) -> None:
@@ -295,9 +298,35 @@ def capture_seeds(corpus: Corpus) -> None:
                                         numeric_text=k % 8 == 2, drain_each=k % 3 == 0))
 
 
+# 1e131068: ten bytes in binary, 131,069 characters of numeric_out text -- the most a binary value expands
+HUGE_NUMERIC = struct.pack(">hhHHh", 1, 32767, 0, 0, 1)
+
+
+def expanding_seeds(corpus: Corpus) -> None:
+    """Transactions of binary values whose text is far longer than their bytes (numeric without a type modifier,
+    numeric[], timetz): the batch limit counts what a value adds to its column, not only what arrived."""
+    for protocol, variant, version in variants():
+        if protocol == "spock" and version == 4:
+            continue
+        row_c = list(BINARY_ROWS[0x103][0])
+        row_c[7] = HUGE_NUMERIC
+        row_b = list(BINARY_ROWS[0x102][0])
+        row_b[2] = b_array(1700, [HUGE_NUMERIC] * 24)
+        msgs = [F.message(protocol, "B", version, final_lsn=F.FINAL_LSN, commit_ts=F.COMMIT_TS, xid=F.XID)]
+        msgs += [F.message(protocol, "I", version, relid=0x103, new=row_c) for _ in range(40)]
+        msgs += [F.message(protocol, "I", version, relid=0x102, new=row_b) for _ in range(8)]
+        msgs.append(F.message(protocol, "C", version, commit_lsn=F.FINAL_LSN, end_lsn=F.END_LSN,
+                              commit_ts=F.COMMIT_TS))
+        for batch_rows in (0, 1):
+            corpus.add(f"expanding-{protocol}{version or ''}", F.make_input(
+                protocol, "messages", F.join_messages(msgs), numeric_text=bool(batch_rows), spock_variant=variant,
+                batch_rows=batch_rows))
+
+
 def write(out: Path) -> int:
     corpus = Corpus(out)
     message_seeds(corpus)
+    expanding_seeds(corpus)
     golden_seeds(corpus)
     capture_seeds(corpus)
     return corpus.count

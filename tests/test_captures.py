@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from spockwire.errors import ProtocolError
@@ -418,20 +419,24 @@ def _numeric_nan_columns(raw_events: list[Any]) -> set[str]:
 @pytest.mark.parametrize("name", ALL_CAPTURES)
 def test_default_typed_mode_decodes_every_capture(impl: Any, name: str) -> None:
     """Every value a real server sent decodes in the default typed mode (infinite and BC timestamps, empty arrays,
-    enums, domains), with the same rows as the raw mode. The one documented refusal: a NaN in a numeric(p,s)
-    column, which decimal128 cannot hold, is a ProtocolError naming the column, and numeric="text" decodes it."""
+    enums, domains), with the same rows as the raw mode. A NaN in a numeric(p,s) column, which decimal128 cannot
+    hold, switches that column to PostgreSQL's text under a new relation version; on_unrepresentable="error"
+    refuses it instead, naming the column."""
     header, body = read_frame_file(DATA / f"{name}.spwf")
     _, raw, _ = _decode(impl, name)
     nan_columns = _numeric_nan_columns(raw)
-    dec = impl.Decoder(protocol=header["protocol"])
     if nan_columns:
+        strict = impl.Decoder(protocol=header["protocol"], on_unrepresentable="error")
         with pytest.raises(ProtocolError, match="no decimal128 form") as info:
-            dec.feed_frames(body)
+            strict.feed_frames(body)
         assert info.value.column_name in nan_columns
-        dec = impl.Decoder(protocol=header["protocol"], numeric="text")
+    dec = impl.Decoder(protocol=header["protocol"])
     dec.feed_frames(body)
     typed = dec.drain()
     assert [(r["_table"], r["_change_type"], r["_commit_lsn"], r["_seq"]) for r in _rows(typed)] == [
         (r["_table"], r["_change_type"], r["_commit_lsn"], r["_seq"]) for r in _rows(raw)]
     if nan_columns:
         assert any(r.get(col) == "NaN" for r in _rows(typed) for col in nan_columns)
+        switched = [e for e in typed if hasattr(e, "to_arrow") and any(
+            e.to_arrow().schema.field(col).type == pa.string() for col in nan_columns if col in e.relation.column_names)]
+        assert switched and all(e.relation.version > 1 for e in switched)

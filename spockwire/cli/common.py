@@ -12,9 +12,10 @@ from pyarrow import MonthDayNano as _MonthDayNano
 
 from ..frames import parse_file_header, read_frame_file
 from ..ingest.staging import COMPRESSIONS, DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS
+from ..values.catalog import parse_column_types
 from .config import CONFIG, Setting, parse_size, positive_int
 
-__all__ = ["IMPL", "TYPES", "STAGING_SETTINGS", "COMMON_SETTINGS", "decoder_module", "decoder_for", "load_frame_file", "parse_frame_bytes",
+__all__ = ["IMPL", "TYPES", "COLUMN_TYPE", "ON_UNREPRESENTABLE", "parse_column_types", "STAGING_SETTINGS", "COMMON_SETTINGS", "decoder_module", "decoder_for", "load_frame_file", "parse_frame_bytes",
            "format_lsn", "format_value", "format_row", "json_value", "human_bytes", "CliError"]
 
 IMPL = Setting("impl", "decoder implementation: c (compiled) or python (pure-Python twin); default: the one "
@@ -24,6 +25,15 @@ TYPES = Setting("types", "column values: typed (Arrow types from the column's Po
 NUMERIC = Setting("numeric", "numeric columns: decimal (numeric(p,s) as decimal128; a NaN there is an error) or "
                              "text (every numeric as its exact text); default: decimal", choices=("decimal", "text"))
 COMMON_SETTINGS = (CONFIG, IMPL, TYPES, NUMERIC)
+
+
+COLUMN_TYPE = Setting("column_type", "decode one column as text (PostgreSQL's text of every value) or raw (as "
+                      "sent), whatever its type: schema.table.column=TYPE; repeat the flag or separate with commas",
+                      type=parse_column_types, metavar="SCHEMA.TABLE.COLUMN=TYPE", repeat=True)
+ON_UNREPRESENTABLE = Setting("on_unrepresentable", "a valid value its column's Arrow type cannot hold (2-D array, "
+                             "NaN in numeric(p,s), timestamp past 294247 AD, ...): text (the column continues as "
+                             "PostgreSQL's text under a new schema version) or error", choices=("text", "error"),
+                             default="text")
 
 # where and how `ingest` and `decode` stage (the same layout either way)
 OUT = Setting("out", "staging folder to write (created if missing; an existing one is resumed)", required=True,
@@ -54,11 +64,11 @@ def decoder_module(impl: str | None) -> ModuleType:
 
 
 def decoder_for(module: ModuleType, header: dict[str, Any], types: str | None = None,
-                numeric: str | None = None) -> Any:
-    """A decoder for a frame file, configured from its header (protocol, spock proto_version), `types` and
-    `numeric`."""
+                numeric: str | None = None, **options: Any) -> Any:
+    """A decoder for a frame file, configured from its header (protocol, spock proto_version), `types`,
+    `numeric` and further decoder options (column_types, on_unrepresentable; None: the decoder's default)."""
     protocol = header["protocol"]
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
     if types is not None:
         kwargs["types"] = types
     if numeric is not None:

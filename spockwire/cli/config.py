@@ -104,6 +104,7 @@ class Setting:
     metavar: str | None = None
     short: str | None = None     # e.g. "-n"
     env_only: bool = False       # not a command-line flag (read from the environment / file only)
+    repeat: bool = False         # the flag may be given several times: its values are joined with commas
 
     @property
     def flag(self) -> str:
@@ -114,6 +115,8 @@ class Setting:
         return ENV_PREFIX + self.name.upper()
 
     def convert(self, value: Any, where: str) -> Any:
+        if self.repeat and isinstance(value, (list, tuple)):
+            value = ",".join(map(str, value))
         try:
             if self.is_flag:
                 result = value if isinstance(value, bool) else parse_bool(str(value))
@@ -157,7 +160,7 @@ def add_settings(parser: argparse.ArgumentParser, settings: Iterable[Setting]) -
             parser.add_argument(*names, dest=s.name, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
             parser.add_argument(*names, dest=s.name, default=None, metavar=s.metavar or s.name.upper(), help=text,
-                                type=str)
+                                type=str, action="append" if s.repeat else "store")
     parser._spockwire_settings = declared  # type: ignore[attr-defined]
     parser.set_defaults(_spockwire_settings=declared)
 

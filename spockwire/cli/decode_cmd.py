@@ -8,14 +8,14 @@ from typing import Any, TextIO
 
 from ..frames import RECORD_HEADER_SIZE
 from ..ingest.staging import StagingWriter
-from .common import (COMMON_SETTINGS, STAGING_SETTINGS, decoder_for, decoder_module, format_lsn, human_bytes,
+from .common import (COLUMN_TYPE, COMMON_SETTINGS, ON_UNREPRESENTABLE, STAGING_SETTINGS, decoder_for, decoder_module, format_lsn, human_bytes,
                      load_frame_file)
 from .config import add_settings, resolve
 
 NAME = "decode"
 HELP = "decode a frame file into the Parquet staging layout (as `ingest` writes it)"
 
-SETTINGS = (*COMMON_SETTINGS, *STAGING_SETTINGS)
+SETTINGS = (*COMMON_SETTINGS, COLUMN_TYPE, ON_UNREPRESENTABLE, *STAGING_SETTINGS)
 
 #: bytes of frame records handed to the decoder at a time
 CHUNK = 64 << 10
@@ -33,7 +33,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     cfg = resolve(args, NAME)
     header, body = load_frame_file(args.file)
     module = decoder_module(cfg.impl)
-    dec = decoder_for(module, header, cfg.types, cfg.numeric)
+    dec = decoder_for(module, header, cfg.types, cfg.numeric, column_types=cfg.column_type,
+                      on_unrepresentable=cfg.on_unrepresentable)
     started = time.perf_counter()
     commits = files = 0
     rows: dict[str, int] = {}

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from ..ingest.worker import IngestConfig, IngestWorker
-from .common import COMMON_SETTINGS, STAGING_SETTINGS
+from .common import COLUMN_TYPE, COMMON_SETTINGS, ON_UNREPRESENTABLE, STAGING_SETTINGS
 from .config import Setting, add_settings, parse_size, resolve
 from .stream_settings import STREAM_SETTINGS, names
 
@@ -28,7 +28,7 @@ IDLE_EXIT = Setting("idle_exit", "stop by itself after this many seconds in whic
 HEARTBEAT_INTERVAL = Setting("heartbeat_interval", "write a heartbeat (a non-transactional logical message, never "
                              "staged) this often, so the slot moves even when the server writes nothing at all",
                              type=float, metavar="SECONDS")
-SETTINGS = (*COMMON_SETTINGS, *STREAM_SETTINGS, *STAGING_SETTINGS, FLUSH_SECONDS,
+SETTINGS = (*COMMON_SETTINGS, COLUMN_TYPE, ON_UNREPRESENTABLE, *STREAM_SETTINGS, *STAGING_SETTINGS, FLUSH_SECONDS,
             SPILL_BYTES, METRICS_PORT, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT, HEARTBEAT_INTERVAL)
 
 
@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         dsn=cfg.dsn, slot=cfg.slot, out=cfg.out, plugin=cfg.plugin, publication=names(cfg.publication),
         replication_sets=names(cfg.replication_sets), create_slot=cfg.create_slot, binary=cfg.binary,
         streaming=cfg.streaming, two_phase=cfg.two_phase, messages=cfg.messages, types=cfg.types or "typed",
-        numeric=cfg.numeric or "decimal", compression=cfg.compression, flush_rows=cfg.flush_rows,
+        numeric=cfg.numeric or "decimal", column_types=cfg.column_type or {},
+        on_unrepresentable=cfg.on_unrepresentable, compression=cfg.compression, flush_rows=cfg.flush_rows,
         flush_bytes=cfg.flush_bytes, flush_seconds=cfg.flush_seconds, spill_bytes=cfg.spill_bytes,
         metrics_port=cfg.metrics_port, progress=cfg.progress, max_runtime=cfg.max_runtime,
         idle_exit=cfg.idle_exit, impl=cfg.impl, transport=cfg.transport, heartbeat_interval=cfg.heartbeat_interval)

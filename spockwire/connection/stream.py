@@ -49,10 +49,10 @@ def load_pump(choice: str | None = None) -> ModuleType:
                   "Build it with `python setup.py build_ext --inplace` (needs libpq-dev)", choice)
 
 
-def _default_decoder_factory(protocol: str, type_catalog: Any = None) -> Any:
+def _default_decoder_factory(protocol: str, type_catalog: Any = None, **options: Any) -> Any:
     from ..wire import load_implementation
 
-    return load_implementation().Decoder(protocol, type_catalog=type_catalog)
+    return load_implementation().Decoder(protocol, type_catalog=type_catalog, **options)
 
 
 def _auto_catalog(dsn: str) -> Any:
@@ -684,10 +684,17 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: Any =
       composites and user ranges are named only by the catalog). Default "auto": a PostgresTypeCatalog read over
       `dsn` (one extra ordinary connection, opened at the first relation that needs it); None: no catalog
       (pglogical columns then stay untyped); or any TypeCatalog. Ignored with a `decoder_factory`.
+    * decoder options (not with a `decoder_factory`): `column_types` ({"schema.table.column": "text" | "raw"}),
+      `on_unrepresentable` ("text" | "error"), `types`, `numeric` -- see spockwire.Decoder.
     """
+    options = {k: kwargs.pop(k) for k in ("column_types", "on_unrepresentable", "types", "numeric") if k in kwargs}
+    if options and kwargs.get("decoder_factory") is not None:
+        raise ValueError(f"{', '.join(options)} cannot be combined with a decoder_factory (pass them to it)")
     stream = ReplicationStream(dsn, slot=slot, plugin=plugin, publication=publication,
                                replication_sets=replication_sets, create_slot=create_slot, start_lsn=start_lsn,
                                binary=binary, streaming=streaming, two_phase=two_phase, messages=messages, **kwargs)
+    if options:
+        stream._decoder_factory = lambda p: _default_decoder_factory(p, stream.type_catalog, **options)
     try:
         stream._open_once()
     except Exception as exc:

@@ -54,6 +54,8 @@ class IngestConfig:
     types: str = "typed"
     type_catalog: bool = True             # column types the stream does not carry, read from the catalog over `dsn`
     numeric: str = "decimal"
+    column_types: dict[str, str] = field(default_factory=dict)   # "schema.table.column" -> "text" | "raw"
+    on_unrepresentable: str = "text"
     compression: str = "zstd"
     flush_rows: int = 1_000_000
     flush_bytes: int = 128 << 20
@@ -210,7 +212,8 @@ class IngestWorker:
 
         def factory(protocol: str) -> Any:
             return impl.Decoder(protocol, types=cfg.types, numeric=cfg.numeric, spill_bytes=cfg.spill_bytes,
-                                type_catalog=self.type_catalog)
+                                type_catalog=self.type_catalog, column_types=cfg.column_types,
+                                on_unrepresentable=cfg.on_unrepresentable)
 
         kwargs: dict[str, Any] = dict(slot=cfg.slot, plugin=cfg.plugin, create_slot=cfg.create_slot,
                                       start_lsn=start_lsn, binary=cfg.binary, decoder_factory=factory,

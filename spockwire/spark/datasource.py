@@ -42,6 +42,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from ..connection.slots import format_lsn, parse_lsn
 from ..model import Relation
 from . import schema as S
+from ..values.catalog import parse_column_types
 from .slot import IDLE_ADVANCE_BYTES, SlotSpec, _connect, current_flush_lsn, ensure_slot, make_decoder, plan_end, \
     read_range, slot_position, advance_slot
 
@@ -82,7 +83,9 @@ def options_to_spec(options: Any) -> SlotSpec:
                     publication=_names(opts.get("publication")),
                     replication_sets=_names(opts.get("replicationsets")),
                     binary=_flag(opts.get("binary")), proto_version=int(proto) if proto else None,
-                    types=str(opts.get("types", "auto")).lower(), extra_options=extra)
+                    types=str(opts.get("types", "auto")).lower(), extra_options=extra,
+                    column_types=parse_column_types(opts.get("columntypes") or ""),
+                    on_unrepresentable=str(opts.get("onunrepresentable", "text")).lower())
 
 
 def _tables(options: Any) -> tuple[tuple[str, ...], bool]:
@@ -179,7 +182,8 @@ class SpockwireDataSource(DataSource):
             for table in tables:
                 relation = S.read_table_relation(cur, table, spec.protocol)
                 arrow = S.probe_arrow_schema(relation, spec.protocol,
-                                             lambda p: make_decoder(p, spec.types, catalog))
+                                             lambda p: make_decoder(p, spec.types, catalog, spec.column_types,
+                                                                    spec.on_unrepresentable))
                 if spec.binary:
                     arrow = _raw_as_binary(arrow, relation, catalog)
                 found.append((relation, arrow))

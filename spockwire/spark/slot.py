@@ -48,6 +48,8 @@ class SlotSpec:
     proto_version: int | None = None
     types: str = "auto"
     extra_options: Mapping[str, str] = field(default_factory=dict)
+    column_types: Mapping[str, str] = field(default_factory=dict)   # decoder column_types overrides
+    on_unrepresentable: str = "text"
 
     @property
     def protocol(self) -> str:
@@ -81,32 +83,43 @@ def decoder_types_supported() -> bool:
     return True
 
 
-def make_decoder(protocol: str, types: str = "auto", catalog: Any = None) -> Any:
+def make_decoder(protocol: str, types: str = "auto", catalog: Any = None, column_types: Any = None,
+                 on_unrepresentable: str = "text") -> Any:
     """A Decoder for `protocol`; typed values when the decoder has them (``types`` = auto | typed | raw).
 
     ``auto`` asks for typed values and falls back to raw columns on a decoder without the option; ``typed``
-    insists; ``raw`` keeps PostgreSQL's text (or binary) form.
+    insists; ``raw`` keeps PostgreSQL's text (or binary) form. `column_types` and `on_unrepresentable` are the
+    decoder's options of the same names (the data source options columnTypes and onUnrepresentable).
     """
     import spockwire
+
+    extra: dict[str, Any] = {}
+    if column_types:
+        extra["column_types"] = dict(column_types)
+    if on_unrepresentable != "text":
+        extra["on_unrepresentable"] = on_unrepresentable
+
+    def new(**kwargs: Any) -> Any:
+        return spockwire.Decoder(protocol, **kwargs, **extra)
 
     if types not in ("auto", "typed", "raw"):
         raise ValueError(f"types must be auto, typed or raw, not {types!r}")
     if types == "raw":
         if decoder_types_supported():
-            return spockwire.Decoder(protocol, types="raw")
-        return spockwire.Decoder(protocol)
+            return new(types="raw")
+        return new()
     attempts: list[dict[str, Any]] = []
     if catalog is not None:
         attempts.append({"types": "typed", "type_catalog": catalog})
     attempts.append({"types": "typed"})
     for kwargs in attempts:
         try:
-            return spockwire.Decoder(protocol, **kwargs)
+            return new(**kwargs)
         except TypeError:
             continue
     if types == "typed":
         raise ValueError("types=typed was asked for, but this spockwire decoder has no typed-values option")
-    return spockwire.Decoder(protocol)
+    return new()
 
 
 @contextlib.contextmanager
@@ -297,7 +310,7 @@ def read_range(spec: SlotSpec, start: int, end: int, tables: Sequence[str] | Non
     protocol = spec.protocol
     if catalog is None and spec.types != "raw":
         catalog = _catalog(spec.dsn)
-    decoder = make_decoder(protocol, spec.types, catalog)
+    decoder = make_decoder(protocol, spec.types, catalog, spec.column_types, spec.on_unrepresentable)
     with _connect(spec.dsn, autocommit=False) as conn:
         with conn.cursor() as cur:
             confirmed = _require_slot(cur, spec)

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from .catalog import ARRAY, BOOL, BYTEA, CHAR, DATE, DECIMAL, ENUM, FLOAT4, FLOAT8, INT2, INT4, INT8, INTERVAL, JSON, \
     JSONB, NUMERIC_TEXT, OID, OTHER, PGTEXT, RAW, TEXT, TIME, TIMESTAMP, TIMESTAMPTZ, TIMETZ, UUID, ColumnSpec
-from .failures import BYTE_ORDER_UNKNOWN, INTERNAL_UNSUPPORTED, INVALID, INVALID_UTF8, MULTIDIMENSIONAL, \
+from .failures import BYTE_ORDER_UNKNOWN, INTERNAL_UNSUPPORTED, INVALID, INVALID_UTF8, LOWER_BOUND, MULTIDIMENSIONAL, \
     OUT_OF_RANGE, SPECIAL_DECIMAL
 
 __all__ = ["ValueFailure", "decode_value", "build_array", "UNIX_DAYS_2000", "UNIX_US_2000"]
@@ -281,6 +281,7 @@ def _text_uuid(raw: bytes) -> bytes:
 def _text_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
     n = len(raw)
     i = 0
+    shifted = False               # a lower bound other than 1: a list cannot keep it
     if i < n and raw[0] == 0x5B:  # [lb:ub]= dimension decoration
         close = raw.find(b"]")
         if close < 0:
@@ -289,6 +290,7 @@ def _text_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
             raise _fail(MULTIDIMENSIONAL)
         if not re.fullmatch(rb"\[-?[0-9]+:-?[0-9]+\]=", raw[:close + 2]):
             raise _fail()
+        shifted = raw[1:3] != b"1:"
         i = close + 2
     if i >= n or raw[i] != 0x7B:
         raise _fail()
@@ -298,6 +300,8 @@ def _text_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
     if i < n and raw[i] == 0x7D:
         if i + 1 != n:
             raise _fail()
+        if shifted:
+            raise _fail(LOWER_BOUND)
         return out
     while True:
         if i >= n:
@@ -338,6 +342,8 @@ def _text_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
             i += 1
             continue
         if raw[i] == 0x7D and i + 1 == n:
+            if shifted:
+                raise _fail(LOWER_BOUND)
             return out
         raise _fail()
 
@@ -389,9 +395,10 @@ def numeric_text_from_binary(raw: bytes) -> str:
     if weight < 0:
         out.append("0")
     else:
-        for k in range(weight + 1):
-            d = digits[k] if k < ndigits else 0
-            out.append(str(d) if k == 0 else f"{d:04d}")
+        head = digits[:min(ndigits, weight + 1)]
+        out.append(str(head[0]) if head else "0")
+        out.extend(f"{d:04d}" for d in head[1:])
+        out.append("0000" * (weight + 1 - max(len(head), 1)))   # groups past the stored digits are zero
     if dscale > 0:
         frac = []
         for j in range((dscale + 3) // 4):
@@ -454,6 +461,8 @@ def _binary_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
         pos += length
     if pos != n:
         raise _fail()
+    if _I32.unpack_from(raw, 16)[0] != 1:
+        raise _fail(LOWER_BOUND)
     return out
 
 
@@ -566,8 +575,28 @@ _INTERNAL_STRUCTS = {BOOL: "?", INT2: "h", INT4: "i", INT8: "q", OID: "I", FLOAT
                      TIMESTAMP: "q", TIMESTAMPTZ: "q", TIME: "q"}
 
 
+# PGTEXT columns of by-value types: the internal datum is the send form in the server's byte order
+# (type OID -> datum size; uuid's 16 bytes have no byte order)
+INTERNAL_SEND_SIZES = {16: 1, 18: 1, 20: 8, 21: 2, 23: 4, 26: 4, 700: 4, 701: 8, 1082: 4, 1083: 8, 1114: 8,
+                       1184: 8, 2950: 16}
+
+
+def _internal_text(spec: ColumnSpec, raw: bytes, big_endian: bool | None) -> str:
+    """A column kept as text (PGTEXT) given an internal datum: PostgreSQL's text of it, through its send form."""
+    size = INTERNAL_SEND_SIZES.get(spec.type_oid)
+    if size is None or spec.render is None:
+        raise _fail(INTERNAL_UNSUPPORTED)
+    if big_endian is None and size not in (1, 16):
+        raise _fail(BYTE_ORDER_UNKNOWN)
+    if len(raw) != size:
+        raise _fail()
+    return spec.render(bytes(raw) if big_endian or size == 16 else bytes(raw[::-1]))
+
+
 def _internal(spec: ColumnSpec, raw: bytes, big_endian: bool | None) -> Any:
     kind = spec.kind
+    if kind == PGTEXT:
+        return _internal_text(spec, raw, big_endian)
     if kind == UUID:
         if len(raw) != 16:
             raise _fail()

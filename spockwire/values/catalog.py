@@ -8,7 +8,7 @@ column with the kind it returns. The mapping:
 | bool | BOOL | bool |
 | int2, int4, int8, oid | INT2, INT4, INT8, OID | int16, int32, int64, uint32 |
 | float4, float8 | FLOAT4, FLOAT8 | float32, float64 (NaN, ±Infinity kept) |
-| numeric(p,s), p <= 38 | DECIMAL | decimal128(p, s) (negative scale s: decimal128(p-s, 0); s > p: decimal128(s, s)); NaN, which decimal128 cannot hold, is an error naming the column — decode with `numeric="text"` where a column holds NaN |
+| numeric(p,s), p <= 38 | DECIMAL | decimal128(p, s) (negative scale s: decimal128(p-s, 0); s > p: decimal128(s, s)); NaN and ±Infinity, which decimal128 cannot hold: see below |
 | numeric without typmod, or p > 38, or any numeric with `numeric="text"` | NUMERIC_TEXT | string, PostgreSQL's exact text (NaN, Infinity, -Infinity kept as text) |
 | text, varchar, bpchar, name, citext, xml | TEXT | string |
 | "char" | CHAR | string, PostgreSQL's text of the byte (byte 0: empty; 0x80-0xff: backslash and 3 octal digits) |
@@ -22,7 +22,7 @@ column with the kind it returns. The mapping:
 | uuid | UUID | fixed_size_binary(16) |
 | enums | ENUM | dictionary<int32, string> |
 | domains | their base type | |
-| 1-D arrays of the above | ARRAY | list<element type> (lower bounds are not kept) |
+| 1-D arrays of the above | ARRAY | list<element type> (lower bound 1: other bounds, like more dimensions, see below) |
 | every other builtin type with a send format (spockwire.values.sendtext.RENDERED_TYPES: inet, cidr, macaddr(8), money, bit, varbit, ranges, multiranges, geometric types, tsvector, tsquery, pg_lsn, ...), arrays of them, composites, user ranges/multiranges over such types, domains over them | PGTEXT | string, PostgreSQL's text output: text values as they arrive, binary values rendered by `send_to_text` (the ColumnSpec's `render`) |
 | anything else (types of extensions, composites holding them, reg* types) | OTHER | string from the text form; binary from the binary form |
 
@@ -33,6 +33,17 @@ refuse the same bytes.
 
 Without type information (pglogical sends none and no catalog was given) columns are RAW: string when every
 value arrived as valid UTF-8 text, binary otherwise — never guessed.
+
+Lossless by default: a valid value its column's Arrow type cannot hold (`switches_to_text`: a multi-dimensional
+array or a lower bound other than 1 in an ARRAY column, NaN/±Infinity in DECIMAL, a DATE/TIMESTAMP/TIMESTAMPTZ
+outside the Arrow type's range such as a timestamp after 294247 AD, an INTERVAL whose microseconds overflow
+month_day_nano's nanoseconds) makes the decoder switch that column to PGTEXT (`text_column_spec`: PostgreSQL's
+exact text, binary values rendered by spockwire.values.sendtext) under a new version of the relation (version + 1,
+the rows of the previous version closed first). It stays text for the rest of that relation version's life; the
+next Relation message from the server starts a version typed from the declared types again. Failures of bytes that
+are not a value of the type (INVALID, INVALID_UTF8, integers out of their type's range, ...) stay errors. The
+decoder option `on_unrepresentable="error"` raises instead of switching. `column_types` overrides single columns
+("schema.table.column" -> "text" for PGTEXT, "raw" for RAW) in every version.
 
 Catalogs: pgoutput names every column's type OID, so only user-defined types need a catalog (enums, domains,
 composites, user ranges, and arrays of them); pglogical and spock name none, so every column needs one.
@@ -414,23 +425,109 @@ def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catal
     return ColumnSpec(OTHER, str(oid), None)
 
 
+#: what a column_types override may ask for: PostgreSQL's text form of every value, or the values as sent
+COLUMN_TYPE_CHOICES = ("text", "raw")
+
+# failures of valid values that the column's Arrow type cannot hold (spockwire.values.failures)
+_MULTIDIMENSIONAL, _SPECIAL_DECIMAL, _OUT_OF_RANGE, _LOWER_BOUND = 3, 4, 5, 9
+_RANGED = (DATE, TIMESTAMP, TIMESTAMPTZ, INTERVAL)
+
+
+def check_column_types(column_types: Mapping[str, str] | None) -> dict[str, str]:
+    """Validate a column_types mapping ("schema.table.column" -> "text" | "raw") and return a copy."""
+    out: dict[str, str] = {}
+    for key, value in (column_types or {}).items():
+        if not isinstance(key, str) or key.count(".") < 2:
+            raise ValueError(f"column_types key {key!r} is not 'schema.table.column'")
+        if value not in COLUMN_TYPE_CHOICES:
+            raise ValueError(f"column_types[{key!r}] must be one of {', '.join(map(repr, COLUMN_TYPE_CHOICES))}, "
+                             f"got {value!r}")
+        out[key] = value
+    return out
+
+
+def parse_column_types(text: str) -> dict[str, str]:
+    """``schema.table.column=TYPE[,...]`` (TYPE: text or raw) as a column_types mapping (CLI, Spark options)."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in str(text).split(","))):
+        key, sep, value = item.rpartition("=")
+        if not sep:
+            raise ValueError(f"expected schema.table.column=TYPE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return check_column_types(out)
+
+
+def switches_to_text(code: int, spec: ColumnSpec) -> bool:
+    """Whether a failure is a valid PostgreSQL value that the column's Arrow type cannot hold (a multi-dimensional
+    array or a lower bound other than 1 in a list column, NaN or ±Infinity in decimal128, a date, timestamp or
+    interval outside the Arrow type's range) -- rather than bytes that are not a value of the type."""
+    base = spec.element if spec.kind == ARRAY and spec.element is not None else spec
+    if code in (_MULTIDIMENSIONAL, _LOWER_BOUND):
+        return spec.kind == ARRAY
+    if code == _SPECIAL_DECIMAL:
+        return base.kind == DECIMAL
+    if code == _OUT_OF_RANGE:
+        return base.kind in _RANGED
+    return False
+
+
+def _column_pairs(relation: Relation, catalog: TypeCatalog | None) -> Sequence[tuple[int, int]] | None:
+    if all(c.type_oid is not None for c in relation.columns):
+        return [(c.type_oid or 0, c.type_modifier if c.type_modifier is not None else -1) for c in relation.columns]
+    if catalog is not None:
+        return catalog.column_types(relation)
+    return None
+
+
+def _text_oid(oid: int, types: Mapping[int, tuple[str, str]]) -> int:
+    """The type whose send format a column's binary values have: pgoutput describes a domain by its base type."""
+    described = types.get(oid)
+    if oid not in BUILTIN_TYPES and oid not in ARRAY_TYPES and described is not None \
+            and described[0] in ("", "pg_catalog") and described[1] in _BY_NAME:
+        return _BY_NAME[described[1]]
+    return oid
+
+
+def text_column_spec(relation: Relation, column: int, types: Mapping[int, tuple[str, str]],
+                     catalog: TypeCatalog | None) -> ColumnSpec:
+    """The spec of a column kept as PostgreSQL's text: text values as they arrive, binary values rendered by
+    spockwire.values.sendtext (a column whose type is not known renders no binary value: NO_TEXT_FORM)."""
+    pairs = _column_pairs(relation, catalog)
+    oid, typmod = pairs[column] if pairs is not None and column < len(pairs) else (0, -1)
+    if oid == 0:
+        return _text_spec(0, "unknown", None)        # renders no binary value (NO_TEXT_FORM)
+    return _text_spec(_text_oid(oid, types), _spec_for(oid, typmod, types, catalog, False).type_name, catalog)
+
+
 def column_specs(relation: Relation, types: Mapping[int, tuple[str, str]], catalog: TypeCatalog | None,
-                 typed: bool, numeric: str = "decimal") -> tuple[ColumnSpec, ...]:
+                 typed: bool, numeric: str = "decimal",
+                 column_types: Mapping[str, str] | None = None) -> tuple[ColumnSpec, ...]:
     """The decoding plan of one relation version (one ColumnSpec per column).
 
-    `numeric="decimal"` decodes numeric(p,s), p <= 38, as decimal128 (a NaN there is a clear error, since
-    decimal128 has no NaN); `numeric="text"` decodes every numeric as its exact PostgreSQL text.
+    `numeric="decimal"` decodes numeric(p,s), p <= 38, as decimal128; `numeric="text"` decodes every numeric as
+    its exact PostgreSQL text. `column_types` ("schema.table.column" -> "text" | "raw") overrides single
+    columns: "text" keeps PostgreSQL's text of every value, "raw" the values as sent (string for UTF-8 text,
+    binary otherwise), whatever `typed` says for the others.
     """
+    n = len(relation.columns)
+    specs = list(_declared_specs(relation, types, catalog, typed, numeric))
+    if column_types:
+        prefix = f"{relation.namespace}.{relation.name}."
+        for i, col in enumerate(relation.columns):
+            choice = column_types.get(prefix + col.name)
+            if choice == "text":
+                specs[i] = text_column_spec(relation, i, types, catalog)
+            elif choice == "raw":
+                specs[i] = ColumnSpec(RAW, "raw", None)
+    return tuple(specs)
+
+
+def _declared_specs(relation: Relation, types: Mapping[int, tuple[str, str]], catalog: TypeCatalog | None,
+                    typed: bool, numeric: str) -> tuple[ColumnSpec, ...]:
     n = len(relation.columns)
     if not typed:
         return tuple(ColumnSpec(RAW, "raw", None) for _ in range(n))
-    pairs: Sequence[tuple[int, int]] | None
-    if all(c.type_oid is not None for c in relation.columns):
-        pairs = [(c.type_oid or 0, c.type_modifier if c.type_modifier is not None else -1) for c in relation.columns]
-    elif catalog is not None:
-        pairs = catalog.column_types(relation)
-    else:
-        pairs = None
+    pairs = _column_pairs(relation, catalog)
     if pairs is None:
         return tuple(ColumnSpec(RAW, "unknown", None) for _ in range(n))
     if len(pairs) != n:

@@ -8,7 +8,11 @@ SPECIAL_DECIMAL = 4      # NaN or ±Infinity in a numeric(p,s) column decoded as
 OUT_OF_RANGE = 5         # a valid value that does not fit the Arrow type
 INVALID_UTF8 = 6         # text that is not UTF-8
 BYTE_ORDER_UNKNOWN = 7   # an internal datum, but the startup message did not say the server's byte order
+LOWER_BOUND = 9          # a one-dimensional array whose lower bound is not 1 (a list has no bounds)
+TOO_LARGE = 8            # the value alone takes its column past Arrow's 32-bit offsets (2 GiB - 1 bytes) in a batch
 NO_TEXT_FORM = 16        # a binary value holding a value of a type whose send format is unknown (no text form)
+
+OFFSET_LIMIT = 0x7FFFFFFF  # most bytes (elements, for lists) a variable-length column holds in one batch
 
 _FORMATS = {0x74: "text", 0x62: "binary", 0x69: "internal"}
 
@@ -21,10 +25,14 @@ def value_problem(code: int, fmt: int, raw: bytes, type_name: str) -> str:
         return (f"internal-format value of type {type_name} cannot be decoded safely: request the binary "
                 f"format (binary.want_binary_basetypes) or use types='raw'")
     if code == MULTIDIMENSIONAL:
-        return f"multi-dimensional {form} array value of type {type_name} is not supported (use types='raw')"
+        return (f"multi-dimensional {form} array value of type {type_name} has no list form "
+                f"(on_unrepresentable='text' keeps the column as PostgreSQL's text)")
+    if code == LOWER_BOUND:
+        return (f"{form} array value of type {type_name} has a lower bound other than 1, which a list cannot keep "
+                f"(on_unrepresentable='text' keeps the column as PostgreSQL's text)")
     if code == SPECIAL_DECIMAL:
         return (f"NaN or infinite value in a {type_name} column has no decimal128 form "
-                f"(use numeric without a type modifier, or types='raw')")
+                f"(on_unrepresentable='text' keeps the column as PostgreSQL's text)")
     if code == OUT_OF_RANGE:
         return f"{form} value {shown!r} is out of range for {type_name}"
     if code == INVALID_UTF8:
@@ -32,6 +40,9 @@ def value_problem(code: int, fmt: int, raw: bytes, type_name: str) -> str:
     if code == BYTE_ORDER_UNKNOWN:
         return (f"internal-format value of type {type_name} needs the server's byte order "
                 f"(binary.bigendian in the startup message)")
+    if code == TOO_LARGE:
+        return (f"{form} value of type {type_name} does not fit one batch: its column's data would pass "
+                f"{OFFSET_LIMIT} bytes, the limit of Arrow's 32-bit offsets")
     if code == NO_TEXT_FORM:
         return (f"{form} value of type {type_name} holds a value of a type whose binary format is unknown "
                 f"(stream this table in the text format, or use types='raw')")

@@ -74,6 +74,12 @@ cdef object own(Buf* b, Py_ssize_t size):
     return pa.py_buffer(o)
 
 
+cdef inline void clear_tail_bits(Buf* b, Py_ssize_t n) noexcept:
+    """Zero the bits after the first `n` of a bitmap's last byte (they reach IPC streams and spill files)."""
+    if b.data != NULL and (n & 7):
+        b.data[n >> 3] &= <char>((1 << (n & 7)) - 1)
+
+
 cdef Py_ssize_t count_nulls(const char* bits, Py_ssize_t n) noexcept:
     cdef Py_ssize_t i, valid = 0
     cdef Py_ssize_t whole = n >> 3

@@ -1,5 +1,5 @@
 """Type description of the decoder; spockwire.wire._decoder (Cython) and _decoder_py (pure Python) both follow it."""
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from ..model import ChangeBatch, LogicalMessage, Relation, Truncate
 from ..values.catalog import TypeCatalog
@@ -8,6 +8,7 @@ IMPLEMENTATION: Literal["c", "python"]
 PROTOCOLS: tuple[str, str, str]
 DEFAULT_BATCH_ROWS: int
 MAX_BATCH_BYTES: int
+UNREPRESENTABLE_CHOICES: tuple[str, str]
 
 class Decoder:
     protocol: str
@@ -24,7 +25,11 @@ class Decoder:
         numeric: Literal["decimal", "text"] = "decimal",
         spill_bytes: int = ...,
         spill_dir: str | None = None,
+        on_unrepresentable: Literal["text", "error"] = "text",
+        column_types: Mapping[str, Literal["text", "raw"]] | None = None,
     ) -> None: ...
+    on_unrepresentable: str
+    column_types: dict[str, str]
     @property
     def committed_lsn(self) -> int: ...
     @property

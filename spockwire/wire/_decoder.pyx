@@ -17,7 +17,7 @@ from ..errors import FrameError, ProtocolError, protocol_error, truncated
 from ..export.arrow import finish_batch
 from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_EPOCH_OFFSET_US, \
     pg_timestamp_to_datetime
-from ..values.catalog import column_specs
+from ..values.catalog import check_column_types, column_specs, switches_to_text, text_column_spec
 from ..values.failures import value_problem
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
@@ -61,6 +61,20 @@ cdef int64_t _EPOCH = PG_EPOCH_OFFSET_US
 _TS_TYPE = pa.timestamp("us", tz="UTC")
 
 
+class _BatchFull(Exception):
+    """Internal: the row message must start a new batch (see Decoder._row_message)."""
+
+
+class _Unrepresentable(Exception):
+    """Internal: a valid value its column's Arrow type cannot hold; the column switches to text."""
+
+    def __init__(self, column):
+        self.column = column
+
+
+UNREPRESENTABLE_CHOICES = ("text", "error")
+
+
 # ---------------------------------------------------------------------------------------------- builder
 cdef class _Builder:
     """Rows of one relation version in Arrow-layout buffers, reserved ahead and grown geometrically."""
@@ -70,6 +84,8 @@ cdef class _Builder:
     cdef public Py_ssize_t ncols
     cdef public Py_ssize_t nrows
     cdef public Py_ssize_t committed
+    cdef Py_ssize_t msg_mark       # rows before the row message being decoded
+    cdef bint full                 # closed early: a message's values would not fit with the rows already here
     cdef Py_ssize_t cap_rows
     cdef Py_ssize_t initial_rows   # first reservation: 256 rows, fewer for very wide relations
     cdef readonly int64_t nbytes
@@ -176,6 +192,7 @@ cdef class _Builder:
             nidx = (<int32_t*>self.toast_off.data)[n]
             toast_off = pa.Array.from_buffers(pa.int32(), n + 1, [None, own(&self.toast_off, (n + 1) * 4)])
             toast_idx = pa.Array.from_buffers(pa.uint16(), nidx, [None, own(&self.toast_idx, nidx * 2)])
+            clear_tail_bits(&self.toast_valid, n)
             valid = pa.Array.from_buffers(pa.bool_(), n, [None, own(&self.toast_valid, (n + 7) >> 3)])
             toast_mask = pc.invert(valid)
         else:
@@ -384,6 +401,9 @@ cdef class Decoder:
     cdef _RelInfo last_info
     cdef bint typed
     cdef str numeric
+    cdef readonly str on_unrepresentable
+    cdef bint fallback_text
+    cdef readonly dict column_types
     cdef int64_t spill_bytes
     cdef object spill_dir
     cdef readonly object type_catalog
@@ -392,7 +412,13 @@ cdef class Decoder:
 
     def __init__(self, str protocol="pgoutput", *, proto_version=None, Py_ssize_t batch_rows=DEFAULT_BATCH_ROWS,
                  str types="typed", type_catalog=None, str numeric="decimal",
-                 int64_t spill_bytes=DEFAULT_SPILL_BYTES, spill_dir=None):
+                 int64_t spill_bytes=DEFAULT_SPILL_BYTES, spill_dir=None, str on_unrepresentable="text",
+                 column_types=None):
+        if on_unrepresentable not in UNREPRESENTABLE_CHOICES:
+            raise ValueError(f"on_unrepresentable must be 'text' or 'error', got {on_unrepresentable!r}")
+        self.on_unrepresentable = on_unrepresentable
+        self.fallback_text = on_unrepresentable == "text"
+        self.column_types = check_column_types(column_types)
         self.spill_bytes = spill_bytes
         self.spill_dir = spill_dir
         if types not in ("typed", "raw"):
@@ -825,7 +851,7 @@ cdef class Decoder:
         self.versions[relid] = version
         rel = Relation(relid, nsp, name, cols, ident, version)
         cdef _RelInfo info = _RelInfo.__new__(_RelInfo)
-        info.specs = column_specs(rel, self.types, self.type_catalog, self.typed, self.numeric)
+        info.specs = column_specs(rel, self.types, self.type_catalog, self.typed, self.numeric, self.column_types)
         self.relations[relid] = rel
         info.relation = rel
         info.ncols = len(cols)
@@ -833,6 +859,27 @@ cdef class Decoder:
         self.infos[relid] = info
         if self.last_info is not None and self.last_relid == relid:
             self.last_info = None
+
+    cdef _RelInfo _switch_to_text(self, _RelInfo previous, Py_ssize_t column):
+        """A new version of the relation whose `column` keeps PostgreSQL's text of every value from now on; the
+        rows of the previous version close first, as for a Relation message sent again."""
+        self._close_builders_of(previous)
+        old = previous.relation
+        version = self.versions.get(old.relid, 0) + 1
+        self.versions[old.relid] = version
+        rel = Relation(old.relid, old.namespace, old.name, old.columns, old.replica_identity, version)
+        cdef _RelInfo info = _RelInfo.__new__(_RelInfo)
+        specs = list(previous.specs)
+        specs[column] = text_column_spec(rel, column, self.types, self.type_catalog)
+        info.specs = tuple(specs)
+        info.relation = rel
+        info.ncols = previous.ncols
+        info.builder = None
+        self.relations[old.relid] = rel
+        self.infos[old.relid] = info
+        self.last_info = info
+        self.last_relid = old.relid
+        return info
 
     cdef int _close_builders_of(self, _RelInfo info) except -1:
         """A relation is described again: the rows of its previous version that open streamed or prepared
@@ -880,7 +927,7 @@ cdef class Decoder:
         cdef _Builder b
         if txn.kind == PLAIN:
             b = info.builder
-            if b is not None and (b.nrows >= self.batch_rows or b.nbytes >= _MAX_BATCH_BYTES):
+            if b is not None and (b.nrows >= self.batch_rows or b.nbytes >= _MAX_BATCH_BYTES or b.full):
                 self._flush_shared()
                 b = None
             if b is None:
@@ -890,7 +937,7 @@ cdef class Decoder:
         else:
             key = id(info)
             b = txn.builders.get(key)
-            if b is not None and (b.nrows >= self.batch_rows or b.nbytes >= _MAX_BATCH_BYTES):
+            if b is not None and (b.nrows >= self.batch_rows or b.nbytes >= _MAX_BATCH_BYTES or b.full):
                 self._pend_rows(txn, b, 0, b.nrows)
                 b = None
             if b is None:
@@ -914,30 +961,60 @@ cdef class Decoder:
                 raise_bad(c, c.pos - 4, f"row for relation {relid}, which was never described")
             self.last_info = info
             self.last_relid = relid
+        cdef Py_ssize_t body = c.pos
+        cdef int64_t mark_bytes
         b = self._builder(txn, info)
-        mark = b.nrows
-        try:
-            if t == 0x49:
-                expect(c, 0x4E, "the new tuple marker")
-                self._tuple(c, b, txn, INSERT, sub, txn.seq)
-            elif t == 0x55:
-                get_u8(c, &kind, "the tuple marker")
-                if kind == 0x4B or kind == 0x4F:
-                    self._tuple(c, b, txn, UPDATE_PRE, sub, txn.seq)
-                    expect(c, 0x4E, "the new tuple marker")
-                elif kind != 0x4E:
-                    raise_bad(c, c.pos - 1, f"expected 'K', 'O' or 'N' tuple marker, got {type_name(kind)!r}")
-                self._tuple(c, b, txn, UPDATE_POST, sub, txn.seq + b.nrows - mark)
-            else:
-                get_u8(c, &kind, "the tuple marker")
-                if kind != 0x4B and kind != 0x4F:
-                    raise_bad(c, c.pos - 1, f"expected 'K' or 'O' tuple marker, got {type_name(kind)!r}")
-                self._tuple(c, b, txn, DELETE, sub, txn.seq)
-            done(c)
-        except ProtocolError:
-            b.nrows = mark
-            raise
+        while True:
+            mark = b.nrows
+            mark_bytes = b.nbytes
+            b.msg_mark = mark
+            try:
+                self._row_body(c, t, b, txn, sub, mark)
+            except _BatchFull:
+                # the message's values would take a column past Arrow's 32-bit offsets together with the rows
+                # already in this batch: those rows close as a batch and the message is decoded again, alone
+                b.nrows = mark
+                b.nbytes = mark_bytes
+                b.full = True
+                c.pos = body
+                b = self._builder(txn, info)
+                continue
+            except _Unrepresentable as u:
+                # a valid value its column's type cannot hold: the column becomes text under a new version of
+                # the relation and the message is decoded again with it
+                b.nrows = mark
+                b.nbytes = mark_bytes
+                info = self._switch_to_text(info, u.column)
+                c.pos = body
+                b = self._builder(txn, info)
+                continue
+            except ProtocolError:
+                b.nrows = mark
+                raise
+            break
         txn.advance(sub, b.nrows - mark)
+        return 0
+
+    cdef int _row_body(self, Cur* c, uint8_t t, _Builder b, _Txn txn, uint32_t sub, Py_ssize_t mark) except -1:
+        """The tuples of an INSERT, UPDATE or DELETE after the relation id."""
+        cdef uint8_t kind
+        if t == 0x49:
+            expect(c, 0x4E, "the new tuple marker")
+            self._tuple(c, b, txn, INSERT, sub, txn.seq)
+        elif t == 0x55:
+            get_u8(c, &kind, "the tuple marker")
+            if kind == 0x4B or kind == 0x4F:
+                self._tuple(c, b, txn, UPDATE_PRE, sub, txn.seq)
+                expect(c, 0x4E, "the new tuple marker")
+            elif kind != 0x4E:
+                raise_bad(c, c.pos - 1, f"expected 'K', 'O' or 'N' tuple marker, got {type_name(kind)!r}")
+            self._tuple(c, b, txn, UPDATE_POST, sub, txn.seq + b.nrows - mark)
+        else:
+            get_u8(c, &kind, "the tuple marker")
+            if kind != 0x4B and kind != 0x4F:
+                raise_bad(c, c.pos - 1, f"expected 'K' or 'O' tuple marker, got {type_name(kind)!r}")
+            self._tuple(c, b, txn, DELETE, sub, txn.seq)
+        done(c)
         return 0
 
     cdef int _tuple(self, Cur* c, _Builder b, _Txn txn, int8_t change, uint32_t sub, int64_t seq) except -1:
@@ -956,6 +1033,7 @@ cdef class Decoder:
         cdef Py_ssize_t vat               # where the value starts in the message
         cdef unsigned char bit = 1 << (row & 7)
         cdef Py_ssize_t byte = row >> 3
+        global appended
         if native:
             expect(c, 0x54, "the tuple block")
         get_u16(c, &natts, "the tuple column count")
@@ -1000,7 +1078,6 @@ cdef class Decoder:
                                           b.names[i])
                         p = converted
                         n = len(converted)
-                b.nbytes += n
                 if col.kind == K_RAW or col.kind == K_OTHER:
                     if kind != 0x74 or not sw_utf8_valid(<const unsigned char*>p, n):
                         col.marks.data[byte] |= bit
@@ -1008,17 +1085,24 @@ cdef class Decoder:
                         col.marks.data[byte] &= ~bit
                     off = <int32_t*>col.offsets.data
                     pos = off[row]
+                    if pos + <Py_ssize_t>n > OFFSET_LIMIT:
+                        self._value_failed(c, b, vat, F_TOO_LARGE, kind, p, n, i)
                     if pos + <Py_ssize_t>n > col.data.cap:
                         buf_grow(&col.data, pos + n)
                     if n:
                         memcpy(col.data.data + pos, p, n)
                     off[row + 1] = <int32_t>(pos + n)
                     col.validity.data[byte] |= bit
+                    b.nbytes += n
                 else:
+                    appended = 0
                     rc = append_value(col, row, kind, p, n, self.internal_order)
                     if rc:
-                        raise_bad(c, vat, value_problem(rc, kind, p[:n], b.specs[i].type_name), i,
-                                  b.names[i])
+                        self._value_failed(c, b, vat, rc, kind, p, n, i)
+                    # output bytes count too: an expanding kernel (binary numeric to text) closes batches as well
+                    b.nbytes += n if <Py_ssize_t>n >= appended else appended
+                if b.nbytes > OFFSET_LIMIT and b.msg_mark > 0:
+                    raise _BatchFull()
             elif kind == 0x6E or kind == 0x75:  # n u
                 set_null(col, row)
                 if kind == 0x75:
@@ -1043,6 +1127,16 @@ cdef class Decoder:
             b.toast_valid.data[byte] &= ~bit
         b.nrows = row + 1
         return 0
+
+    cdef int _value_failed(self, Cur* c, _Builder b, Py_ssize_t at, int rc, uint8_t kind, const char* p,
+                           uint32_t n, Py_ssize_t i) except -1:
+        """A value failed: a batch-full signal when rows before the message can close first, a switch to text
+        for a valid value the column's Arrow type cannot hold, else the error."""
+        if rc == F_TOO_LARGE and b.msg_mark > 0:
+            raise _BatchFull()
+        if self.fallback_text and switches_to_text(rc, b.specs[i]):
+            raise _Unrepresentable(i)
+        raise_bad(c, at, value_problem(rc, kind, p[:n], b.specs[i].type_name), i, b.names[i])
 
     cdef int _truncate(self, Cur* c, uint32_t nrels, uint8_t flags, uint32_t sub) except -1:
         cdef _Txn txn = self._current(c)

@@ -16,8 +16,9 @@ from ..export.arrow import finish_batch
 from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_EPOCH_OFFSET_US, \
     pg_timestamp_to_datetime
 from ..values._convert_py import ValueFailure, build_array, decode_value
-from ..values.catalog import ColumnSpec, column_specs
-from ..values.failures import value_problem
+from ..values.catalog import ARRAY, BYTEA, CHAR, ENUM, JSON, JSONB, NUMERIC_TEXT, OTHER, PGTEXT, RAW, TEXT, \
+    TIMETZ, ColumnSpec, check_column_types, column_specs, switches_to_text, text_column_spec
+from ..values.failures import OFFSET_LIMIT, TOO_LARGE, value_problem
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
@@ -44,8 +45,50 @@ MAX_TXN_TS = 252_455_615_999_999_999
 
 #: rows in one batch at most (a batch is closed and a new one started beyond it)
 DEFAULT_BATCH_ROWS = 1 << 18
-#: value bytes in one batch at most (keeps Arrow's 32-bit offsets safe: a PostgreSQL value is at most 1 GiB)
+#: value bytes in one batch at most: per value, the larger of its wire bytes and the bytes it adds to a
+#: variable-length column (binary numeric decoded to text can expand ten thousand fold). A message whose values
+#: would take a column past Arrow's 32-bit offsets (OFFSET_LIMIT) with the rows already in the batch starts a new one.
 MAX_BATCH_BYTES = 1 << 30
+
+# kinds whose text can be longer than the binary or internal form it is made from
+_EXPANDING = frozenset((NUMERIC_TEXT, TIMETZ, CHAR))
+_VARLEN = frozenset((RAW, OTHER, TEXT, JSON, JSONB, BYTEA, NUMERIC_TEXT, TIMETZ, ENUM, CHAR, PGTEXT))
+
+
+class _BatchFull(Exception):
+    """Internal: the row message must start a new batch (see Decoder._row_message)."""
+
+
+class _Unrepresentable(Exception):
+    """Internal: a valid value its column's Arrow type cannot hold; the column switches to text."""
+
+    def __init__(self, column: int) -> None:
+        self.column = column
+
+
+UNREPRESENTABLE_CHOICES = ("text", "error")
+
+
+def _output_bytes(spec: ColumnSpec, value: Any) -> int:
+    """Bytes a binary or internal value of a kind rendered to text adds to its column (0 for other kinds)."""
+    if spec.kind in _EXPANDING:
+        return len(value)                       # these texts are ASCII
+    if spec.kind == PGTEXT:
+        return len(value.encode("utf-8"))
+    if spec.kind == ARRAY and spec.element.kind in _EXPANDING:
+        return sum(len(e) for e in value if e is not None)
+    return 0
+
+
+def _column_size(spec: ColumnSpec, values: list[Any]) -> int:
+    """What a column's Arrow offsets would have to count: data bytes, or elements and element bytes of a list."""
+    if spec.kind == ARRAY:
+        elements = sum(len(v) for v in values if v is not None)
+        flat = [e for v in values if v is not None for e in v]
+        return max(elements, _column_size(spec.element, flat))
+    if spec.kind not in _VARLEN:
+        return 0
+    return sum(len(v.encode("utf-8")) if isinstance(v, str) else len(v) for v in values if v is not None)
 
 # transaction kinds
 _PLAIN, _STREAM, _PREPARED = 0, 1, 2
@@ -165,7 +208,7 @@ class _Builder:
     """Rows of one relation version, column by column (the twin keeps Python lists; C keeps Arrow buffers)."""
 
     __slots__ = ("relation", "specs", "ncols", "change", "lsn", "ts", "xid", "seq", "origin", "toast", "subxid",
-                 "values", "marks", "committed", "nbytes")
+                 "values", "marks", "committed", "nbytes", "msg_mark", "full")
 
     def __init__(self, relation: Relation, specs: tuple[ColumnSpec, ...]) -> None:
         self.relation = relation
@@ -185,6 +228,8 @@ class _Builder:
         self.marks: list[list[bool] | None] | None = None
         self.committed = 0
         self.nbytes = 0
+        self.msg_mark = 0       # rows before the row message being decoded
+        self.full = False       # closed early: a message's values would not fit with the rows already here
 
     @property
     def nrows(self) -> int:
@@ -309,7 +354,12 @@ class Decoder:
     def __init__(self, protocol: str = "pgoutput", *, proto_version: int | None = None,
                  batch_rows: int = DEFAULT_BATCH_ROWS, types: str = "typed", type_catalog: Any = None,
                  numeric: str = "decimal", spill_bytes: int = DEFAULT_SPILL_BYTES,
-                 spill_dir: str | None = None) -> None:
+                 spill_dir: str | None = None, on_unrepresentable: str = "text",
+                 column_types: dict[str, str] | None = None) -> None:
+        if on_unrepresentable not in UNREPRESENTABLE_CHOICES:
+            raise ValueError(f"on_unrepresentable must be 'text' or 'error', got {on_unrepresentable!r}")
+        self.on_unrepresentable = on_unrepresentable
+        self.column_types = check_column_types(column_types)
         self._spill_bytes = spill_bytes
         self._spill_dir = spill_dir
         if types not in ("typed", "raw"):
@@ -693,8 +743,23 @@ class Decoder:
         version = self._versions.get(relid, 0) + 1
         self._versions[relid] = version
         rel = Relation(relid, nsp, name, cols, ident, version)
-        self._specs[id(rel)] = column_specs(rel, self.types, self.type_catalog, self._typed, self._numeric)
+        self._specs[id(rel)] = column_specs(rel, self.types, self.type_catalog, self._typed, self._numeric,
+                                            self.column_types)
         self.relations[relid] = rel
+
+    def _switch_to_text(self, previous: Relation, column: int) -> Relation:
+        """A new version of the relation whose `column` keeps PostgreSQL's text of every value from now on; the
+        rows of the previous version close first, as for a Relation message sent again."""
+        self._close_builders_of(previous)
+        version = self._versions.get(previous.relid, 0) + 1
+        self._versions[previous.relid] = version
+        rel = Relation(previous.relid, previous.namespace, previous.name, previous.columns,
+                       previous.replica_identity, version)
+        specs = list(self._specs[id(previous)])
+        specs[column] = text_column_spec(rel, column, self.types, self.type_catalog)
+        self._specs[id(rel)] = tuple(specs)
+        self.relations[previous.relid] = rel
+        return rel
 
     def _close_builders_of(self, relation: Relation) -> None:
         """A relation is described again: the rows of its previous version that open streamed or prepared
@@ -735,14 +800,14 @@ class Decoder:
     def _builder(self, txn: _Txn, rel: Relation) -> _Builder:
         if txn.kind == _PLAIN:
             b = self._shared.get(id(rel))
-            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES):
+            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES or b.full):
                 self._flush_shared()
                 b = None
             if b is None:
                 b = self._shared[id(rel)] = _Builder(rel, self._specs[id(rel)])
         else:
             b = txn.builders.get(id(rel))
-            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES):
+            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES or b.full):
                 self._pend_rows(txn, b, 0, b.nrows)
                 b = None
             if b is None:
@@ -755,32 +820,59 @@ class Decoder:
         rel = self.relations.get(relid)
         if rel is None:
             raise protocol_error(r.mtype, r.pos - 4, f"row for relation {relid}, which was never described")
+        body = r.pos
         b = self._builder(txn, rel)
-        mark = b.nrows
-        try:
-            if t == 0x49:
-                r.expect(0x4E, "the new tuple marker")
-                self._tuple(r, b, txn, INSERT, sub, txn.seq)
-            elif t == 0x55:
-                kind = r.u8("the tuple marker")
-                if kind in (0x4B, 0x4F):
-                    self._tuple(r, b, txn, UPDATE_PRE, sub, txn.seq)
-                    r.expect(0x4E, "the new tuple marker")
-                elif kind != 0x4E:
-                    raise protocol_error(r.mtype, r.pos - 1,
-                                         f"expected 'K', 'O' or 'N' tuple marker, got {_type_name(kind)!r}")
-                self._tuple(r, b, txn, UPDATE_POST, sub, txn.seq + b.nrows - mark)
-            else:
-                kind = r.u8("the tuple marker")
-                if kind not in (0x4B, 0x4F):
-                    raise protocol_error(r.mtype, r.pos - 1,
-                                         f"expected 'K' or 'O' tuple marker, got {_type_name(kind)!r}")
-                self._tuple(r, b, txn, DELETE, sub, txn.seq)
-            r.done()
-        except ProtocolError:
-            b.truncate_to(mark)
-            raise
+        while True:
+            mark = b.nrows
+            mark_bytes = b.nbytes
+            b.msg_mark = mark
+            try:
+                self._row_body(r, t, b, txn, sub, mark)
+            except _BatchFull:
+                # the message's values would take a column past Arrow's 32-bit offsets together with the rows
+                # already in this batch: those rows close as a batch and the message is decoded again, alone
+                b.truncate_to(mark)
+                b.nbytes = mark_bytes
+                b.full = True
+                r.pos = body
+                b = self._builder(txn, rel)
+                continue
+            except _Unrepresentable as u:
+                # a valid value its column's type cannot hold: the column becomes text under a new version of
+                # the relation and the message is decoded again with it
+                b.truncate_to(mark)
+                b.nbytes = mark_bytes
+                rel = self._switch_to_text(rel, u.column)
+                r.pos = body
+                b = self._builder(txn, rel)
+                continue
+            except ProtocolError:
+                b.truncate_to(mark)
+                raise
+            break
         txn.advance(sub, b.nrows - mark)
+
+    def _row_body(self, r: _Reader, t: int, b: _Builder, txn: _Txn, sub: int, mark: int) -> None:
+        """The tuples of an INSERT, UPDATE or DELETE after the relation id."""
+        if t == 0x49:
+            r.expect(0x4E, "the new tuple marker")
+            self._tuple(r, b, txn, INSERT, sub, txn.seq)
+        elif t == 0x55:
+            kind = r.u8("the tuple marker")
+            if kind in (0x4B, 0x4F):
+                self._tuple(r, b, txn, UPDATE_PRE, sub, txn.seq)
+                r.expect(0x4E, "the new tuple marker")
+            elif kind != 0x4E:
+                raise protocol_error(r.mtype, r.pos - 1,
+                                     f"expected 'K', 'O' or 'N' tuple marker, got {_type_name(kind)!r}")
+            self._tuple(r, b, txn, UPDATE_POST, sub, txn.seq + b.nrows - mark)
+        else:
+            kind = r.u8("the tuple marker")
+            if kind not in (0x4B, 0x4F):
+                raise protocol_error(r.mtype, r.pos - 1,
+                                     f"expected 'K' or 'O' tuple marker, got {_type_name(kind)!r}")
+            self._tuple(r, b, txn, DELETE, sub, txn.seq)
+        r.done()
 
     def _tuple(self, r: _Reader, b: _Builder, txn: _Txn, change: int, sub: int, seq: int) -> None:
         native = self._proto != _PGOUTPUT
@@ -824,17 +916,28 @@ class Decoder:
                         except UnicodeDecodeError:
                             raise protocol_error(r.mtype, start, "text value is not valid "
                                                  f"{encoding_name(self._codec)}", i, name) from None
-                b.nbytes += len(v)
                 spec = specs[i]
                 if b.marks[i] is not None:
                     values[i].append(v)
                     b.marks[i].append(kind != 0x74 or not _is_utf8(v))
+                    b.nbytes += len(v)
                 else:
                     try:
-                        values[i].append(decode_value(spec, kind, v, self._big_endian))
+                        value = decode_value(spec, kind, v, self._big_endian)
                     except ValueFailure as failure:
+                        if self.on_unrepresentable == "text" and switches_to_text(failure.code, spec):
+                            raise _Unrepresentable(i) from None
                         raise protocol_error(r.mtype, start, value_problem(failure.code, kind, v, spec.type_name),
                                              i, name) from None
+                    values[i].append(value)
+                    # output bytes count too: an expanding kernel (binary numeric to text) closes batches as well
+                    b.nbytes += max(len(v), _output_bytes(spec, value)) if kind != 0x74 else len(v)
+                if b.nbytes > OFFSET_LIMIT:
+                    if b.msg_mark > 0:
+                        raise _BatchFull()
+                    if _column_size(spec, values[i]) > OFFSET_LIMIT:
+                        raise protocol_error(r.mtype, start, value_problem(TOO_LARGE, kind, v, spec.type_name),
+                                             i, name)
             else:
                 raise protocol_error(r.mtype, r.pos - 1, f"unknown value kind {_type_name(kind)!r}", i, name)
         b.change.append(change)

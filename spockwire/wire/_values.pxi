@@ -7,7 +7,7 @@ from cpython.ref cimport PyObject, Py_XINCREF, Py_XDECREF
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memmove
 
-from ..values._convert_py import ValueFailure
+from ..values._convert_py import INTERNAL_SEND_SIZES, ValueFailure
 
 cdef extern from "Python.h":
     double PyOS_string_to_double(const char* s, char** endptr, PyObject* overflow_exception) except? -1.0
@@ -51,6 +51,8 @@ cdef enum:
     F_OUT_OF_RANGE = 5
     F_INVALID_UTF8 = 6
     F_BYTE_ORDER_UNKNOWN = 7
+    F_TOO_LARGE = 8
+    F_LOWER_BOUND = 9
 
 cdef int64_t I64_MAX = 0x7FFFFFFFFFFFFFFF
 cdef uint64_t U64_MAX = 18446744073709551615
@@ -60,6 +62,13 @@ cdef int32_t I32_MIN = -I32_MAX - 1
 cdef int64_t US_PER_DAY = 86400000000
 cdef int64_t UNIX_US_2000 = 946684800000000
 cdef int32_t UNIX_DAYS_2000 = 10957
+
+# Arrow's string, binary and list offsets are int32: a column's data in one batch never passes this many bytes
+# (elements, for lists). Every variable-length append checks it and fails with F_TOO_LARGE instead of wrapping.
+cdef Py_ssize_t OFFSET_LIMIT = 0x7FFFFFFF
+# Bytes appended to variable-length buffers by the value being decoded (the decoder resets it per value and counts
+# max(wire bytes, appended bytes) toward the batch limit, so expanding kernels close batches too).
+cdef Py_ssize_t appended = 0
 
 
 cdef struct ColBuf:
@@ -148,8 +157,12 @@ cdef int col_reserve(ColBuf* col, Py_ssize_t count) except -1:
 
 
 cdef inline int var_append(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    global appended
     cdef int32_t* off = <int32_t*>col.offsets.data
     cdef Py_ssize_t pos = off[idx]
+    if pos + n > OFFSET_LIMIT:
+        return F_TOO_LARGE
+    appended += n
     if pos + n > col.data.cap:
         buf_grow(&col.data, pos + n)
     if n:
@@ -698,6 +711,7 @@ cdef int text_uuid(const char* p, Py_ssize_t n, unsigned char* out) noexcept nog
 
 
 cdef int text_bytea(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    global appended
     cdef int32_t* off = <int32_t*>col.offsets.data
     cdef Py_ssize_t pos = off[idx], i, k = 0
     cdef int hi, lo
@@ -716,7 +730,10 @@ cdef int text_bytea(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) ex
             col.data.data[pos + k] = <char>(hi * 16 + lo)
             k += 1
             i += 2
+        if pos + k > OFFSET_LIMIT:
+            return F_TOO_LARGE
         off[idx + 1] = <int32_t>(pos + k)
+        appended += k
         return 0
     if pos + n > col.data.cap:
         buf_grow(&col.data, pos + n)
@@ -737,7 +754,10 @@ cdef int text_bytea(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) ex
             i += 4
         else:
             return F_INVALID
+    if pos + k > OFFSET_LIMIT:    # the escape form never grows, so only the result is checked
+        return F_TOO_LARGE
     off[idx + 1] = <int32_t>(pos + k)
+    appended += k
     return 0
 
 
@@ -748,6 +768,7 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
     cdef int rc
     cdef char* tmp
     cdef Py_ssize_t tlen
+    cdef bint shifted = False     # a lower bound other than 1: a list cannot keep it
     if n > 0 and p[0] == 91:  # [lb:ub]= decoration
         close = -1
         for j in range(n):
@@ -760,6 +781,7 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
             return F_MULTIDIMENSIONAL
         if not bounds_decoration(p, close + 2, n):
             return F_INVALID
+        shifted = not (p[1] == 49 and p[2] == 58)
         i = close + 2
     if i >= n or p[i] != 123:
         return F_INVALID
@@ -767,6 +789,8 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
     if i < n and p[i] == 125:
         if i + 1 != n:
             return F_INVALID
+        if shifted:
+            return F_LOWER_BOUND
         off[idx + 1] = <int32_t>count
         return 0
     while True:
@@ -774,6 +798,8 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
             return F_INVALID
         if p[i] == 123:
             return F_MULTIDIMENSIONAL
+        if count + 1 > OFFSET_LIMIT:
+            return F_TOO_LARGE
         col_reserve(child, count + 1)
         if p[i] == 34:  # quoted
             i += 1
@@ -832,6 +858,8 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
             i += 1
             continue
         if p[i] == 125 and i + 1 == n:
+            if shifted:
+                return F_LOWER_BOUND
             off[idx + 1] = <int32_t>count
             return 0
         return F_INVALID
@@ -886,6 +914,8 @@ cdef int binary_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, 
             return F_INVALID
         length = sw_load_i32(p + pos)
         pos += 4
+        if count + 1 > OFFSET_LIMIT:
+            return F_TOO_LARGE
         col_reserve(child, count + 1)
         if length == -1:
             set_null(child, count)
@@ -900,6 +930,8 @@ cdef int binary_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, 
         count += 1
     if pos != n:
         return F_INVALID
+    if sw_load_i32(p + 16) != 1:
+        return F_LOWER_BOUND
     off[idx + 1] = <int32_t>count
     return 0
 
@@ -1016,9 +1048,19 @@ cdef int binary_numeric_text(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssiz
             s[length] = 48
             length += 1
         else:
-            for k in range(weight + 1):
-                d = <int>sw_load_u16(p + 8 + 2 * k) if k < ndigits else 0
-                length += snprintf(s + length, cap - length, b"%d" if k == 0 else b"%04d", d)
+            d = <int>sw_load_u16(p + 8) if ndigits > 0 else 0
+            length += snprintf(s + length, cap - length, b"%d", d)
+            for k in range(1, min(<int>ndigits, weight + 1)):
+                d = <int>sw_load_u16(p + 8 + 2 * k)
+                s[length] = <char>(48 + d // 1000)
+                s[length + 1] = <char>(48 + d // 100 % 10)
+                s[length + 2] = <char>(48 + d // 10 % 10)
+                s[length + 3] = <char>(48 + d % 10)
+                length += 4
+            k = weight + 1 - max(<int>ndigits, 1)
+            if k > 0:    # groups past the stored digits are zero
+                memset(s + length, 48, 4 * k)
+                length += 4 * k
         if dscale > 0:
             s[length] = 46
             length += 1
@@ -1031,10 +1073,10 @@ cdef int binary_numeric_text(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssiz
                     if j * 4 + rc < dscale:
                         s[length] = tmp[rc]
                         length += 1
-        var_append(col, idx, s, length)
+        rc = var_append(col, idx, s, length)
     finally:
         free(s)
-    return 0
+    return rc
 
 
 cdef int timetz_text(ColBuf* col, Py_ssize_t idx, int64_t us, int32_t zone) except -1:
@@ -1126,6 +1168,22 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
     cdef int64_t d64
     cdef float f4
     cdef double f8
+    cdef char swapped[8]
+    cdef int k
+    if kind == K_PGTEXT:
+        # a column kept as text: the datum of a by-value type is its send form in the server's byte order
+        size = INTERNAL_SEND_SIZES.get(col.type_oid, 0)
+        if size == 0 or col.render == NULL:
+            return F_INTERNAL_UNSUPPORTED
+        if order < 0 and size != 1 and size != 16:
+            return F_BYTE_ORDER_UNKNOWN
+        if n != size:
+            return F_INVALID
+        if order == 0 and size != 1 and size != 16:
+            for k in range(size):
+                swapped[k] = p[size - 1 - k]
+            return render_text(col, idx, swapped, size)
+        return render_text(col, idx, p, n)
     if kind == K_UUID:
         if n != 16:
             return F_INVALID
@@ -1673,6 +1731,7 @@ cdef object storage_array(ColBuf* col, object spec, Py_ssize_t n):
     cdef Py_ssize_t nulls = count_nulls(col.validity.data, n)
     cdef int kind = col.kind
     cdef int32_t* off
+    clear_tail_bits(&col.validity, n)
     validity = own(&col.validity, (n + 7) >> 3) if nulls else None
     if not nulls:
         buf_free(&col.validity)
@@ -1685,6 +1744,7 @@ cdef object storage_array(ColBuf* col, object spec, Py_ssize_t n):
             return pa.Array.from_buffers(pa.int64(), n, [validity, values], null_count=nulls).view(typ)
         return pa.Array.from_buffers(typ, n, [validity, values], null_count=nulls)
     if kind == K_BOOL:
+        clear_tail_bits(&col.data, n)
         return pa.Array.from_buffers(typ, n, [validity, own(&col.data, (n + 7) >> 3)], null_count=nulls)
     if col.offsets.data == NULL:
         buf_grow(&col.offsets, 4)
