@@ -10,7 +10,8 @@ pytest_plugins = ["tests.pg_fixtures"]
 
 # The test tiers, defined here and nowhere else (README, "Development"; the workflows and the wheel builds select
 # them with -m). Markers are set at collection; nothing is ever skipped:
-#   pg     needs PostgreSQL: uses a server fixture (tests/pg_fixtures.py) or starts clusters of its own
+#   pg     needs PostgreSQL: uses a server fixture (tests/pg_fixtures.py, or one a module names in SERVER_FIXTURES
+#          because it reaches a server through request.getfixturevalue) or starts clusters of its own
 #   spark  starts a local SparkSession (tests/test_spark*.py and tests using the `spark` fixture)
 #   fuzz   needs the sanitizer build (clang, atheris): uses the `sanitized` fixture of tests/test_fuzz_short.py
 #   slow   heavy (millions of rows, kill -9 campaigns): marked in the test module
@@ -34,7 +35,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.spark)
         if "sanitized" in names:
             item.add_marker(pytest.mark.fuzz)
-        if PG_FIXTURES & names or _starts_clusters(getattr(item, "module", None)):
+        module = getattr(item, "module", None)
+        if (PG_FIXTURES | getattr(module, "SERVER_FIXTURES", frozenset())) & names or _starts_clusters(module):
             item.add_marker(pytest.mark.pg)
         if not any(item.get_closest_marker(m) for m in TIER_MARKERS):
             item.add_marker(pytest.mark.fast)

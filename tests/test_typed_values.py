@@ -357,6 +357,10 @@ def _accepts_xml(db: PgDatabase) -> bool:
     return True
 
 
+#: fixtures of this module that reach a server dynamically (tests/conftest.py marks the tests using them `pg`)
+SERVER_FIXTURES = frozenset({"dataset"})
+
+
 @pytest.fixture(scope="session", params=["pg15", "pg18"])
 def dataset(request) -> Dataset:
     """The dataset on PostgreSQL 15 (pgoutput and pglogical streams) and on 18 (pgoutput streams only: no
