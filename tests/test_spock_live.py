@@ -319,7 +319,7 @@ def test_spock_forwarded_origin(sdb, impl):
     sdb.execute("SELECT spock.repset_add_table('default', 't')")
     origin = f"up_{sdb.name}"   # replication origins are cluster-wide
     sdb.execute("SELECT pg_replication_origin_create(%s)", (origin,))
-    create_slots(sdb)
+    create_slots(sdb, f"{sdb.name}_local")
     sdb.execute("INSERT INTO t VALUES (1, 'local')")
     sdb.execute(f"SELECT pg_replication_origin_session_setup('{origin}'); "
                 "SELECT pg_replication_origin_xact_setup('0/ABCDEF', now()); "
@@ -328,6 +328,12 @@ def test_spock_forwarded_origin(sdb, impl):
     taps: list[Tap] = []
     with spock_connect(sdb, impl, tap=taps) as stream:
         events = collect(stream, lambda evs: row_count(evs) >= 2)
+    # without spock.forward_origins the forwarded transaction is left out
+    with spock_connect(sdb, impl, slot=f"{sdb.name}_local", forward_origins=False) as local:
+        assert "spock.forward_origins" not in local.options
+        only_local = collect(local, lambda evs: row_count(evs) >= 1)
+        only_local += [ev for _ in range(3) for ev in local.read(0.2)]
+    assert [int(r["id"]) for r in rows_of(only_local, "t")] == [1]
     origin_of = {int(r["id"]): r["_origin"] for r in rows_of(events, "t")}
     # the O message of each transaction: node id (u16), origin LSN, and (v5) a name when Spock knows the node
     origins = [p[8:] for p in taps[0].payloads if p[:1] != b"S" and p[8:9] == b"O"]
