@@ -14,6 +14,7 @@ from .errors import FrameError, ProtocolError, SpockwireError, TruncatedMessage
 from .export.python import INFINITY, NEG_INFINITY, PgInfinity
 from .model import ChangeBatch, Column, LogicalMessage, Relation, Truncate
 from .wire import load_implementation as _load_implementation
+from .wire.spock_messages import SpockRepairMode, SpockSyncEvent, spock_message
 
 _impl = _load_implementation()
 
@@ -32,5 +33,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Decoder", "connect", "ChangeBatch", "Truncate", "LogicalMessage", "Relation", "Column",
     "SpockwireError", "ProtocolError", "TruncatedMessage", "FrameError", "INFINITY", "NEG_INFINITY", "PgInfinity",
-    "__impl__", "__version__",
+    "spock_message", "SpockSyncEvent", "SpockRepairMode", "__impl__", "__version__",
 ]

@@ -5,6 +5,8 @@ from .model import ChangeBatch as ChangeBatch, Column as Column, LogicalMessage 
 from .connection.stream import connect as connect
 from .export.python import INFINITY as INFINITY, NEG_INFINITY as NEG_INFINITY, PgInfinity as PgInfinity
 from .wire._decoder import Decoder as Decoder
+from .wire.spock_messages import SpockRepairMode as SpockRepairMode, SpockSyncEvent as SpockSyncEvent, \
+    spock_message as spock_message
 
 __impl__: str
 __version__: str

@@ -50,6 +50,13 @@ def test_native_options():
     assert set(local) <= set(sp) and local["binary.bigendian"] == ("1" if os.sys.byteorder == "big" else "0")
     with pytest.raises(ValueError):
         native_options("pgoutput", 150020)
+    v4 = native_options("spock", 180006, proto_version=4)
+    assert (v4["min_proto_version"], v4["max_proto_version"], v4["spock_version_num"]) == ("4", "4", "60000")
+    for bad in (3, 6):
+        with pytest.raises(StartupRejected, match=f"spock proto_version {bad} is not supported"):
+            native_options("spock", 180006, proto_version=bad)
+    with pytest.raises(StartupRejected, match="protocol 1 only"):
+        native_options("pglogical", 150020, proto_version=1)
 
 
 def test_startup_message_parsing_and_checks():
@@ -98,6 +105,8 @@ def test_stream_argument_checks():
         ReplicationStream("dbname=x", slot="s", plugin="pglogical", publication="p")
     with pytest.raises(StartupRejected, match="streaming"):
         ReplicationStream("dbname=x", slot="s", plugin="spock", streaming=True)
+    with pytest.raises(StartupRejected, match="no proto_version option"):
+        ReplicationStream("dbname=x", slot="s", plugin="pglogical", proto_version=1)
     with pytest.raises(ValueError, match="unknown output plugin"):
         ReplicationStream("dbname=x", slot="s", plugin="decoderbufs")
     with pytest.raises(ValueError, match="transport"):

@@ -148,7 +148,8 @@ def local_binary_params() -> dict[str, str]:
 
 def native_options(plugin: str, server_version_num: int, *, replication_sets: str | Iterable[str] | None = None,
                    forward_origins: bool = True, binary: bool = False,
-                   extra: Mapping[str, str] | None = None, encoding: str | None = None) -> dict[str, str]:
+                   extra: Mapping[str, str] | None = None, encoding: str | None = None,
+                   proto_version: int | None = None) -> dict[str, str]:
     """Startup parameters for pglogical_output or spock.
 
     `encoding` is the database's server_encoding (default UTF8): the plugins send text in it, unconverted, and
@@ -157,6 +158,7 @@ def native_options(plugin: str, server_version_num: int, *, replication_sets: st
     `replication_sets` defaults to ``default``; without any set the plugins send no rows at all.
     `forward_origins` asks for transactions replicated from other nodes too (otherwise they are dropped).
     `binary` asks for the types' send/recv format (never the host-order internal format).
+    `proto_version` (spock only: 4 or 5) pins min and max protocol version to that one version.
     """
     protocol = plugin_protocol(plugin)
     if protocol == "pgoutput":
@@ -169,6 +171,13 @@ def native_options(plugin: str, server_version_num: int, *, replication_sets: st
     if protocol == "spock":
         opts = {"startup_params_format": "1", "min_proto_version": str(SPOCK_PROTO_RANGE[0]),
                 "max_proto_version": str(SPOCK_PROTO_RANGE[1]), "spock_version_num": SPOCK_CLIENT_VERSION_NUM}
+        if proto_version is not None:
+            if not SPOCK_PROTO_RANGE[0] <= int(proto_version) <= SPOCK_PROTO_RANGE[1]:
+                raise StartupRejected(f"spock proto_version {proto_version} is not supported: the client reads "
+                                      f"{SPOCK_PROTO_RANGE[0]} to {SPOCK_PROTO_RANGE[1]}")
+            opts["min_proto_version"] = opts["max_proto_version"] = str(int(proto_version))
+    elif proto_version is not None:
+        raise StartupRejected(f"{plugin} has no proto_version option (protocol 1 only)")
     else:
         opts = {"startup_params_format": "1", "min_proto_version": "1", "max_proto_version": "1"}
     if encoding is not None:

@@ -122,9 +122,10 @@ class ReplicationStream:
         else:
             if publication is not None:
                 raise ValueError(f"publication= is for pgoutput; {plugin} takes replication_sets=")
-            if streaming or two_phase or messages or proto_version is not None:
-                raise StartupRejected(f"{plugin} streams have no streaming, two_phase, messages or proto_version "
-                                      "options")
+            if streaming or two_phase or messages:
+                raise StartupRejected(f"{plugin} streams have no streaming, two_phase or messages options")
+            if proto_version is not None and self.protocol != "spock":
+                raise StartupRejected(f"{plugin} streams have no proto_version option (protocol 1 only)")
         self._want = dict(publication=publication, replication_sets=replication_sets, binary=binary,
                           streaming=streaming, two_phase=two_phase, messages=messages, proto_version=proto_version,
                           forward_origins=forward_origins, extra=dict(extra_options or {}))
@@ -315,7 +316,7 @@ class ReplicationStream:
             return opts
         return native_options(self.plugin, server_version_num, replication_sets=w["replication_sets"],
                               forward_origins=w["forward_origins"], binary=w["binary"], extra=w["extra"],
-                              encoding=self.server_encoding)
+                              encoding=self.server_encoding, proto_version=w["proto_version"])
 
     def _open_once(self) -> None:
         if self.transport == "sql":

@@ -90,8 +90,10 @@ class SpockScript:
     """Transactions to replay, with their LSNs assigned in order (each transaction takes 0x1000 bytes of WAL).
 
     Changes are ``("insert", rel, values)``, ``("update", rel, new_values, old_values_or_None)``,
-    ``("delete", rel, key_values)``, ``("truncate", [rels], flags)`` or ``("message", prefix, content[, lsn])``
-    (a spock sync-event ``'M'``; its LSN defaults to the change's). Values are Python objects sent as text (``'t'``); None is NULL, and the
+    ``("delete", rel, key_values)``, ``("truncate", [rels], flags)``, ``("message", prefix, content[, lsn])``
+    (a spock sync-event ``'M'``; its LSN defaults to the change's) or ``("relation", rel)`` (``'R'`` again, as the
+    server re-sends a relation after its cache entry was invalidated: before the ``'T'`` of a TRUNCATE and at
+    the next change after it). Values are Python objects sent as text (``'t'``); None is NULL, and the
     :data:`UNCHANGED` marker an unchanged TOAST value (``'u'``).
     """
 
@@ -185,6 +187,10 @@ class SpockScript:
         for i, change in enumerate(txn.changes):
             lsn = txn.begin_lsn + 0x20 * (i + 1)
             kind = change[0]
+            if kind == "relation":   # 'R' again, as the server sends it after a relcache invalidation
+                frames.append((lsn, self._relation(change[1], lsn)))
+                sent_relations.add(change[1].relid)
+                continue
             rels = change[1] if kind == "truncate" else ([change[1]] if kind != "message" else [])
             for rel in rels:
                 if rel.relid not in sent_relations:
