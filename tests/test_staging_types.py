@@ -326,6 +326,7 @@ def _insert_batch(rel: Relation, lsn: int, ids: list[int], values: pa.Array) -> 
     return ChangeBatch(rel, rb)
 
 
+@pytest.mark.spark  # imports PySpark (tests/conftest.py, tiers)
 def test_spark_unifies_an_all_null_text_version_with_binary_values(tmp_path) -> None:
     """A send-format (binary) column whose batch held only NULLs is staged as string in a schema version of its
     own (the decoder types a column without values as text): Spark reads the column as binary, as read_staging

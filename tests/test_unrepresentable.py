@@ -239,6 +239,7 @@ def test_connect_passes_the_decoder_options(pg_db) -> None:
                                                            else pa.decimal128(10, 2))
 
 
+@pytest.mark.spark  # imports PySpark (tests/conftest.py, tiers)
 def test_spark_options_reach_the_decoder() -> None:
     from spockwire.spark.datasource import options_to_spec
     from spockwire.spark.slot import make_decoder
