@@ -11,7 +11,6 @@ from spockwire.connection import stream as stream_module
 from spockwire.connection.stream import ReplicationStream
 from spockwire.wire import _decoder_py
 
-ROOT = Path(__file__).resolve().parents[1]
 DECODER_OPTIONS = ("types", "numeric", "on_unrepresentable", "column_types")
 
 
@@ -55,7 +54,7 @@ def _shape(fn: ast.FunctionDef) -> list[tuple[str, str, str | None, str | None]]
 
 
 def test_the_pyi_declares_the_same_signature():
-    stub = _function(ROOT / "spockwire" / "__init__.pyi", "connect")
+    stub = _function(Path(spockwire.__file__).with_name("__init__.pyi"), "connect")   # the installed package's
     source = _function(Path(stream_module.__file__), "connect")
     assert _shape(stub) == _shape(source)
     # and the stub's defaults are the runtime's

@@ -150,6 +150,7 @@ def test_progress_on_a_terminal_starts_at_the_slot_and_never_mixes_with_log_line
     assert inserted, raw
     (wal_now,) = db.query("SELECT pg_current_wal_lsn()::text")[0]
     assert "\x1b[K" in raw                                  # redrawn in place, each time erasing the old line
+    assert "0/0" not in raw                                  # no position is shown as 0/0
     lines = [line for line in screen(raw) if line.strip()]
     progress = [PROGRESS.match(line) for line in lines if not LOG_LINE.match(line)]
     assert all(progress), [line for line in lines if not LOG_LINE.match(line) and not PROGRESS.match(line)]

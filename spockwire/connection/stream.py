@@ -347,7 +347,8 @@ class ReplicationStream:
         self.decoder = self._decoder_factory(self.protocol)
         self._undecoded = False
         self._startup_checked = self.protocol == "pgoutput"
-        log.info("streaming slot %s (%s) from %s", self.slot, self.plugin, format_lsn(start))
+        log.info("streaming slot %s (%s) from %s", self.slot, self.plugin,
+                 format_lsn(start) if start else "its confirmed position")
 
     def _open_sql(self) -> None:
         import psycopg2

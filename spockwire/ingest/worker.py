@@ -161,8 +161,8 @@ class ProgressLine:
     """The live progress line on `out`.
 
     On a terminal the line is redrawn in place: carriage return, erase to the end of the line (``ESC [K``), the
-    text cut to the terminal's width (a wrapped line could not be redrawn; the final line is written whole), so a shorter line never leaves pieces
-    of a longer one. Log records written while it is shown erase it first (`clear`, called by the filter that
+    text cut to the terminal's width (a wrapped line could not be redrawn; the final line, which stays, is written
+    whole), so a shorter line never leaves pieces of a longer one. Log records written while it is shown erase it first (`clear`, called by the filter that
     `attach` installs on the log handlers); the next update draws it again. Elsewhere (a file, a pipe) each
     update is one whole line, at most one per `interval` seconds.
     """
@@ -328,7 +328,8 @@ class IngestWorker:
         self.writer = writer
         resume = writer.committed_lsn
         log.info(json.dumps({"event": "start", "slot": cfg.slot, "plugin": cfg.plugin, "out": cfg.out,
-                             "resume_lsn": _format_lsn(resume)}))
+                             # null: nothing staged yet, the stream starts at the slot's confirmed position
+                             "resume_lsn": _format_lsn(resume) if resume else None}))
         stream = self._open_stream(resume)
         self.stream = stream
         self._start_position(resume)
