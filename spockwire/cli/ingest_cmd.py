@@ -66,5 +66,6 @@ def run(args: argparse.Namespace) -> int:
         on_unrepresentable=cfg.on_unrepresentable, compression=cfg.compression, flush_rows=cfg.flush_rows,
         flush_bytes=cfg.flush_bytes, flush_seconds=cfg.flush_seconds, spill_bytes=cfg.spill_bytes,
         metrics_port=cfg.metrics_port, metrics_host=cfg.metrics_host, progress=cfg.progress,
-        max_runtime=cfg.max_runtime, idle_exit=cfg.idle_exit, impl=cfg.impl, transport=cfg.transport, heartbeat_interval=cfg.heartbeat_interval)
+        max_runtime=cfg.max_runtime, idle_exit=cfg.idle_exit, impl=cfg.impl, transport=cfg.transport,
+        heartbeat_interval=cfg.heartbeat_interval)
     return IngestWorker(config).run()

@@ -162,8 +162,9 @@ class ProgressLine:
 
     On a terminal the line is redrawn in place: carriage return, erase to the end of the line (``ESC [K``), the
     text cut to the terminal's width (a wrapped line could not be redrawn; the final line, which stays, is written
-    whole), so a shorter line never leaves pieces of a longer one. Log records written while it is shown erase it first (`clear`, called by the filter that
-    `attach` installs on the log handlers); the next update draws it again. Elsewhere (a file, a pipe) each
+    whole), so a shorter line never leaves pieces of a longer one. Log records written while it is shown erase it
+    first (`clear`, called by the filter that `attach` installs on the log handlers); the next update draws it
+    again. Elsewhere (a file, a pipe) each
     update is one whole line, at most one per `interval` seconds.
     """
 
