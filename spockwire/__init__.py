@@ -15,15 +15,9 @@ from .export.python import INFINITY, NEG_INFINITY, PgInfinity
 from .model import ChangeBatch, Column, LogicalMessage, Relation, Truncate
 from .wire import load_implementation as _load_implementation
 from .wire.spock_messages import SpockRepairMode, SpockSyncEvent, spock_message
+from .connection.stream import connect  # noqa: E402 - pure Python; psycopg2 is imported at the first call
 
 _impl = _load_implementation()
-
-
-def connect(dsn: str, **kwargs: object):  # noqa: ANN201 - see spockwire.connection.connect
-    """Stream committed change events from a replication slot: see `spockwire.connection.connect`."""
-    from .connection import connect as _connect
-
-    return _connect(dsn, **kwargs)
 
 
 Decoder = _impl.Decoder

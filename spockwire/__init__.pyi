@@ -1,8 +1,11 @@
+from types import ModuleType
+from typing import Any, Callable, Literal, Mapping, Sequence
+
 from .errors import FrameError as FrameError, ProtocolError as ProtocolError, SpockwireError as SpockwireError, \
     TruncatedMessage as TruncatedMessage
 from .model import ChangeBatch as ChangeBatch, Column as Column, LogicalMessage as LogicalMessage, \
     Relation as Relation, Truncate as Truncate
-from .connection.stream import connect as connect
+from .connection.stream import ReplicationStream
 from .export.python import INFINITY as INFINITY, NEG_INFINITY as NEG_INFINITY, PgInfinity as PgInfinity
 from .wire._decoder import Decoder as Decoder
 from .wire.spock_messages import SpockRepairMode as SpockRepairMode, SpockSyncEvent as SpockSyncEvent, \
@@ -11,3 +14,20 @@ from .wire.spock_messages import SpockRepairMode as SpockRepairMode, SpockSyncEv
 __impl__: str
 __version__: str
 __all__: list[str]
+
+
+def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str | Sequence[str] | None = None,
+            replication_sets: str | Sequence[str] | None = None, create_slot: bool = False,
+            start_lsn: int | str | None = None, binary: bool = False, streaming: bool | str = False,
+            two_phase: bool = False, messages: bool = False, proto_version: int | None = None,
+            forward_origins: bool = True, extra_options: Mapping[str, str] | None = None,
+            status_interval: float = 10.0, reconnect: bool = True, reconnect_timeout: float | None = 300.0,
+            max_backoff: float = 5.0, max_batch_bytes: int = 4 << 20, read_timeout: float = 1.0,
+            pump: str | ModuleType | None = None, decoder_factory: Callable[[str], Any] | None = None,
+            connect_kwargs: Mapping[str, Any] | None = None,
+            transport: Literal["replication", "sql"] = "replication",
+            sql_batch_changes: int = 4_000_000, type_catalog: Any = "auto", heartbeat_interval: float | None = None,
+            types: Literal["typed", "raw"] = "typed", numeric: Literal["decimal", "text"] = "decimal",
+            on_unrepresentable: Literal["text", "error"] = "text",
+            column_types: Mapping[str, Literal["text", "raw"]] | None = None) -> ReplicationStream:
+    """Open a replication stream on `slot` and return it, streaming (spockwire.connection.connect)."""

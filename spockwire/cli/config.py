@@ -105,6 +105,7 @@ class Setting:
     short: str | None = None     # e.g. "-n"
     env_only: bool = False       # not a command-line flag (read from the environment / file only)
     repeat: bool = False         # the flag may be given several times: its values are joined with commas
+    default_text: str | None = None  # the default as the help states it, when it is not a fixed value
 
     @property
     def flag(self) -> str:
@@ -150,6 +151,8 @@ def add_settings(parser: argparse.ArgumentParser, settings: Iterable[Setting]) -
         extra = [f"env {s.env}"]
         if s.required:
             extra.append("required")
+        elif s.default_text is not None:
+            extra.append(f"default {s.default_text}")
         elif s.default is not None and not s.is_flag:
             extra.append(f"default {s.default}")
         elif s.is_flag:

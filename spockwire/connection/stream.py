@@ -16,7 +16,7 @@ import struct
 import threading
 import time
 from types import ModuleType, TracebackType
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 from .._implementation import choose
 from .errors import ConnectionLost, ReplicationError, ServerError, StartupRejected, classify
@@ -348,7 +348,8 @@ class ReplicationStream:
         self.decoder = self._decoder_factory(self.protocol)
         self._undecoded = False
         self._startup_checked = self.protocol == "pgoutput"
-        log.info("streaming slot %s (%s) from %s", self.slot, self.plugin, format_lsn(start))
+        log.info("streaming slot %s (%s) from %s", self.slot, self.plugin,
+                 format_lsn(start) if start else "its confirmed position")
 
     def _open_sql(self) -> None:
         import psycopg2
@@ -659,10 +660,24 @@ class ReplicationStream:
                 f"impl={self.impl} acked={format_lsn(self._acked)}>")
 
 
-def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: Any = None,
-            replication_sets: Any = None, create_slot: bool = False, start_lsn: int | str | None = None,
-            binary: bool = False, streaming: bool | str = False, two_phase: bool = False, messages: bool = False,
-            **kwargs: Any) -> ReplicationStream:
+#: the Decoder's own defaults of the options `connect` passes on
+_DECODER_DEFAULTS: dict[str, Any] = dict(column_types=None, on_unrepresentable="text", types="typed", numeric="decimal")
+
+
+def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str | Sequence[str] | None = None,
+            replication_sets: str | Sequence[str] | None = None, create_slot: bool = False,
+            start_lsn: int | str | None = None, binary: bool = False, streaming: bool | str = False,
+            two_phase: bool = False, messages: bool = False, proto_version: int | None = None,
+            forward_origins: bool = True, extra_options: Mapping[str, str] | None = None,
+            status_interval: float = 10.0, reconnect: bool = True, reconnect_timeout: float | None = 300.0,
+            max_backoff: float = 5.0, max_batch_bytes: int = 4 << 20, read_timeout: float = 1.0,
+            pump: str | ModuleType | None = None, decoder_factory: Callable[[str], Any] | None = None,
+            connect_kwargs: Mapping[str, Any] | None = None,
+            transport: Literal["replication", "sql"] = "replication",
+            sql_batch_changes: int = 4_000_000, type_catalog: Any = "auto", heartbeat_interval: float | None = None,
+            types: Literal["typed", "raw"] = "typed", numeric: Literal["decimal", "text"] = "decimal",
+            on_unrepresentable: Literal["text", "error"] = "text",
+            column_types: Mapping[str, Literal["text", "raw"]] | None = None) -> ReplicationStream:
     """Open a replication stream on `slot` and return it, streaming. See :class:`ReplicationStream`.
 
     * `plugin`: "pgoutput", "pglogical" (``pglogical_output``) or "spock" (``spock_output``).
@@ -678,22 +693,36 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: Any =
     * `transport`: "replication" (default: walsender connection, low latency, keepalives) or "sql" (an ordinary
       connection reading the slot with the SQL functions: catch-up throughput; `sql_batch_changes` = changes per
       call, default 4,000,000). The events and the acknowledgement rules are the same.
+    * `extra_options`: more START_REPLICATION options, sent as given.
     * tuning: `status_interval` (10 s; sql: how often acknowledged positions move the slot), `reconnect` (True),
-      `reconnect_timeout` (300 s), `max_backoff` (5 s), `max_batch_bytes` (4 MiB), `read_timeout` (1 s; sql: the
-      longest pause between polls when idle), `pump` ("c" | "python"), `connect_kwargs`.
+      `reconnect_timeout` (300 s; None: forever), `max_backoff` (5 s), `max_batch_bytes` (4 MiB), `read_timeout`
+      (1 s; sql: the longest pause between polls when idle), `pump` ("c" | "python"; default: as the decoder),
+      `connect_kwargs` (passed to psycopg2.connect).
+    * `heartbeat_interval`: write a heartbeat (a non-transactional logical message) this often, so the slot moves
+      even when the server writes nothing at all (default None: never).
+    * `decoder_factory`: ``factory(protocol) -> Decoder`` to build the decoder yourself.
     * `type_catalog`: where column types the stream does not carry come from (pglogical/spock send none; enums,
       composites and user ranges are named only by the catalog). Default "auto": a PostgresTypeCatalog read over
       `dsn` (one extra ordinary connection, opened at the first relation that needs it); None: no catalog
       (pglogical columns then stay untyped); or any TypeCatalog. Ignored with a `decoder_factory`.
-    * decoder options (not with a `decoder_factory`): `column_types` ({"schema.table.column": "text" | "raw"}),
-      `on_unrepresentable` ("text" | "error"), `types`, `numeric` -- see spockwire.Decoder.
+    * decoder options (not with a `decoder_factory`): `types` ("typed" | "raw"), `numeric` ("decimal" | "text"),
+      `on_unrepresentable` ("text" | "error"), `column_types` ({"schema.table.column": "text" | "raw"}) -- see
+      spockwire.Decoder.
     """
-    options = {k: kwargs.pop(k) for k in ("column_types", "on_unrepresentable", "types", "numeric") if k in kwargs}
-    if options and kwargs.get("decoder_factory") is not None:
+    given = dict(column_types=column_types, on_unrepresentable=on_unrepresentable, types=types, numeric=numeric)
+    options = {k: v for k, v in given.items() if v != _DECODER_DEFAULTS[k]}
+    if options and decoder_factory is not None:
         raise ValueError(f"{', '.join(options)} cannot be combined with a decoder_factory (pass them to it)")
     stream = ReplicationStream(dsn, slot=slot, plugin=plugin, publication=publication,
                                replication_sets=replication_sets, create_slot=create_slot, start_lsn=start_lsn,
-                               binary=binary, streaming=streaming, two_phase=two_phase, messages=messages, **kwargs)
+                               binary=binary, streaming=streaming, two_phase=two_phase, messages=messages,
+                               proto_version=proto_version, forward_origins=forward_origins,
+                               extra_options=extra_options, status_interval=status_interval, reconnect=reconnect,
+                               reconnect_timeout=reconnect_timeout, max_backoff=max_backoff,
+                               max_batch_bytes=max_batch_bytes, read_timeout=read_timeout, pump=pump,
+                               decoder_factory=decoder_factory, connect_kwargs=connect_kwargs, transport=transport,
+                               sql_batch_changes=sql_batch_changes, type_catalog=type_catalog,
+                               heartbeat_interval=heartbeat_interval)
     if options:
         stream._decoder_factory = lambda p: _default_decoder_factory(p, stream.type_catalog, **options)
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -27,7 +28,7 @@ from ..model import ChangeBatch
 from .source import read_source
 from .staging import StagingWriter
 
-__all__ = ["IngestConfig", "IngestWorker", "Metrics", "IngestError"]
+__all__ = ["IngestConfig", "IngestWorker", "Metrics", "IngestError", "ProgressLine"]
 
 log = logging.getLogger("spockwire.ingest")
 
@@ -62,7 +63,8 @@ class IngestConfig:
     flush_seconds: float = 5.0
     spill_bytes: int = 256 << 20
     metrics_port: int | None = None
-    progress: bool | None = None          # None: when stderr is a terminal
+    metrics_host: str = "127.0.0.1"       # "0.0.0.0": every interface
+    progress: bool | None = None          # None: when the output is a terminal
     max_runtime: float | None = None      # stop by itself after this many seconds (tests, batch jobs)
     idle_exit: float | None = None        # stop by itself after this many seconds in which nothing arrived
     lag_interval: float = 5.0
@@ -82,7 +84,7 @@ class Metrics:
         self.commits_total = 0
         self.events_total = 0
         self.acked_lsn = 0
-        self.lag_bytes: int | None = None
+        self.lag_bytes = 0
         self.last_commit_unix = 0.0
         self.started = time.time()
         self.reconnects = 0
@@ -107,6 +109,8 @@ class Metrics:
             for table, n in sorted(self.rows_total.items()):
                 lines.append(f'spockwire_rows_staged_total{{table="{_label(table)}"}} {n}')
             gauges = [
+                ("spockwire_rows_staged_all_total", "counter", "Change rows written to the staging layout, all "
+                 "tables.", sum(self.rows_total.values())),
                 ("spockwire_bytes_written_total", "counter", "Parquet bytes written.", self.bytes_written_total),
                 ("spockwire_staging_commits_total", "counter", "Staging commits (log entries).", self.commits_total),
                 ("spockwire_events_total", "counter", "Decoded events received.", self.events_total),
@@ -114,11 +118,9 @@ class Metrics:
                 ("spockwire_acked_lsn", "gauge", "LSN acknowledged to the server.", self.acked_lsn),
                 ("spockwire_last_commit_timestamp_seconds", "gauge", "Unix time of the last staging commit.",
                  self.last_commit_unix),
+                ("spockwire_lag_bytes", "gauge", "Server WAL position minus the acknowledged LSN.", self.lag_bytes),
                 ("spockwire_uptime_seconds", "gauge", "Seconds since the worker started.", time.time() - self.started),
             ]
-            if self.lag_bytes is not None:
-                gauges.append(("spockwire_lag_bytes", "gauge", "Server WAL position minus the acknowledged LSN.",
-                               self.lag_bytes))
             for name, kind, help_text, value in gauges:
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
             return "\n".join(lines) + "\n"
@@ -155,6 +157,80 @@ def _format_lsn(lsn: int) -> str:
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
 
 
+class ProgressLine:
+    """The live progress line on `out`.
+
+    On a terminal the line is redrawn in place: carriage return, erase to the end of the line (``ESC [K``), the
+    text cut to the terminal's width (a wrapped line could not be redrawn; the final line, which stays, is written
+    whole), so a shorter line never leaves pieces of a longer one. Log records written while it is shown erase it
+    first (`clear`, called by the filter that `attach` installs on the log handlers); the next update draws it
+    again. Elsewhere (a file, a pipe) each
+    update is one whole line, at most one per `interval` seconds.
+    """
+
+    def __init__(self, out: TextIO, *, terminal: bool | None = None, interval: float = 5.0) -> None:
+        self.out = out
+        self.terminal = _isatty(out) if terminal is None else terminal
+        self.interval = 0.2 if self.terminal else interval
+        self.shown = False
+        self._last = -float("inf")
+        self._lock = threading.Lock()
+        self._attached: list[logging.Handler] = []
+
+    def _width(self) -> int:
+        try:
+            return max(os.get_terminal_size(self.out.fileno()).columns - 1, 20)
+        except (AttributeError, OSError, ValueError):
+            return 79
+
+    def update(self, text: str, *, final: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if not final and now - self._last < self.interval:
+                return
+            self._last = now
+            if self.terminal:
+                # the final line stays (never redrawn): whole, even if it wraps
+                self.out.write("\r\x1b[K" + (text + "\n" if final else text[:self._width()]))
+                self.shown = not final
+            else:
+                self.out.write(text + "\n")
+            self.out.flush()
+
+    def clear(self) -> None:
+        with self._lock:
+            if self.shown:
+                self.out.write("\r\x1b[K")
+                self.out.flush()
+                self.shown = False
+                self._last = -float("inf")   # draw it again at the next update
+
+    def attach(self, logger: logging.Logger) -> None:
+        """Erase the line before every record the handlers of `logger` (and its ancestors) write."""
+        current: logging.Logger | None = logger
+        while current is not None:
+            for handler in current.handlers:
+                handler.addFilter(self._filter)
+                self._attached.append(handler)
+            current = current.parent if current.propagate else None
+
+    def detach(self) -> None:
+        for handler in self._attached:
+            handler.removeFilter(self._filter)
+        self._attached.clear()
+
+    def _filter(self, record: logging.LogRecord) -> bool:
+        self.clear()
+        return True
+
+
+def _isatty(out: TextIO) -> bool:
+    try:
+        return bool(out.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 class IngestWorker:
     """Runs one slot into one staging folder. `run()` returns when stopped (signal, `stop()`, limits)."""
 
@@ -165,7 +241,9 @@ class IngestWorker:
         self._stop = threading.Event()
         self._connect = connect
         self._out = out if out is not None else sys.stderr
-        self._progress = config.progress if config.progress is not None else self._out.isatty()
+        self._progress = config.progress if config.progress is not None else _isatty(self._out)
+        self.progress_line = ProgressLine(self._out, interval=config.lag_interval) if self._progress else None
+        self.start_lsn = 0
         self._last_lag_check = 0.0
         self._last_commit = time.monotonic()
         self.stream: Any = None
@@ -183,10 +261,16 @@ class IngestWorker:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, self.stop)
-        metrics_server = serve_metrics(self.metrics, cfg.metrics_port) if cfg.metrics_port is not None else None
+        metrics_server = serve_metrics(self.metrics, cfg.metrics_port, cfg.metrics_host) \
+            if cfg.metrics_port is not None else None
+        if self.progress_line is not None:
+            self.progress_line.attach(log)
         try:
             return self._run()
         finally:
+            if self.progress_line is not None:
+                self.progress_line.clear()
+                self.progress_line.detach()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if metrics_server is not None:
@@ -245,9 +329,11 @@ class IngestWorker:
         self.writer = writer
         resume = writer.committed_lsn
         log.info(json.dumps({"event": "start", "slot": cfg.slot, "plugin": cfg.plugin, "out": cfg.out,
-                             "resume_lsn": _format_lsn(resume)}))
+                             # null: nothing staged yet, the stream starts at the slot's confirmed position
+                             "resume_lsn": _format_lsn(resume) if resume else None}))
         stream = self._open_stream(resume)
         self.stream = stream
+        self._start_position(resume)
         started = time.monotonic()
         last_activity = time.monotonic()
         received = self._messages_received()
@@ -313,7 +399,29 @@ class IngestWorker:
         # acknowledge only what the newest durable log entry covers
         acked = self.stream.ack(min(writer.committed_lsn, self.stream.delivered_lsn), send=True)
         with self.metrics.lock:
-            self.metrics.acked_lsn = acked
+            self.metrics.acked_lsn = max(acked, self.start_lsn)
+
+    def _start_position(self, resume: int) -> None:
+        """Where the stream starts: the staging log's position, or the slot's confirmed position when that is
+        later (the server starts there). The acknowledged-LSN and lag figures start from it, not from 0/0."""
+        cfg = self.config
+        start, lag = resume, None
+        try:
+            from ..connection.slots import slot_info
+
+            info = slot_info(cfg.dsn, cfg.slot)
+        except Exception as exc:  # noqa: BLE001 - the figures then start from the staging log alone
+            log.debug("cannot read slot %s: %s", cfg.slot, exc)
+            info = None
+        if info is not None:
+            start = max(resume, info.confirmed_flush_lsn)
+            if info.lag_bytes is not None:
+                lag = max(info.lag_bytes - (start - info.confirmed_flush_lsn), 0)
+        self.start_lsn = start
+        with self.metrics.lock:
+            self.metrics.acked_lsn = max(self.metrics.acked_lsn, start)
+            if lag is not None:
+                self.metrics.lag_bytes = lag
 
     def _report(self, rows: int, started: float, final: bool = False) -> None:
         now = time.monotonic()
@@ -321,16 +429,15 @@ class IngestWorker:
             self._last_lag_check = now
             stats = self.stream.stats() if hasattr(self.stream, "stats") else {}
             wal_end = int(stats.get("wal_end") or 0)
-            with self.metrics.lock:
-                self.metrics.lag_bytes = max(wal_end - self.metrics.acked_lsn, 0) if wal_end else None
-        if not self._progress:
+            if wal_end:   # 0: no keepalive seen yet, the figure from the start position stays
+                with self.metrics.lock:
+                    self.metrics.lag_bytes = max(wal_end - self.metrics.acked_lsn, 0)
+        if self.progress_line is None:
             return
         elapsed = max(now - started, 1e-9)
         m = self.metrics
         with m.lock:
-            line = (f"\rspockwire ingest: {rows:,} rows ({rows / elapsed:,.0f}/s), "
+            line = (f"spockwire ingest: {rows:,} rows ({rows / elapsed:,.0f}/s), "
                     f"{m.bytes_written_total / elapsed / 1e6:.1f} MB/s written, {len(m.rows_total)} tables, "
-                    f"acked {_format_lsn(m.acked_lsn)}, lag "
-                    f"{'?' if m.lag_bytes is None else f'{m.lag_bytes:,} B'}   ")
-        self._out.write(line + ("\n" if final else ""))
-        self._out.flush()
+                    f"acked {_format_lsn(m.acked_lsn)}, lag {m.lag_bytes:,} B")
+        self.progress_line.update(line, final=final)

