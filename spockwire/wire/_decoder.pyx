@@ -539,9 +539,13 @@ cdef class Decoder:
         c.mtype = t
         after = self.after
         self.after = AFTER_NOTHING
-        if self.proto == PGOUTPUT:
-            return self._pgoutput(&c, t, after)
-        return self._native(&c, t, after)
+        try:
+            if self.proto == PGOUTPUT:
+                return self._pgoutput(&c, t, after)
+            return self._native(&c, t, after)
+        except BaseException:
+            self.after = after   # a refused message leaves the ORIGIN / LAST-COMMIT placement as it was
+            raise
 
     cdef int _pgoutput(self, Cur* c, uint8_t t, int after) except -1:
         cdef uint64_t a, b

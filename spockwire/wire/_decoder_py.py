@@ -459,10 +459,14 @@ class Decoder:
         r.mtype = _type_name(t)
         after = self._after
         self._after = _AFTER_NOTHING
-        if self._proto == _PGOUTPUT:
-            self._pgoutput(t, r, after)
-        else:
-            self._native(t, r, after)
+        try:
+            if self._proto == _PGOUTPUT:
+                self._pgoutput(t, r, after)
+            else:
+                self._native(t, r, after)
+        except BaseException:
+            self._after = after   # a refused message leaves the ORIGIN / LAST-COMMIT placement as it was
+            raise
 
     def _pgoutput(self, t: int, r: _Reader, after: int) -> None:
         if t == 0x42:  # B
