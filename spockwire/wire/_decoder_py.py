@@ -846,7 +846,8 @@ class Decoder:
                 # the relation and the message is decoded again with it
                 b.truncate_to(mark)
                 b.nbytes = mark_bytes
-                rel = self._switch_to_text(rel, u.column)
+                for column in self._columns_to_switch(r, t, txn, sub, rel, body, u.column):
+                    rel = self._switch_to_text(rel, column)
                 r.pos = body
                 b = self._builder(txn, rel)
                 continue
@@ -855,6 +856,22 @@ class Decoder:
                 raise
             break
         txn.advance(sub, b.nrows - mark)
+
+    def _columns_to_switch(self, r: _Reader, t: int, txn: _Txn, sub: int, rel: Relation, body: int,
+                           first: int) -> list[int]:
+        """The columns a row message turns to text, in the order its decoding meets them, found on a scratch
+        builder: a message refused for another reason raises here and switches nothing."""
+        columns = [first]
+        specs = list(self._specs[id(rel)])
+        while True:
+            specs[columns[-1]] = text_column_spec(rel, columns[-1], self.types, self.type_catalog)
+            r.pos = body
+            try:
+                self._row_body(r, t, _Builder(rel, tuple(specs)), txn, sub, 0)
+            except _Unrepresentable as u:
+                columns.append(u.column)
+                continue
+            return columns
 
     def _row_body(self, r: _Reader, t: int, b: _Builder, txn: _Txn, sub: int, mark: int) -> None:
         """The tuples of an INSERT, UPDATE or DELETE after the relation id."""
