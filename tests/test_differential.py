@@ -227,8 +227,8 @@ def _events(dec) -> tuple[list, list]:
 def test_refused_messages_leave_no_trace(impl, data, typed):
     """Mutated streams fed message by message to one decoder that goes on after each refused message: it ends
     exactly where a decoder fed only the messages it accepted ends (the same rows under the same relation
-    versions, truncates, messages and committed_lsn), and that second decoder accepts every one of them. So a refused message changes nothing, and the decoder keeps
-    decoding valid input correctly after any error."""
+    versions, truncates, messages and committed_lsn), and that second decoder accepts every one of them. So a
+    refused message changes nothing, and the decoder keeps decoding valid input correctly after any error."""
     from spockwire.errors import ProtocolError
 
     stream = data.draw(st.sampled_from(golden_streams() + capture_streams() + synthetic_streams()))

@@ -423,7 +423,8 @@ def test_typed_capture_stages(tmp_path, impl):
         by_key = {(r["_commit_lsn"], r["_seq"]): {k: v for k, v in r.items() if k != "_commit_ts"} for r in rows}
         seen = []
         for version in StagingState.load(out).schemas[table]:
-            part = read_staging(out, table, schema_version=version.schema_version).drop_columns(["_commit_ts"]).to_pylist()
+            part = read_staging(out, table, schema_version=version.schema_version)
+            part = part.drop_columns(["_commit_ts"]).to_pylist()
             assert part, f"{table}: schema version {version.schema_version} has no rows"
             assert part == [by_key[(r["_commit_lsn"], r["_seq"])] for r in part]
             seen += [(r["_commit_lsn"], r["_seq"]) for r in part]
