@@ -190,6 +190,43 @@ def cases():
 CASE_NAMES = sorted(cases())
 
 
+def continuation(protocol: str, kwargs: dict, in_transaction: bool) -> list[bytes]:
+    """Valid messages after a case: commit the transaction its setup opened (or, for a spock decoder told no
+    version, the startup message), then a new transaction with a newly described one-column table and two rows."""
+    enc = {"pgoutput": _pgo, "spock": _sp5, "pglogical": _pgl}[protocol]
+    cols = _cols(("k", 23, -1))
+    out = [enc("C", commit_lsn=0x100, end_lsn=0x110, commit_ts=0)] if in_transaction else []
+    if protocol == "spock" and "proto_version" not in kwargs:
+        out.append(_wire().spock("S", params={"proto_version": "5"}))
+    return out + [enc("B", final_lsn=0x200, commit_ts=0, xid=8),
+                  enc("R", relid=2, namespace="public", name="after", columns=cols),
+                  enc("I", relid=2, new=["41"]), enc("I", relid=2, new=["42"]),
+                  enc("C", commit_lsn=0x200, end_lsn=0x210, commit_ts=0)]
+
+
+def outcome(dec, messages) -> list:
+    """What a decoder makes of `messages` after what it already holds: its events as text, or its error."""
+    from spockwire.errors import ProtocolError
+
+    try:
+        for message in messages:
+            dec.feed(message)
+        return ["events", [repr(e.to_pylist()) if hasattr(e, "to_pylist") else type(e).__name__
+                           for e in dec.drain()]]
+    except ProtocolError as exc:
+        return ["error", type(exc).__name__, str(exc)]
+
+
+def clean_outcome(module, name: str) -> list:
+    """The outcome of the continuation on a decoder fed only the case's setup (never the bad bytes)."""
+    protocol, kwargs, setup, _operation, _expected = cases()[name]
+    setup = setup() if callable(setup) else setup
+    dec = module.Decoder(protocol, **kwargs)
+    for payload in setup:
+        dec.feed(payload)
+    return outcome(dec, continuation(protocol, kwargs, bool(setup)))
+
+
 def _control_touched(dec):
     """Controls: the measurement must see what a decoder bug would do. A 32 MB buffer, written to."""
     from spockwire.errors import ProtocolError
@@ -246,11 +283,11 @@ def measure(impl_name: str) -> None:
         dec = module.Decoder(protocol, **kwargs)
         for payload in (setup() if callable(setup) else setup):
             dec.feed(payload)
-        prepared[name] = (dec, operation, expected)
+        prepared[name] = (dec, operation, expected, protocol, kwargs, bool(setup() if callable(setup) else setup))
     del table
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     for name in CASE_NAMES + list(CONTROLS):
-        dec, operation, expected = prepared.pop(name)
+        dec, operation, expected, protocol, kwargs, in_transaction = prepared.pop(name)
         gc.collect()
         resource.setrlimit(resource.RLIMIT_AS, ((_status_kb("VmSize") << 10) + ADDRESS_SPACE_HEADROOM, hard))
         tracemalloc.start()
@@ -269,11 +306,12 @@ def measure(impl_name: str) -> None:
         rss_growth = (_status_kb("VmHWM") << 10) - rss_before
         py_growth = tracemalloc.get_traced_memory()[1] - py_before
         tracemalloc.stop()
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        after = outcome(dec, continuation(protocol, kwargs, in_transaction))   # the same decoder, after the error
         del dec
         gc.collect()
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
         print(json.dumps({"case": name, "error": error, "expected": expected, "seconds": seconds,
-                          "py_growth": py_growth, "rss_growth": rss_growth}), flush=True)
+                          "py_growth": py_growth, "rss_growth": rss_growth, "after": after}), flush=True)
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -314,6 +352,12 @@ def test_claimed_size_raises_without_allocating(case, impl_name):
     assert row["seconds"] < MAX_SECONDS, f"{case}: took {row['seconds']:.2f} s"
     assert row["py_growth"] < MAX_PY_GROWTH, f"{case}: Python allocations grew by {row['py_growth']} bytes"
     assert row["rss_growth"] < MAX_RSS_GROWTH, f"{case}: peak RSS grew by {row['rss_growth']} bytes"
+    # the refused message left no trace: the same decoder goes on like one that never saw it, and decodes rows
+    from tests.conftest import load_impl
+
+    expected_after = clean_outcome(load_impl(impl_name), case)
+    assert row["after"] == expected_after, f"{case}: the decoder after the error: {row['after']}"
+    assert expected_after[0] == "events" and any("41" in e and "42" in e for e in expected_after[1]), expected_after
 
 
 def test_the_measurement_sees_large_allocations():

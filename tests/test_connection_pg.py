@@ -9,6 +9,7 @@ from __future__ import annotations
 import decimal
 import json
 import struct
+import sys
 import threading
 import time
 from typing import Iterator
@@ -421,9 +422,12 @@ def test_slot_helpers_report_lag(pg_db, slot):
 # ------------------------------------------------------------------------------------------------------------------
 # kill the server mid-stream
 
-@pytest.mark.parametrize("major, transport", [(15, "replication"), (15, "sql"), (18, "replication")],
-                         ids=["pg15-replication", "pg15-sql", "pg18-replication"])
-def test_resume_after_server_crash(major, transport):
+@pytest.mark.parametrize("major, transport, impl",
+                         [(15, "replication", "c"), (15, "sql", "c"), (18, "replication", "c"),
+                          (15, "replication", "python")],
+                         ids=["pg15-replication", "pg15-sql", "pg18-replication", "pg15-replication-python"])
+def test_resume_after_server_crash(major, transport, impl, monkeypatch):
+    monkeypatch.setenv("SPOCKWIRE_IMPL", impl)   # the pump and the decoder of every (re)connect
     with PostgresCluster(durable=True, major=major) as pg:
         db = pg.create_database("crash")
         pg.execute("CREATE TABLE t (id int PRIMARY KEY, batch int)", dbname="crash")
@@ -442,6 +446,7 @@ def test_resume_after_server_crash(major, transport):
         persisted: list[tuple[int, int, int]] = []
         with connect(dsn, slot="crashslot", publication="pub", max_backoff=0.5, reconnect_timeout=120,
                      transport=transport, sql_batch_changes=5000) as stream:
+            assert stream.impl == impl
             deadline = time.monotonic() + 60
             while len(persisted) < 1000 and time.monotonic() < deadline:
                 for ev in stream.read(0.5):
@@ -461,6 +466,7 @@ def test_resume_after_server_crash(major, transport):
             finally:
                 restarter.join()
             assert stream.reconnects >= 1
+            assert sys.modules[type(stream.decoder).__module__].IMPLEMENTATION == impl   # the new connection's
             txns(200, 300)
             deadline = time.monotonic() + 60
             while len({i for _, _, i in persisted + after}) < 3000 and time.monotonic() < deadline:
@@ -483,7 +489,8 @@ def test_resume_after_server_crash(major, transport):
 
 @pytest.mark.parametrize("transport", ["replication", "sql"])
 @pytest.mark.parametrize("pump", PUMPS)
-def test_close_mid_stream_keeps_the_acknowledgement(pg_db, pump, transport, slot):
+def test_close_mid_stream_keeps_the_acknowledgement(pg_db, pump, transport, slot, monkeypatch):
+    monkeypatch.setenv("SPOCKWIRE_IMPL", pump)   # the decoder too, not only the pump
     pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     create_publication(pg_db.dsn, "pub")
     create_slot(pg_db.dsn, slot, "pgoutput")
@@ -498,10 +505,12 @@ def test_close_mid_stream_keeps_the_acknowledgement(pg_db, pump, transport, slot
     for _ in range(5):
         stream = connect(pg_db.dsn, slot=slot, publication="pub", pump=pump, max_batch_bytes=64 << 10,
                          transport=transport, sql_batch_changes=20_000)
+        assert stream.impl == pump
         try:
             rows = 0
             while rows < 3000:
                 rows += row_count(stream.read(1.0))
+            assert sys.modules[type(stream.decoder).__module__].IMPLEMENTATION == pump
             # not sent: close() reports it, while the server still has plenty to send (sql: the call still runs)
             stream.ack()
             acked = stream.acked_lsn

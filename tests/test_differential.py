@@ -205,3 +205,52 @@ def test_unmutated_streams_decode_the_same(both_impls):
                         else W.frames(stream.records))
                 check_same(both_impls, F.make_input(stream.protocol, entry, body, raw=not typed,
                                                     spock_variant=stream.spock_variant), in_hypothesis=False)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# the decoder after a refused message
+
+def _events(dec) -> tuple[list, list]:
+    """The drained events as text (repr: NaN equals NaN there): truncates and messages in order, and every row with
+    its relation (and version) in (_commit_lsn, _seq) order, whichever batch carried it."""
+    others, rows = [], []
+    for e in dec.drain():
+        if hasattr(e, "to_pylist"):
+            rows += [((r["_commit_lsn"], r["_seq"]), repr(e.relation), repr(r)) for r in e.to_pylist()]
+        else:
+            others.append(repr(e))
+    return others, sorted(rows)
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(data=st.data(), typed=st.booleans())
+def test_refused_messages_leave_no_trace(impl, data, typed):
+    """Mutated streams fed message by message to one decoder that goes on after each refused message: it ends
+    exactly where a decoder fed only the messages it accepted ends (the same rows under the same relation
+    versions, truncates, messages and committed_lsn), and that second decoder accepts every one of them. So a
+    refused message changes nothing, and the decoder keeps decoding valid input correctly after any error."""
+    from spockwire.errors import ProtocolError
+
+    stream = data.draw(st.sampled_from(golden_streams() + capture_streams() + synthetic_streams()))
+    records = stream.records
+    for _ in range(data.draw(st.integers(1, 4))):
+        records = mutate_records(data, records)
+    case = F.parse_input(F.make_input(stream.protocol, "messages", b"", raw=not typed,
+                                      numeric_text=data.draw(st.booleans()), spock_variant=stream.spock_variant))
+    going_on, clean = (impl.Decoder(case.protocol, **case.kwargs) for _ in range(2))
+    for message in F.setup_messages(case):
+        going_on.feed(message)
+        clean.feed(message)
+    accepted, refused = [], 0
+    for _lsn, message in records:
+        try:
+            going_on.feed(message)
+        except ProtocolError:
+            refused += 1
+            continue
+        accepted.append(message)
+    note(f"{len(accepted)} messages accepted, {refused} refused")
+    for message in accepted:
+        clean.feed(message)
+    assert _events(going_on) == _events(clean)
+    assert going_on.committed_lsn == clean.committed_lsn

@@ -275,3 +275,73 @@ def test_spock_version_given_up_front(both_impls):
                                (5, sp5("B", final_lsn=1, commit_ts=0, xid=1))):
             dec = impl.Decoder(protocol="spock", proto_version=version, types="raw")
             dec.feed(begin)
+
+
+# --- the decoder after a rejected message ---------------------------------------------------------------------
+_R5 = sp5("R", relid=0x10, namespace="public", name="t", columns=REL_COLS)
+_PGL_R = pgl("R", relid=0x10, namespace="public", name="t", columns=REL_COLS)
+
+
+def _v4(t, **f):
+    return W.spock(t, proto=4, **f)
+
+
+# valid continuations of a context: the open transaction (or stream) finished, or a whole new transaction; each
+# context has at least one under which the decoder emits rows (asserted below)
+CONTINUATIONS = {
+    "pgoutput": [
+        [pgo("I", relid=0x10, new=["2", "y"]), pgo("C", commit_lsn=0x100, end_lsn=0x110, commit_ts=TS)],
+        [pgo("B", final_lsn=0x200, commit_ts=TS, xid=6), *PGO_REL, pgo("I", relid=0x10, new=["3", "z"]),
+         pgo("C", commit_lsn=0x200, end_lsn=0x210, commit_ts=TS)],
+        [pgo("I", xid=7, relid=0x10, new=["4", "s"]), pgo("E"),
+         pgo("c", xid=7, commit_lsn=0x300, end_lsn=0x310, commit_ts=TS)],
+        [pgo("E"), pgo("c", xid=7, commit_lsn=0x300, end_lsn=0x310, commit_ts=TS)],
+        [pgo("c", xid=7, commit_lsn=0x300, end_lsn=0x310, commit_ts=TS)],
+    ],
+    "spock": [
+        [sp5("I", relid=0x10, new=["2", "y"]), sp5("C", commit_lsn=0x100, end_lsn=0x110, commit_ts=TS)],
+        [_R5, sp5("I", relid=0x10, new=["2", "y"]), sp5("C", commit_lsn=0x100, end_lsn=0x110, commit_ts=TS)],
+        [sp5("B", final_lsn=0x200, commit_ts=TS, xid=6), _R5, sp5("I", relid=0x10, new=["3", "z"]),
+         sp5("C", commit_lsn=0x200, end_lsn=0x210, commit_ts=TS)],
+        [*SP5_START, sp5("B", final_lsn=0x200, commit_ts=TS, xid=6), _R5, sp5("I", relid=0x10, new=["3", "z"]),
+         sp5("C", commit_lsn=0x200, end_lsn=0x210, commit_ts=TS)],
+        [_v4("R", relid=0x10, namespace="public", name="t", columns=REL_COLS), _v4("I", relid=0x10, new=["2", "y"]),
+         _v4("C", commit_lsn=0x100, end_lsn=0x110, commit_ts=TS)],
+    ],
+    "pglogical": [
+        [pgl("I", relid=0x10, new=["2", "y"]), pgl("C", commit_lsn=0x100, end_lsn=0x110, commit_ts=TS)],
+        [_PGL_R, pgl("I", relid=0x10, new=["2", "y"]), pgl("C", commit_lsn=0x100, end_lsn=0x110, commit_ts=TS)],
+        [pgl("B", final_lsn=0x200, commit_ts=TS, xid=6), _PGL_R, pgl("I", relid=0x10, new=["3", "z"]),
+         pgl("C", commit_lsn=0x200, end_lsn=0x210, commit_ts=TS)],
+    ],
+}
+
+
+def _outcome(dec, messages):
+    """What a decoder makes of `messages`: its events (as values) or its error (class, text, offset)."""
+    try:
+        for message in messages:
+            dec.feed(message)
+        return "events", [e.to_pylist() if hasattr(e, "to_pylist") else repr(e) for e in dec.drain()]
+    except ProtocolError as exc:
+        return "error", type(exc), str(exc), exc.offset
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_rejected_message_changes_nothing(impl, case):
+    """After the error the same decoder goes on exactly like one that never saw the bad message: under every
+    continuation it emits the same events (or raises the same error) as a decoder fed only the context."""
+    rows_seen = False
+    for continuation in CONTINUATIONS[case.protocol]:
+        after_error, clean = (impl.Decoder(protocol=case.protocol, **{"types": "raw", **case.kwargs})
+                              for _ in range(2))
+        for message in case.context:
+            after_error.feed(message)
+            clean.feed(message)
+        with pytest.raises(ProtocolError):
+            after_error.feed(case.bad)
+        assert _outcome(after_error, []) == _outcome(clean, [])   # the context's own events
+        expected = _outcome(clean, continuation)
+        assert _outcome(after_error, continuation) == expected
+        rows_seen |= expected[0] == "events" and any(isinstance(e, list) and e for e in expected[1])
+    assert rows_seen, "no continuation of this context decodes rows: the check above proves too little"

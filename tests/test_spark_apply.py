@@ -104,9 +104,20 @@ def test_apply_to_delta_through_delta_rs(spark, tmp_path):
     assert deltalake.DeltaTable(path).to_pyarrow_table().to_pylist() == [{"id": 9, "name": "nine", "doc": "d9"}]
 
 
-def test_delta_spark_engine_explains_missing_jars(spark, tmp_path):
-    if has_delta_spark(spark):  # a session with the Delta jars: the merge path runs for real
-        apply_changes(changes(spark, EVENTS), str(tmp_path / "d"), format="delta", keys=["id"], engine="spark")
+def test_delta_spark_engine(spark, tmp_path):
+    """engine="spark" merges through delta-spark. The suite's session (tests/spark_session.py) loads no Delta jars
+    and the delta-spark Python package ships none (they come from Maven through spark.jars.packages), so here the
+    test proves the clear error and that nothing was written. In a session with the jars it applies the changes
+    and must give the same table as the other engines."""
+    path = tmp_path / "d"
+    if not has_delta_spark(spark):
+        with pytest.raises(RuntimeError, match=r"engine='spark' needs delta-spark in the session: .*"
+                                               r"spark\.jars\.packages=io\.delta:delta-spark"):
+            apply_changes(changes(spark, EVENTS), str(path), format="delta", keys=["id"], engine="spark")
+        assert not path.exists()
         return
-    with pytest.raises(RuntimeError, match="delta-spark"):
-        apply_changes(changes(spark, EVENTS), str(tmp_path / "d"), format="delta", keys=["id"], engine="spark")
+    start = target(spark, [(1, "one", "D1"), (2, "two", "D2"), (3, "three", "D3")])
+    start.write.format("delta").save(str(path))
+    apply_changes(changes(spark, EVENTS), str(path), format="delta", keys=["id"], engine="spark")
+    assert table(spark.read.format("delta").load(str(path))) == \
+        [(1, "one!", "D1"), (2, "two!", None), (5, "five again", "d5b"), (40, "forty", "d4")]

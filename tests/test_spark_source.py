@@ -8,6 +8,10 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 import random
 import threading
 import time
@@ -140,6 +144,30 @@ def _wait_caught_up(query, db, slot: str, timeout: float = 120) -> None:
 
 # ------------------------------------------------------------------------------------------------------- types
 
+def _assert_workers_decode_with_the_selected_implementation(spark) -> None:
+    """Spark's Python workers import spockwire with the environment the JVM started with, the driver's: they
+    select the implementation the driver selected (SPOCKWIRE_IMPL)."""
+    import spockwire
+
+    expected = spockwire.__impl__
+    seen = set(spark.sparkContext.parallelize(range(2), 2).map(lambda _: __import__("spockwire").__impl__).collect())
+    assert seen == {expected}
+
+
+def test_the_source_with_the_pure_python_decoder():
+    """The typed-values and unchanged-TOAST tests again, with the pure-Python twin decoding in Spark's workers.
+    The workers take the implementation from the environment the session's JVM started with (the session lives
+    as long as the test process), so these run in a child pytest with SPOCKWIRE_IMPL=python and a session of
+    their own."""
+    root = Path(__file__).resolve().parents[1]
+    tests = ["tests/test_spark_source.py::test_schema_and_typed_values_survive[pg15]",
+             "tests/test_spark_source.py::test_null_versus_unchanged_toast"]
+    env = dict(os.environ, SPOCKWIRE_IMPL="python")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *tests], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
+
+
 @pytest.mark.pg_servers("pg15", "pg18")
 def test_schema_and_typed_values_survive(spark, pg_db):
     pg_db.execute("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
@@ -157,6 +185,7 @@ def test_schema_and_typed_values_survive(spark, pg_db):
          '\\x00ff', ARRAY[1, NULL, 3], ARRAY[1.50, -2.25]::numeric(10,2)[], ARRAY['x', NULL, 'y,z'], 'happy'),
         (2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)""",
                   (str(u),))
+    _assert_workers_decode_with_the_selected_implementation(spark)
     df = (spark.read.format("spockwire").option("dsn", pg_db.dsn).option("slot", _slot(pg_db))
           .option("publication", "pub").option("table", "public.typed").load())
     types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
@@ -201,6 +230,7 @@ def test_types_kept_as_text_are_the_servers_text_in_both_formats(spark, pg_db, b
 
 
 def test_null_versus_unchanged_toast(spark, pg_db):
+    _assert_workers_decode_with_the_selected_implementation(spark)
     opts = _setup_orders(pg_db)
     big = "t" * 10000
     pg_db.execute("INSERT INTO orders VALUES (1, 1, 1.00, %s, '{}', now()), (2, 2, 2.00, %s, '{}', now())",

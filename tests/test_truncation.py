@@ -53,3 +53,28 @@ def test_every_prefix_is_truncated(both_impls, golden, index, vector):
         assert exc.needed > exc.remaining, (size, str(exc))
         assert exc.msg_type == (msg_type if size > type_at else None), (size, str(exc))
         assert str(exc).startswith("truncated "), str(exc)
+
+
+def _events(dec):
+    return [e.to_pylist() if hasattr(e, "to_pylist") else repr(e) for e in dec.drain()]
+
+
+@pytest.mark.parametrize("golden,index,vector", CASES, ids=[f"{g.name}:{i}:{v.name}" for g, i, v in CASES])
+def test_a_truncated_message_leaves_the_decoder_as_it_was(impl, golden, index, vector):
+    """After a prefix is refused, the same decoder takes the whole message and the rest of the golden stream and
+    emits exactly what a decoder that never saw the prefix emits."""
+    clean = impl.Decoder(protocol=golden.protocol, **{"types": "raw", **golden.decoder_kwargs})
+    for message in golden.vectors:
+        clean.feed(message.data)
+    expected = _events(clean)
+    sizes = [size for size in range(len(vector.data)) if size not in vector.complete_prefixes]
+    for size in sizes[:: max(1, len(sizes) // 8)] + sizes[-1:]:   # a spread of cuts, the longest one included
+        dec = impl.Decoder(protocol=golden.protocol, **{"types": "raw", **golden.decoder_kwargs})
+        for earlier in golden.vectors[:index]:
+            dec.feed(earlier.data)
+        with pytest.raises(TruncatedMessage):
+            dec.feed(vector.data[:size])
+        for message in golden.vectors[index:]:
+            dec.feed(message.data)
+        assert _events(dec) == expected, f"after a prefix of {size} bytes"
+        assert dec.committed_lsn == clean.committed_lsn

@@ -270,3 +270,29 @@ def test_internal_format_timestamps_past_the_arrow_range(source: Source, impl_na
         assert row["ts"] == source.ut_text[row["id"]]["ts"]
     assert rows[2][1].field("tz").type == pa.string()
     assert rows[2][2]["tz"] == source.ut_text[3]["tz"]
+
+
+@pytest.mark.parametrize("impl_name", IMPLEMENTATIONS)
+def test_a_refused_row_switches_no_column(impl_name: str) -> None:
+    """A row whose numeric does not fit decimal128 but whose later column is malformed is refused as a whole: the
+    numeric column stays typed and the relation keeps its version for the rows after it."""
+    from tests import wire_encoder as W
+
+    cols = [W.Col("id", 23, -1, True), W.Col("amount", 1700, (12 << 16 | 2) + 4), W.Col("flag", 16, -1)]
+    relation = W.pgoutput("R", relid=5, namespace="public", name="t", columns=cols)
+    begin = W.pgoutput("B", final_lsn=0x100, commit_ts=0, xid=3)
+    refused = W.pgoutput("I", relid=5, new=["1", "NaN", "maybe"])
+    valid = [W.pgoutput("I", relid=5, new=["2", "1.50", "t"]),
+             W.pgoutput("C", commit_lsn=0x100, end_lsn=0x110, commit_ts=0)]
+    module = load_impl(impl_name)
+    dec = module.Decoder("pgoutput")
+    for message in (relation, begin):
+        dec.feed(message)
+    with pytest.raises(ProtocolError, match="flag"):
+        dec.feed(refused)
+    for message in valid:
+        dec.feed(message)
+    (batch,) = dec.drain()
+    assert batch.relation.version == 1
+    assert batch.to_arrow().schema.field("amount").type == pa.decimal128(12, 2)
+    assert [(r["id"], r["amount"], r["flag"]) for r in batch.to_pylist()] == [(2, Decimal("1.50"), True)]

@@ -539,9 +539,13 @@ cdef class Decoder:
         c.mtype = t
         after = self.after
         self.after = AFTER_NOTHING
-        if self.proto == PGOUTPUT:
-            return self._pgoutput(&c, t, after)
-        return self._native(&c, t, after)
+        try:
+            if self.proto == PGOUTPUT:
+                return self._pgoutput(&c, t, after)
+            return self._native(&c, t, after)
+        except BaseException:
+            self.after = after   # a refused message leaves the ORIGIN / LAST-COMMIT placement as it was
+            raise
 
     cdef int _pgoutput(self, Cur* c, uint8_t t, int after) except -1:
         cdef uint64_t a, b
@@ -984,7 +988,8 @@ cdef class Decoder:
                 # the relation and the message is decoded again with it
                 b.nrows = mark
                 b.nbytes = mark_bytes
-                info = self._switch_to_text(info, u.column)
+                for column in self._columns_to_switch(c, t, txn, sub, info, body, u.column):
+                    info = self._switch_to_text(info, column)
                 c.pos = body
                 b = self._builder(txn, info)
                 continue
@@ -994,6 +999,24 @@ cdef class Decoder:
             break
         txn.advance(sub, b.nrows - mark)
         return 0
+
+    cdef list _columns_to_switch(self, Cur* c, uint8_t t, _Txn txn, uint32_t sub, _RelInfo info, Py_ssize_t body,
+                                 Py_ssize_t first):
+        """The columns a row message turns to text, in the order its decoding meets them, found on a scratch
+        builder: a message refused for another reason raises here and switches nothing."""
+        cdef list columns = [first]
+        cdef Py_ssize_t column = first
+        specs = list(info.specs)
+        while True:
+            specs[column] = text_column_spec(info.relation, column, self.types, self.type_catalog)
+            c.pos = body
+            try:
+                self._row_body(c, t, _Builder(info.relation, tuple(specs)), txn, sub, 0)
+            except _Unrepresentable as u:
+                column = u.column
+                columns.append(column)
+                continue
+            return columns
 
     cdef int _row_body(self, Cur* c, uint8_t t, _Builder b, _Txn txn, uint32_t sub, Py_ssize_t mark) except -1:
         """The tuples of an INSERT, UPDATE or DELETE after the relation id."""

@@ -459,10 +459,14 @@ class Decoder:
         r.mtype = _type_name(t)
         after = self._after
         self._after = _AFTER_NOTHING
-        if self._proto == _PGOUTPUT:
-            self._pgoutput(t, r, after)
-        else:
-            self._native(t, r, after)
+        try:
+            if self._proto == _PGOUTPUT:
+                self._pgoutput(t, r, after)
+            else:
+                self._native(t, r, after)
+        except BaseException:
+            self._after = after   # a refused message leaves the ORIGIN / LAST-COMMIT placement as it was
+            raise
 
     def _pgoutput(self, t: int, r: _Reader, after: int) -> None:
         if t == 0x42:  # B
@@ -842,7 +846,8 @@ class Decoder:
                 # the relation and the message is decoded again with it
                 b.truncate_to(mark)
                 b.nbytes = mark_bytes
-                rel = self._switch_to_text(rel, u.column)
+                for column in self._columns_to_switch(r, t, txn, sub, rel, body, u.column):
+                    rel = self._switch_to_text(rel, column)
                 r.pos = body
                 b = self._builder(txn, rel)
                 continue
@@ -851,6 +856,22 @@ class Decoder:
                 raise
             break
         txn.advance(sub, b.nrows - mark)
+
+    def _columns_to_switch(self, r: _Reader, t: int, txn: _Txn, sub: int, rel: Relation, body: int,
+                           first: int) -> list[int]:
+        """The columns a row message turns to text, in the order its decoding meets them, found on a scratch
+        builder: a message refused for another reason raises here and switches nothing."""
+        columns = [first]
+        specs = list(self._specs[id(rel)])
+        while True:
+            specs[columns[-1]] = text_column_spec(rel, columns[-1], self.types, self.type_catalog)
+            r.pos = body
+            try:
+                self._row_body(r, t, _Builder(rel, tuple(specs)), txn, sub, 0)
+            except _Unrepresentable as u:
+                columns.append(u.column)
+                continue
+            return columns
 
     def _row_body(self, r: _Reader, t: int, b: _Builder, txn: _Txn, sub: int, mark: int) -> None:
         """The tuples of an INSERT, UPDATE or DELETE after the relation id."""
