@@ -58,6 +58,24 @@ class PgDatabase:
         return self.name
 
 
+def drop_inactive_slots(db: PgDatabase, timeout: float = 10.0) -> None:
+    """Drop the database's replication slots as they become inactive (slots are cluster-wide and limited); gives
+    up on the still-active ones after `timeout` seconds."""
+    import time
+
+    from spockwire.connection.slots import drop_slot
+
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = db.query("SELECT slot_name, active FROM pg_replication_slots WHERE database = %s", (db.name,))
+        for name, active in rows:
+            if not active:
+                drop_slot(db.dsn, name)
+        if not any(active for _, active in rows) or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
 PG_FIXTURES = frozenset({"pg_cluster", "pg18_cluster", "spock_cluster", "pg_server", "pg_db"})
 
 #: pg_servers marker names -> session cluster fixtures

@@ -22,6 +22,7 @@ from spockwire.connection.slots import drop_slot
 from spockwire.connection.options import pgoutput_max_proto
 from spockwire.testing import PostgresCluster
 from tests.live_oracle import oracle_items
+from tests.pg_fixtures import drop_inactive_slots
 
 pytestmark = [pytest.mark.pg, pytest.mark.pg_servers("pg15", "pg18")]
 
@@ -33,15 +34,7 @@ def slot(pg_db) -> Iterator[str]:
     """A slot name no other test uses (slots are cluster-wide); the test's slots are dropped afterwards, since
     the session cluster has a limited number of them."""
     yield "s_" + "_".join(pg_db.name.rsplit("_", 2)[-2:])
-    deadline = time.monotonic() + 10
-    while True:
-        rows = pg_db.query("SELECT slot_name, active FROM pg_replication_slots WHERE database = %s", (pg_db.name,))
-        for name, active in rows:
-            if not active:
-                drop_slot(pg_db.dsn, name)
-        if not any(active for _, active in rows) or time.monotonic() > deadline:
-            return
-        time.sleep(0.05)
+    drop_inactive_slots(pg_db)
 
 SCHEMA = """
 CREATE TABLE a (id int PRIMARY KEY, v text, flag bool, n bigint);

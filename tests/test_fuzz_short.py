@@ -108,9 +108,11 @@ def test_short_fuzz_run_finds_nothing(sanitized, tmp_path, request):
     assert executed, f"libFuzzer printed no execution count:\n{_report(proc)}"
     units, nseeds = int(executed.group(1)), len(list(seeds.iterdir()))
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"short fuzz run: {units} inputs executed in {FUZZ_SECONDS} s "
-                            f"({nseeds} seeds, {units - nseeds} mutations)")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # past pytest's output capture, onto the terminal
+            reporter.write_line(f"short fuzz run: {units} inputs executed in {FUZZ_SECONDS} s "
+                                f"({nseeds} seeds, {units - nseeds} mutations)")
     # every seed ran, and the fuzzer mutated well beyond them (a loaded 2-core machine does 37-111 inputs/s)
     assert units >= nseeds + MIN_MUTATIONS, (units, nseeds)
 

@@ -16,10 +16,10 @@ from typing import Any, Iterator
 import pytest
 
 import spockwire
-from spockwire.connection.slots import drop_slot, slot_info
+from spockwire.connection.slots import slot_info
 from spockwire.values import PostgresTypeCatalog
 from tests.live_oracle import oracle_items
-from tests.pg_fixtures import PgDatabase
+from tests.pg_fixtures import PgDatabase, drop_inactive_slots
 from tests.test_connection_pg import SCHEMA, WORKLOAD, as_text, collect, column_types, ours, row_count
 
 pytestmark = pytest.mark.pg
@@ -35,17 +35,8 @@ def sdb(spock_cluster, request) -> Iterator[PgDatabase]:
     db.execute("CREATE EXTENSION spock")
     db.execute("SELECT spock.node_create(node_name := 'n1', dsn := %s)", (db.dsn,))
     yield db
-    if not spock_cluster.running:
-        return
-    deadline = time.monotonic() + 10
-    while True:
-        rows = db.query("SELECT slot_name, active FROM pg_replication_slots WHERE database = %s", (db.name,))
-        for name, active in rows:
-            if not active:
-                drop_slot(db.dsn, name)
-        if not any(active for _, active in rows) or time.monotonic() > deadline:
-            return
-        time.sleep(0.05)
+    if spock_cluster.running:
+        drop_inactive_slots(db)
 
 
 def create_slots(db: PgDatabase, *names: str) -> None:
