@@ -178,11 +178,15 @@ def pg_db(pg_server: PostgresCluster, request: pytest.FixtureRequest) -> Iterato
     """A database no other test has used, named after the test for easier post-mortems.
 
     At the end, prepared transactions the test left in it are rolled back: a prepared transaction holds back
-    every later logical slot creation on the cluster (it waits for all running transactions to end)."""
+    every later logical slot creation on the cluster (it waits for all running transactions to end); and its
+    replication slots are dropped (slots are cluster-wide: left behind, they would run the shared cluster out of
+    them for later tests)."""
     prefix = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:24]
     name = pg_server.create_database(pg_server.new_database_name(prefix))
-    yield PgDatabase(pg_server, name)
+    db = PgDatabase(pg_server, name)
+    yield db
     if pg_server.running:
         for (gid,) in pg_server.query("SELECT gid FROM pg_prepared_xacts WHERE database = %s", (name,),
                                       dbname=name):
             pg_server.execute(f"ROLLBACK PREPARED '{gid.replace(chr(39), chr(39) * 2)}'", dbname=name)
+        drop_inactive_slots(db, timeout=5.0)

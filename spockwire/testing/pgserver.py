@@ -63,8 +63,8 @@ OUTPUT_PLUGINS = "pgoutput, test_decoding, pglogical_output, pglogical, wal2json
 DEFAULT_SETTINGS: dict[str, Any] = {
     "listen_addresses": "127.0.0.1",
     "wal_level": "logical",
-    "max_replication_slots": 32,
-    "max_wal_senders": 32,
+    "max_replication_slots": 64,
+    "max_wal_senders": 64,
     "max_prepared_transactions": 16,
     "max_worker_processes": 16,
     # only where the server has pglogical (or is the Debian PostgreSQL 15, so a missing package is reported)
