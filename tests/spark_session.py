@@ -27,7 +27,12 @@ def spark_session() -> Any:
             paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
             if ROOT not in paths:
                 os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *paths])
+            import spockwire
+
             _SESSION = (SparkSession.builder.master("local[2]").appName("spockwire-tests")
+                        # the workers decode with the implementation this process selected, whatever the
+                        # environment held when the JVM started
+                        .config("spark.executorEnv.SPOCKWIRE_IMPL", spockwire.__impl__)
                         .config("spark.ui.enabled", "false")
                         .config("spark.ui.showConsoleProgress", "false")
                         .config("spark.sql.shuffle.partitions", "2")
