@@ -186,6 +186,7 @@ _SET_TABLES = """
 SELECT DISTINCT t.set_reloid::oid
   FROM {schema}.replication_set_table t
   JOIN {schema}.replication_set s ON s.set_id = t.set_id
+  JOIN {schema}.local_node l ON l.node_id = s.set_nodeid
  WHERE s.set_name = ANY(%s)
 """
 
