@@ -32,10 +32,10 @@ __all__ = ["ExportedSnapshot", "SnapshotError", "SnapshotTable", "create_slot_wi
 
 log = logging.getLogger("spockwire.snapshot")
 
-#: `_seq` of a table's first snapshot row; row i has SNAPSHOT_SEQ_BASE + i. Every snapshot row sorts before every
-#: change the stream delivers at the consistent point (a transaction's `_seq` starts at 0), so no transaction can
-#: share a (`_commit_lsn`, `_seq`) with a snapshot row, whatever WAL follows the slot's consistent point.
-SNAPSHOT_SEQ_BASE = -(1 << 63)
+# `_seq` of a table's first snapshot row; row i has SNAPSHOT_SEQ_BASE + i (-2^63 + i). Every snapshot row sorts
+# before every change the stream delivers at the consistent point (a transaction's `_seq` starts at 0), so no
+# transaction can share a (`_commit_lsn`, `_seq`) with a snapshot row, whatever WAL follows the consistent point.
+from ..ingest.staging_log import SNAPSHOT_SEQ_BASE  # noqa: E402
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -88,6 +88,7 @@ def _quote_ident(name: str) -> str:
 
 
 def create_slot_with_snapshot(dsn: str, slot: str, plugin: str = "pgoutput", *, two_phase: bool = False,
+                              temporary: bool = False,
                               connect_kwargs: dict[str, Any] | None = None) -> ExportedSnapshot:
     """Create logical slot `slot` over a replication connection with an exported snapshot and return it with
     that connection held open.
@@ -95,6 +96,8 @@ def create_slot_with_snapshot(dsn: str, slot: str, plugin: str = "pgoutput", *, 
     PostgreSQL 15 and later take ``CREATE_REPLICATION_SLOT name LOGICAL plugin (SNAPSHOT 'export')``, older
     servers ``... LOGICAL plugin EXPORT_SNAPSHOT``. Nothing else may run on the connection until the snapshot has
     been read (a command on it ends the export): close it then. An existing slot of that name is an error.
+    A `temporary` slot is dropped by the server when the connection ends (what table snapshots of a running
+    stream use: only the pair (consistent point, snapshot) matters).
     """
     import psycopg2
     from psycopg2.extras import LogicalReplicationConnection
@@ -113,11 +116,13 @@ def create_slot_with_snapshot(dsn: str, slot: str, plugin: str = "pgoutput", *, 
         version = conn.server_version
         if version >= 150000:
             opts = ["SNAPSHOT 'export'"] + (["TWO_PHASE"] if two_phase else [])
-            command = f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL {library} ({', '.join(opts)})"
+            command = (f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} {'TEMPORARY ' if temporary else ''}LOGICAL "
+                       f"{library} ({', '.join(opts)})")
         else:
             if two_phase:
                 raise SnapshotError("two_phase slots with an exported snapshot need PostgreSQL 15 or later")
-            command = f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL {library} EXPORT_SNAPSHOT"
+            command = (f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} {'TEMPORARY ' if temporary else ''}LOGICAL "
+                       f"{library} EXPORT_SNAPSHOT")
         cur = conn.cursor()
         cur.execute(command)
         row = cur.fetchone()
