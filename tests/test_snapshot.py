@@ -442,8 +442,12 @@ def test_tables_added_to_the_publication_while_ingest_runs(pg_db, tmp_path, impl
         time.sleep(0.5)
         db.execute("ALTER PUBLICATION pub ADD TABLE late, quiet")
         _wait(lambda: len(worker.writer.state.snapshots) == 2, thread)
-        request_snapshot(out, ["public.quiet"])
-        _wait(lambda: len(worker.writer.state.snapshots) == 3, thread)
+        asked = subprocess.run([sys.executable, "-m", "spockwire", "snapshot", "--staging", str(out), "--table",
+                                "public.quiet", "--wait", "--timeout", "120"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=180)
+        assert asked.returncode == 0, asked.stderr
+        assert "public.quiet: 3,000 rows staged as snapshot rows" in asked.stdout
+        assert len(worker.writer.state.snapshots) == 3
         time.sleep(1.0)
     thread.join(timeout=300)
     assert result == [0]
