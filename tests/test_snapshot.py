@@ -248,9 +248,10 @@ def test_snapshot_then_stream_equals_source_with_writers_running(pg_db, tmp_path
     config = IngestConfig(dsn=db.dsn, slot=f"{db.name}_s", out=str(out), publication=["pub"], create_slot=True,
                           idle_exit=2.0, flush_seconds=0.2, progress=False,
                           impl="c" if impl.__name__.endswith("_decoder") else "python")
+    db.execute("ANALYZE")                                   # pg_class estimates for the progress figures
     with Writers(db.dsn, ["items"], ["bag"]) as writers:
         time.sleep(0.3)
-        run_worker(config, writers=writers)
+        worker = run_worker(config, writers=writers)
     assert writers.ops > 50
     state = StagingState.load(out)
     (snap,) = state.snapshots
@@ -271,6 +272,11 @@ def test_snapshot_then_stream_equals_source_with_writers_running(pg_db, tmp_path
     confirmed = db.query("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s",
                          (config.slot,))[0][0]
     assert int(confirmed) >= state.committed_lsn
+    metrics = dict(line.rsplit(" ", 1) for line in worker.metrics.render().splitlines()
+                   if line.startswith("spockwire_snapshot"))
+    assert int(metrics["spockwire_snapshot_rows_total"]) == sum(snap["tables"].values())
+    assert metrics["spockwire_snapshot_tables_done"] == metrics["spockwire_snapshot_tables_total"] == "3"
+    assert int(metrics["spockwire_snapshot_rows_estimated"]) == 32000      # 30000 + 2000 + 0 after ANALYZE
 
 
 @pytest.mark.parametrize("via_root", [True, False], ids=["via_root", "leaves"])
@@ -471,3 +477,39 @@ def _wait(condition: Any, thread: threading.Thread, timeout: float = 120.0) -> N
         assert thread.is_alive(), "the worker ended early"
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the library flow: create the slot with a snapshot, read it, then stream
+
+def test_library_create_slot_read_snapshot_then_stream(pg_db, tmp_path, impl):
+    """What an embedding application does without the ingest worker: snapshot rows as ChangeBatch events from
+    `iter_snapshot_changes`, then `spockwire.connect` from the consistent point; both go into a StagingWriter,
+    and the replay equals the source."""
+    import spockwire
+    from spockwire.ingest import StagingWriter
+    from spockwire.snapshot.initial import create_slot_with_snapshot, iter_snapshot_changes
+
+    db = pg_db
+    create_keyed(db, "items", 20000)
+    db.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    out = tmp_path / "staging"
+    slot = f"{db.name}_s"
+    with StagingWriter(out, "pgoutput") as writer:
+        with Writers(db.dsn, ["items"]) as writers:
+            time.sleep(0.2)
+            with create_slot_with_snapshot(db.dsn, slot, "pgoutput") as exported:
+                assert exported.open
+                batches = list(iter_snapshot_changes(db.dsn, exported, publication="pub"))
+            assert not exported.open
+            time.sleep(0.5)
+        assert {b.relation.qualified_name for b in batches} == {"public.items"}
+        assert all(r["_xid"] is None for b in batches for r in b.to_arrow().select(["_xid"]).to_pylist())
+        writer.add_all(batches)
+        writer.commit(exported.consistent_point)
+        with spockwire.connect(db.dsn, slot=slot, publication="pub", start_lsn=exported.consistent_point,
+                               decoder_factory=lambda protocol: impl.Decoder(protocol)) as stream:
+            for event in stream.events(idle_timeout=2.0):
+                writer.add(event)
+            writer.commit(stream.delivered_lsn)
+    assert replay(out, ["public.items"], KEYED_COLUMNS) == source(db, "items", KEYED_COLUMNS)

@@ -25,10 +25,10 @@ import pyarrow as pa
 from ..connection.session import pinned_kwargs
 from ..connection.slots import SLOT_PLUGIN, format_lsn, parse_lsn
 from ..errors import SpockwireError
-from ..model import Column, Relation
+from ..model import ChangeBatch, Column, Relation
 
 __all__ = ["ExportedSnapshot", "SnapshotError", "SnapshotTable", "create_slot_with_snapshot", "replicated_tables",
-           "snapshot_batch", "stage_initial_snapshot", "iter_snapshot_rows", "SNAPSHOT_SEQ_BASE", "SnapshotProgress"]
+           "snapshot_batch", "stage_initial_snapshot", "iter_snapshot_rows", "iter_snapshot_changes", "snapshot_rows", "snapshot_time", "SNAPSHOT_SEQ_BASE", "SnapshotProgress"]
 
 log = logging.getLogger("spockwire.snapshot")
 
@@ -421,3 +421,28 @@ def stage_initial_snapshot(writer: Any, dsn: str, exported: ExportedSnapshot, ta
             "snapshot_ts": commit_ts.isoformat(), "tables": counts}
     entry = writer.commit(exported.consistent_point, snapshot=meta)
     return entry
+
+
+def iter_snapshot_changes(dsn: str, exported: ExportedSnapshot, tables: Sequence[SnapshotTable] | None = None, *,
+                          publication: Any = None, replication_sets: Any = None, workers: int = 1,
+                          types: str = "typed", connect_kwargs: dict[str, Any] | None = None
+                          ) -> Iterator[ChangeBatch]:
+    """Every snapshot row of `tables` (default: every table the slot's stream replicates, listed with
+    `publication` / `replication_sets`) as `ChangeBatch` events, the same kind the stream's decoder drains, so a
+    consumer handles snapshot and changes alike:
+
+        with create_slot_with_snapshot(dsn, "lake", "pgoutput") as exported:
+            for batch in iter_snapshot_changes(dsn, exported, publication="pub"):
+                consume(batch)                       # insert rows at the consistent point, _xid null
+        stream = spockwire.connect(dsn, slot="lake", publication="pub", start_lsn=exported.consistent_point)
+
+    The exported snapshot must still be open (iterate before leaving the `with` block)."""
+    if tables is None:
+        tables = replicated_tables(dsn, exported.plugin, publication=publication, replication_sets=replication_sets,
+                                   snapshot=exported.name, connect_kwargs=connect_kwargs)
+    commit_ts = snapshot_time(dsn, exported.name, connect_kwargs)
+    for table in tables:
+        batches = iter_snapshot_rows(dsn, table, exported.name, workers=workers, types=types,
+                                     connect_kwargs=connect_kwargs)
+        for rb in snapshot_rows(batches, table.relation, exported.consistent_point, commit_ts):
+            yield ChangeBatch(table.relation, rb)
