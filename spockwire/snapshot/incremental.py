@@ -109,7 +109,7 @@ class IncrementalSnapshots:
             try:
                 tables = replicated_tables(cfg.dsn, cfg.plugin, publication=cfg.publication,
                                            replication_sets=cfg.replication_sets,
-                                           connect_kwargs=cfg.extra.get("connect_kwargs"))
+                                           connect_kwargs=cfg.extra.get("connect_kwargs"), skip=self.known)
             except SnapshotError as exc:
                 log.warning("cannot list the replicated tables: %s", exc)
                 return

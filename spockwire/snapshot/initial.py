@@ -236,14 +236,15 @@ def _leaves(cur: Any, oid: int) -> list[int]:
 
 
 def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None, replication_sets: Any = None,
-                      snapshot: str | None = None, connect_kwargs: dict[str, Any] | None = None
-                      ) -> list[SnapshotTable]:
+                      snapshot: str | None = None, connect_kwargs: dict[str, Any] | None = None,
+                      skip: Iterable[str] = ()) -> list[SnapshotTable]:
     """Every table the stream of these settings replicates, with the relation it arrives as.
 
     pgoutput: ``pg_publication_tables`` of the publications, which already honours ``publish_via_partition_root``
     (the root is listed and its leaf partitions are read as its rows; otherwise each leaf is listed itself).
     pglogical / spock: the tables of the replication sets (``<schema>.replication_set_table``). Tables without a
-    primary key are included. With `snapshot`, the catalogs are read as the exported snapshot sees them.
+    primary key are included. With `snapshot`, the catalogs are read as the exported snapshot sees them. Tables
+    named in `skip` ("schema.table") are left out before their columns are read.
     """
     import psycopg2
 
@@ -272,6 +273,11 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
                 sets = list(_names(replication_sets)) or ["default"]
                 cur.execute(_SET_TABLES.format(schema=schema), (sets,))
             oids = sorted(int(r[0]) for r in cur.fetchall())
+            skip = set(skip)
+            if skip and oids:
+                cur.execute("SELECT c.oid::bigint, n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n "
+                            "ON n.oid = c.relnamespace WHERE c.oid = ANY(%s)", (oids,))
+                oids = sorted(oid for oid, name in cur.fetchall() if name not in skip)
             tables = []
             for oid in oids:
                 rel = _relation_of(cur, oid, protocol)
@@ -293,6 +299,12 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
 
 # ---------------------------------------------------------------------------------------------------- snapshot rows
 
+def _inserts(n: int) -> pa.Array:
+    """A string array of `n` times "insert", built from its buffers (no Python object per row)."""
+    offsets = np.arange(0, 6 * (n + 1), 6, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b"insert" * n)])
+
+
 def _micros(ts: _dt.datetime) -> int:
     delta = ts - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
     return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
@@ -304,7 +316,7 @@ def snapshot_batch(relation: Relation, values: pa.RecordBatch, first_row: int, c
     from ..export.arrow import change_fields
     n = values.num_rows
     change = [
-        pa.array(np.full(n, "insert", dtype=object), pa.string()),
+        _inserts(n),
         pa.array(np.full(n, commit_lsn, dtype=np.uint64), pa.uint64()),
         pa.array(np.full(n, _micros(commit_ts), dtype=np.int64), pa.int64()).cast(_TS),
         pa.nulls(n, pa.uint32()),
