@@ -426,47 +426,54 @@ def test_kill9_during_the_snapshot_then_restart_equals_source(pg_db, tmp_path, i
 
 def test_tables_added_to_the_publication_while_ingest_runs(pg_db, tmp_path, impl):
     """`late` is added to the publication while writers change it (its first streamed change starts its
-    snapshot); `quiet` is added without any change and requested with `request_snapshot` (what `spockwire
-    snapshot --table` does). Both end equal to the source, as does the table replicated from the start."""
-    from spockwire.snapshot.incremental import request_snapshot
-
+    snapshot); `idle` is added without any change (the periodic check of the publication finds it); `quiet` is
+    added later and requested with `spockwire snapshot --staging OUT --table public.quiet --wait`. All end equal to
+    the source, as does the table replicated from the start."""
     db = pg_db
     create_keyed(db, "items", 10000)
     create_keyed(db, "late", 20000)
+    create_keyed(db, "idle", 1000)
     create_keyed(db, "quiet", 3000)
     db.execute("CREATE PUBLICATION pub FOR TABLE items")
     out = tmp_path / "staging"
     config = IngestConfig(dsn=db.dsn, slot=f"{db.name}_s", out=str(out), publication=["pub"], create_slot=True,
-                          idle_exit=2.0, flush_seconds=0.2, progress=False, snapshot_check_interval=0,
+                          idle_exit=2.0, flush_seconds=0.2, progress=False, snapshot_check_interval=1.0,
                           impl="c" if impl.__name__.endswith("_decoder") else "python")
     worker = IngestWorker(config)
     result: list[Any] = []
     thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+
+    def snapshotted() -> dict[str, dict]:
+        return {t: r for r in worker.writer.state.snapshots for t in r["tables"]}
+
     with Writers(db.dsn, ["items", "late"]) as writers:
         thread.start()
         _wait(lambda: worker.writer is not None and len(worker.writer.state.snapshots) == 1, thread)
         time.sleep(0.5)
-        db.execute("ALTER PUBLICATION pub ADD TABLE late, quiet")
-        _wait(lambda: len(worker.writer.state.snapshots) == 2, thread)
+        db.execute("ALTER PUBLICATION pub ADD TABLE late, idle")
+        _wait(lambda: {"public.late", "public.idle"} <= set(snapshotted()), thread)
+        worker.incremental.check_interval = 0           # from here on only the request finds `quiet`
+        db.execute("ALTER PUBLICATION pub ADD TABLE quiet")
         asked = subprocess.run([sys.executable, "-m", "spockwire", "snapshot", "--staging", str(out), "--table",
                                 "public.quiet", "--wait", "--timeout", "120"], cwd=ROOT, capture_output=True,
                                text=True, timeout=180)
         assert asked.returncode == 0, asked.stderr
         assert "public.quiet: 3,000 rows staged as snapshot rows" in asked.stdout
-        assert len(worker.writer.state.snapshots) == 3
         time.sleep(1.0)
     thread.join(timeout=300)
     assert result == [0]
-    initial, late, quiet = StagingState.load(out).snapshots
-    assert initial["kind"] == "initial" and list(initial["tables"]) == ["public.items"]
-    assert late["kind"] == "incremental" and list(late["tables"]) == ["public.late"]
-    assert quiet["kind"] == "incremental" and quiet["tables"] == {"public.quiet": 3000}
-    assert late["consistent_point"] > initial["consistent_point"]
+    records = snapshotted()
+    assert records["public.items"]["kind"] == "initial"
+    for table in ("late", "idle", "quiet"):
+        assert records[f"public.{table}"]["kind"] == "incremental"
+        assert records[f"public.{table}"]["consistent_point"] > records["public.items"]["consistent_point"]
+    assert records["public.idle"]["tables"]["public.idle"] == 1000
+    late = records["public.late"]
     rows = staged_rows(out, "public.late")
     assert any(r["_xid"] is not None and r["_commit_lsn"] > late["consistent_point"] for r in rows), \
         "no change of the late table was streamed after its snapshot"
     assert all(r["_commit_lsn"] >= late["consistent_point"] for r in rows)
-    for table in ("items", "late", "quiet"):
+    for table in ("items", "late", "idle", "quiet"):
         assert replay(out, [f"public.{table}"], KEYED_COLUMNS) == source(db, table, KEYED_COLUMNS)
     assert not db.query("SELECT 1 FROM pg_replication_slots WHERE slot_name LIKE %s", (f"{config.slot}_snap%",))
 
