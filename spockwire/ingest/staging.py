@@ -90,6 +90,64 @@ def _drop_staged(rb: pa.RecordBatch, floor: int, hwm: tuple[int, int] | None) ->
     return rb.filter(mask)
 
 
+class _SnapshotFile:
+    """One Parquet file of snapshot rows being written (as `.<name>.tmp`), then made durable and renamed."""
+
+    def __init__(self, sv: SchemaVersion, folder: Path, lsn: int, number: int, compression: str) -> None:
+        self.sv = sv
+        self.tmp = folder / f".{part_name(lsn, lsn, number)}.tmp"
+        self.final = folder / part_name(lsn, lsn, number)
+        self.compression = None if compression == "none" else compression
+        self.writer: pq.ParquetWriter | None = None
+        self.schema: pa.Schema | None = None
+        self.rows = 0
+        self.first: tuple[int, int] | None = None
+        self.last: tuple[int, int] | None = None
+        self.done = False
+
+    def write(self, rb: pa.RecordBatch) -> None:
+        stored = store_batch(rb.replace_schema_metadata(_file_metadata(self.sv)))
+        if self.writer is None:
+            self.schema = stored.schema
+            self.writer = pq.ParquetWriter(str(self.tmp), self.schema, compression=self.compression)
+        elif stored.schema != self.schema:       # same version: the same Arrow types, field details may differ
+            stored = pa.RecordBatch.from_arrays(stored.columns, schema=self.schema)
+        self.writer.write_batch(stored)
+        lo, hi = _batch_bounds(rb)
+        self.first = lo if self.first is None else min(self.first, lo)
+        self.last = _max_key(self.last, hi)
+        self.rows += rb.num_rows
+
+    def finish(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        fd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def publish(self) -> None:
+        """Rename to the final name (still not data until a log entry names it)."""
+        os.replace(self.tmp, self.final)
+        _fsync_dir(self.final.parent)
+        self.done = True
+
+    def discard(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception:  # noqa: BLE001 - the file is removed anyway
+                pass
+            self.writer = None
+        for path in (self.tmp, self.final) if self.done else (self.tmp,):
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
+
 def _schema_version_of(relation: Relation, schema: pa.Schema, version: int) -> SchemaVersion:
     n_change = len(schema) - len(relation.columns)
     cols = tuple((c.name, c.type_oid, c.type_modifier, bool(c.is_key), str(schema.field(n_change + i).type))
@@ -319,9 +377,10 @@ class StagingWriter:
     # ------------------------------------------------------------------ snapshot files
     def stage_snapshot_table(self, relation: Relation, batches: Iterable[pa.RecordBatch]) -> int:
         """Write the snapshot rows of one table (change batches, as `spockwire.snapshot.initial.snapshot_rows`
-        makes them) into one Parquet file, a row group at a time, so memory stays bounded whatever the table's
-        size. The file is durable on return but not data yet: the next `commit` names it in its log entry
-        (docs/staging.md, "Snapshot rows"); a crash before that leaves a file the next writer removes.
+        makes them) into Parquet, a row group at a time, so memory stays bounded whatever the table's size: one
+        file per schema version (a column the reader had to turn to text mid-table starts a new version, as in
+        the stream). The files are durable on return but not data yet: the next `commit` names them in its log
+        entry (docs/staging.md, "Snapshot rows"); a crash before that leaves files the next writer removes.
         Returns the rows written (0: no file)."""
         self._check_open()
         table = relation.qualified_name
@@ -329,71 +388,42 @@ class StagingWriter:
             raise StagingError(f"{table}: snapshot rows must be staged before any other change of the table in "
                                "the same commit, and once")
         number = self.state.commit + 1
-        writer: pq.ParquetWriter | None = None
-        tmp: Path | None = None
-        sv: SchemaVersion | None = None
-        stored_schema: pa.Schema | None = None
+        current: _SnapshotFile | None = None
+        written: list[_SnapshotFile] = []
         rows = 0
-        first: tuple[int, int] | None = None
-        last: tuple[int, int] | None = None
         try:
             for rb in batches:
                 if rb.num_rows == 0:
                     continue
-                if sv is None:
-                    sv = self._version_for(relation, rb.schema)
-                    rel_dir = f"{table_folder_name(sv.namespace, sv.name)}/v{sv.schema_version}"
-                    folder = _ensure_dir(self.out_dir, rel_dir)
+                sv = self._version_for(relation, rb.schema)
+                if current is None or current.sv is not sv:
+                    if current is not None:
+                        current.finish()
                     lo, _ = _batch_bounds(rb)
-                    name = part_name(lo[0], lo[0], number)
-                    tmp = folder / f".{name}.tmp"
-                stored = store_batch(rb.replace_schema_metadata(_file_metadata(sv)))
-                if writer is None:
-                    stored_schema = stored.schema
-                    writer = pq.ParquetWriter(str(tmp), stored_schema, compression=self.compression
-                                              if self.compression != "none" else None)
-                elif stored.schema != stored_schema:
-                    stored = stored.cast(stored_schema)
-                writer.write_batch(stored)
-                lo, hi = _batch_bounds(rb)
-                first = lo if first is None else min(first, lo)
-                last = _max_key(last, hi)
+                    folder = _ensure_dir(self.out_dir, f"{table_folder_name(sv.namespace, sv.name)}/"
+                                                       f"v{sv.schema_version}")
+                    current = _SnapshotFile(sv, folder, lo[0], number, self.compression)
+                    written.append(current)
+                current.write(rb)
                 rows += rb.num_rows
-            if writer is None:
-                return 0
-            writer.close()
-            writer = None
-            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            final = tmp.parent / tmp.name[1:-len(".tmp")]
-            if last[0] != first[0]:
-                final = tmp.parent / part_name(first[0], last[0], number)
-            os.replace(tmp, final)
-            _fsync_dir(final.parent)
+            if current is not None:
+                current.finish()
+            for f in written:
+                f.publish()
         except BaseException as exc:
-            if writer is not None:
-                try:
-                    writer.close()
-                except Exception:  # noqa: BLE001 - the file is removed anyway
-                    pass
-            if tmp is not None:
-                try:
-                    tmp.unlink()
-                except OSError:
-                    pass
+            for f in written:
+                f.discard()
             if isinstance(exc, OSError):
                 raise StagingError(f"writing the snapshot of {table} to {self.out_dir} failed: {_why(exc)}") from exc
             raise
-        rel = final.relative_to(self.out_dir).as_posix()
-        self._pending_files.append({
-            "path": rel, "table": table, "relid": sv.relid, "schema_version": sv.schema_version,
-            "first_commit_lsn": first[0], "last_commit_lsn": last[0], "first_seq": first[1], "last_seq": last[1],
-            "rows": rows, "bytes": final.stat().st_size, "change_counts": {"insert": rows},
-        })
-        self._hwm[table] = _max_key(self._hwm.get(table), last)
+        for f in written:
+            self._pending_files.append({
+                "path": f.final.relative_to(self.out_dir).as_posix(), "table": table, "relid": f.sv.relid,
+                "schema_version": f.sv.schema_version, "first_commit_lsn": f.first[0], "last_commit_lsn": f.last[0],
+                "first_seq": f.first[1], "last_seq": f.last[1], "rows": f.rows, "bytes": f.final.stat().st_size,
+                "change_counts": {"insert": f.rows},
+            })
+            self._hwm[table] = _max_key(self._hwm.get(table), f.last)
         return rows
 
     # ------------------------------------------------------------------ committing

@@ -163,8 +163,9 @@ def snapshot_time(dsn: str, snapshot_name: str, connect_kwargs: dict[str, Any] |
 @dataclass(frozen=True)
 class SnapshotTable:
     """A table the stream replicates: its `relation` (as the stream will describe it: for a partition published
-    through its root, the root) and the tables whose rows are its rows (`sources`: itself, or the root's leaf
-    partitions), with the server's row estimate (pg_class.reltuples; -1 when never analysed)."""
+    through its root, the root) and the tables read for its rows (`sources`: itself; for a partitioned root the
+    reader reads its leaf partitions), with the server's row estimate (pg_class.reltuples of the table or its
+    leaves; -1 when never analysed)."""
 
     relation: Relation
     sources: tuple[str, ...]
@@ -287,8 +288,8 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
                 cur.execute("SELECT coalesce(sum(greatest(reltuples, 0)), 0)::bigint, bool_or(reltuples < 0) "
                             "FROM pg_class WHERE oid = ANY(%s)", (parts,))
                 estimate, unknown = cur.fetchone()
-                tables.append(SnapshotTable(rel, tuple(_qualified(cur, p) for p in parts),
-                                            -1 if unknown else int(estimate)))
+                # the reader reads a partitioned table's leaves itself (columns by name, as the root's rows)
+                tables.append(SnapshotTable(rel, (_qualified(cur, oid),), -1 if unknown else int(estimate)))
             if snapshot is not None:
                 cur.execute("ROLLBACK")
             return tables
