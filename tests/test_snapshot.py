@@ -269,6 +269,8 @@ def test_snapshot_then_stream_equals_source_with_writers_running(pg_db, tmp_path
     assert len(rows) > len(snap_rows), "no change was streamed after the snapshot"
     assert replay(out, ["public.items"], KEYED_COLUMNS) == source(db, "items", KEYED_COLUMNS)
     assert replay(out, ["public.bag"], ["a", "b"]) == source(db, "bag", ["a", "b"])
+    # the snapshot's relation and Arrow types are the stream's: one schema version holds both
+    assert [sv.schema_version for sv in state.schemas["public.items"]] == [1]
     confirmed = db.query("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s",
                          (config.slot,))[0][0]
     assert int(confirmed) >= state.committed_lsn
@@ -319,8 +321,10 @@ def test_pglogical_snapshot_then_stream_equals_source(pg_db, tmp_path, impl):
     with Writers(db.dsn, ["items", "other"]) as writers:
         time.sleep(0.3)
         run_worker(config, writers=writers)
-    (snap,) = StagingState.load(out).snapshots
+    state = StagingState.load(out)
+    (snap,) = state.snapshots
     assert sorted(snap["tables"]) == ["public.items", "public.other"]
+    assert [sv.schema_version for sv in state.schemas["public.items"]] == [1]
     for table in ("items", "other"):
         assert replay(out, [f"public.{table}"], KEYED_COLUMNS) == source(db, table, KEYED_COLUMNS)
 
@@ -383,7 +387,7 @@ def test_kill9_during_the_snapshot_then_restart_equals_source(pg_db, tmp_path, i
     db.execute("CREATE PUBLICATION pub FOR ALL TABLES")
     out = tmp_path / "staging"
     slot = f"{db.name}_s"
-    with Writers(db.dsn, ["first"]) as writers:
+    with Writers(db.dsn, ["first"]):
         proc = subprocess.Popen(_ingest_cmd(db.dsn, slot, out, "--impl", impl_name, "--idle-exit", "60"),
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
@@ -446,7 +450,7 @@ def test_tables_added_to_the_publication_while_ingest_runs(pg_db, tmp_path, impl
     def snapshotted() -> dict[str, dict]:
         return {t: r for r in worker.writer.state.snapshots for t in r["tables"]}
 
-    with Writers(db.dsn, ["items", "late"]) as writers:
+    with Writers(db.dsn, ["items", "late"]):
         thread.start()
         _wait(lambda: worker.writer is not None and len(worker.writer.state.snapshots) == 1, thread)
         time.sleep(0.5)
@@ -503,7 +507,7 @@ def test_library_create_slot_read_snapshot_then_stream(pg_db, tmp_path, impl):
     out = tmp_path / "staging"
     slot = f"{db.name}_s"
     with StagingWriter(out, "pgoutput") as writer:
-        with Writers(db.dsn, ["items"]) as writers:
+        with Writers(db.dsn, ["items"]):
             time.sleep(0.2)
             with create_slot_with_snapshot(db.dsn, slot, "pgoutput") as exported:
                 assert exported.open

@@ -25,17 +25,18 @@ import pyarrow as pa
 from ..connection.session import pinned_kwargs
 from ..connection.slots import SLOT_PLUGIN, format_lsn, parse_lsn
 from ..errors import SpockwireError
+from ..ingest.staging_log import SNAPSHOT_SEQ_BASE
 from ..model import ChangeBatch, Column, Relation
 
-__all__ = ["ExportedSnapshot", "SnapshotError", "SnapshotTable", "create_slot_with_snapshot", "replicated_tables",
-           "snapshot_batch", "stage_initial_snapshot", "iter_snapshot_rows", "iter_snapshot_changes", "snapshot_rows", "snapshot_time", "SNAPSHOT_SEQ_BASE", "SnapshotProgress"]
+__all__ = ["ExportedSnapshot", "SnapshotError", "SnapshotTable", "SnapshotProgress", "SNAPSHOT_SEQ_BASE",
+           "create_slot_with_snapshot", "replicated_tables", "snapshot_time", "iter_snapshot_rows", "snapshot_rows",
+           "snapshot_batch", "iter_snapshot_changes", "stage_initial_snapshot"]
 
 log = logging.getLogger("spockwire.snapshot")
 
-# `_seq` of a table's first snapshot row; row i has SNAPSHOT_SEQ_BASE + i (-2^63 + i). Every snapshot row sorts
-# before every change the stream delivers at the consistent point (a transaction's `_seq` starts at 0), so no
-# transaction can share a (`_commit_lsn`, `_seq`) with a snapshot row, whatever WAL follows the consistent point.
-from ..ingest.staging_log import SNAPSHOT_SEQ_BASE  # noqa: E402
+# SNAPSHOT_SEQ_BASE: `_seq` of a table's first snapshot row; row i has SNAPSHOT_SEQ_BASE + i (-2^63 + i). Every
+# snapshot row sorts before every change the stream delivers at the consistent point (a transaction's `_seq` starts
+# at 0), so no transaction can share a (`_commit_lsn`, `_seq`) with a snapshot row (docs/staging.md).
 
 _TS = pa.timestamp("us", tz="UTC")
 
