@@ -403,7 +403,8 @@ def test_kill9_during_the_snapshot_then_restart_equals_source(pg_db, tmp_path, i
         first_point = db.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                                (slot,))
         assert first_point, "the slot of the interrupted snapshot exists"
-        done = subprocess.Popen(_ingest_cmd(db.dsn, slot, out, "--impl", impl_name, "--idle-exit", "2"), cwd=ROOT,
+        done = subprocess.Popen(_ingest_cmd(db.dsn, slot, out, "--impl", impl_name, "--idle-exit", "2",
+                                            "--progress", "--snapshot-workers", "2"), cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 120
         while not StagingState.load(out).snapshots:
@@ -414,6 +415,9 @@ def test_kill9_during_the_snapshot_then_restart_equals_source(pg_db, tmp_path, i
     _, err = done.communicate(timeout=300)
     assert done.returncode == 0, err.decode()[-3000:]
     assert "snapshot_discarded" in _events(err.decode())
+    # the progress line's last snapshot figures: every table read, the rows counted against pg_class estimates
+    final = [line for line in err.decode().splitlines() if line.startswith("spockwire snapshot: ")][-1]
+    assert ", 2/2 tables, " in final, final
     state = StagingState.open(out)
     (snap,) = state.snapshots
     assert snap["consistent_point_text"] != first_point[0][0]
