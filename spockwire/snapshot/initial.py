@@ -171,6 +171,7 @@ class SnapshotTable:
     relation: Relation
     sources: tuple[str, ...]
     estimated_rows: int
+    where: str | None = None         # the publication's / replication set's row filter (SQL), None: every row
 
     @property
     def name(self) -> str:
@@ -182,7 +183,7 @@ class SnapshotTable:
 
 
 _PUBLICATION_TABLES = """
-SELECT DISTINCT c.oid
+SELECT c.oid, {filters}
   FROM pg_publication_tables p
   JOIN pg_namespace n ON n.nspname = p.schemaname
   JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
@@ -190,7 +191,7 @@ SELECT DISTINCT c.oid
 """
 
 _SET_TABLES = """
-SELECT DISTINCT t.set_reloid::oid
+SELECT t.set_reloid::oid, t.set_att_list::text[], pg_get_expr(t.set_row_filter, t.set_reloid)
   FROM {schema}.replication_set_table t
   JOIN {schema}.replication_set s ON s.set_id = t.set_id
   JOIN {schema}.local_node l ON l.node_id = s.set_nodeid
@@ -209,13 +210,15 @@ SELECT a.attname, a.atttypid::oid::bigint, a.atttypmod,
 """
 
 
-def _relation_of(cur: Any, oid: int, protocol: str) -> Relation:
+def _relation_of(cur: Any, oid: int, protocol: str, published: set[str] | None = None) -> Relation:
     cur.execute("SELECT n.nspname, c.relname, c.relreplident FROM pg_class c JOIN pg_namespace n "
                 "ON n.oid = c.relnamespace WHERE c.oid = %s", (oid,))
     nsp, name, ident = cur.fetchone()
     cur.execute(_COLUMNS, (oid,))
     cols = []
     for attname, typoid, typmod, is_key in cur.fetchall():
+        if published is not None and attname not in published:
+            continue                     # not in the publication's column list: the stream does not send it
         if protocol == "pglogical":      # pglogical's relation message has no type OIDs
             cols.append(Column(attname, None, None, bool(is_key)))
         else:
@@ -245,7 +248,8 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
     pgoutput: ``pg_publication_tables`` of the publications, which already honours ``publish_via_partition_root``
     (the root is listed and its leaf partitions are read as its rows; otherwise each leaf is listed itself).
     pglogical / spock: the tables of the replication sets (``<schema>.replication_set_table``). Tables without a
-    primary key are included. With `snapshot`, the catalogs are read as the exported snapshot sees them. Tables
+    primary key are included. Column lists and row filters are honoured: the relation has the published columns
+    only, and `where` is the row filter (several publications: the union of the columns, the OR of the filters). With `snapshot`, the catalogs are read as the exported snapshot sees them. Tables
     named in `skip` ("schema.table") are left out before their columns are read.
     """
     import psycopg2
@@ -269,12 +273,31 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
                 missing = sorted(set(names) - {r[0] for r in cur.fetchall()})
                 if missing:
                     raise SnapshotError(f"publication {', '.join(missing)} does not exist")
-                cur.execute(_PUBLICATION_TABLES, (names,))
+                # PostgreSQL 15+: column lists (attnames lists every column when there is none) and row filters
+                filters = ("p.attnames::text[], p.rowfilter" if conn.server_version >= 150000
+                           else "NULL::text[], NULL::text")
+                cur.execute(_PUBLICATION_TABLES.format(filters=filters), (names,))
             else:
                 schema = "pglogical" if protocol == "pglogical" else "spock"
                 sets = list(_names(replication_sets)) or ["default"]
                 cur.execute(_SET_TABLES.format(schema=schema), (sets,))
-            oids = sorted(int(r[0]) for r in cur.fetchall())
+            # per table: the union of the column lists and the OR of the row filters of every publication / set
+            # naming it (no list, or no filter, in any of them: all columns, all rows), as the server decides
+            columns: dict[int, set[str] | None] = {}
+            filters_of: dict[int, list[str] | None] = {}
+            for oid, attnames, rowfilter in cur.fetchall():
+                oid = int(oid)
+                if oid not in columns:
+                    columns[oid], filters_of[oid] = set(), []
+                if attnames is None or columns[oid] is None:
+                    columns[oid] = None
+                else:
+                    columns[oid].update(attnames)
+                if rowfilter is None or filters_of[oid] is None:
+                    filters_of[oid] = None
+                elif rowfilter not in filters_of[oid]:
+                    filters_of[oid].append(rowfilter)
+            oids = sorted(columns)
             skip = set(skip)
             if skip and oids:
                 cur.execute("SELECT c.oid::bigint, n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n "
@@ -282,7 +305,7 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
                 oids = sorted(oid for oid, name in cur.fetchall() if name not in skip)
             tables = []
             for oid in oids:
-                rel = _relation_of(cur, oid, protocol)
+                rel = _relation_of(cur, oid, protocol, columns[oid])
                 cur.execute("SELECT relkind FROM pg_class WHERE oid = %s", (oid,))
                 kind = cur.fetchone()[0]
                 parts = _leaves(cur, oid) if kind == "p" else [oid]
@@ -290,7 +313,8 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
                             "FROM pg_class WHERE oid = ANY(%s)", (parts,))
                 estimate, unknown = cur.fetchone()
                 # the reader reads a partitioned table's leaves itself (columns by name, as the root's rows)
-                tables.append(SnapshotTable(rel, (_qualified(cur, oid),), -1 if unknown else int(estimate)))
+                where = None if not filters_of[oid] else " OR ".join(f"({f})" for f in filters_of[oid])
+                tables.append(SnapshotTable(rel, (_qualified(cur, oid),), -1 if unknown else int(estimate), where))
             if snapshot is not None:
                 cur.execute("ROLLBACK")
             return tables
@@ -379,7 +403,7 @@ def iter_snapshot_rows(dsn: str, table: SnapshotTable, snapshot: str, *, workers
     reader: Callable[..., Iterable[Any]] = getattr(spockwire, "iter_table_batches")
     for source in table.sources:
         for batch in reader(dsn, source, workers=workers, snapshot=snapshot, columns=table.column_names,
-                            types=types):
+                            types=types, where=table.where, connect_kwargs=connect_kwargs):
             if isinstance(batch, pa.Table):
                 yield from batch.to_batches()
             else:
