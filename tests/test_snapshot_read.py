@@ -223,3 +223,21 @@ def test_batches_are_bounded_and_the_iterator_stops_early(pg_db, impl) -> None:
     it.close()    # cancels the COPYs and closes the connections
     assert pg_db.query("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                        "AND query LIKE 'COPY%%' AND pid <> pg_backend_pid()")[0][0] == 0
+
+
+def test_a_value_the_arrow_type_cannot_hold_turns_the_column_to_text(pg_db, impl) -> None:
+    db = pg_db
+    db.execute("CREATE TABLE m (id int, price numeric(6,2), at timestamp)")
+    db.execute("INSERT INTO m SELECT i, i / 4.0, timestamp '2024-01-01' + i * interval '1 day' "
+               "FROM generate_series(1, 300) i")
+    db.execute("INSERT INTO m VALUES (301, 'NaN', 'infinity'), (302, -1.5, NULL)")
+    batches = list(spockwire.iter_table_batches(db.dsn, "m", batch_rows=100))
+    assert batches[0].schema.field("price").type == pa.decimal128(6, 2)
+    assert batches[-1].schema.field("price").type == pa.string()      # from the NaN row on, as the stream does
+    table = spockwire.read_table(db.dsn, "m", batch_rows=100)          # one schema: read again with text
+    assert table.schema.field("price").type == pa.string()
+    assert table.schema.field("at").type == pa.timestamp("us")         # infinity fits (int64 max)
+    got = sorted(zip(table.column("id").to_pylist(), table.column("price").to_pylist()))
+    assert got == rows_of(db, "SELECT id, price::text FROM m ORDER BY id")
+    with pytest.raises(spockwire.ProtocolError, match="NaN or infinite value"):
+        spockwire.read_table(db.dsn, "m", on_unrepresentable="error")

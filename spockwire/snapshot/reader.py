@@ -34,13 +34,13 @@ __all__ = ["read_table", "iter_table_batches", "TableReader", "ReadProgress", "T
            "DEFAULT_PIECE_BYTES", "MIN_CHUNK_PAGES"]
 
 #: bytes of COPY data handed from libpq to the decoder per call
-DEFAULT_PIECE_BYTES = 1 << 20
+DEFAULT_PIECE_BYTES = 1 << 18
 #: smallest block range a leaf is cut into when several workers read it (8 MB with 8 kB blocks)
 MIN_CHUNK_PAGES = 1024
 #: ctid ranges per worker a large leaf is cut into (so that workers finish close together)
 CHUNKS_PER_WORKER = 4
 #: pieces of COPY data received ahead of the decoder, per connection
-PREFETCH_PIECES = 8
+PREFETCH_PIECES = 16
 
 
 class SnapshotReadError(SpockwireError):
