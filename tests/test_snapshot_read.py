@@ -193,6 +193,7 @@ def test_columns_subset_and_where(pg_db, impl) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- partitions
+@pytest.mark.pg_servers("pg15", "pg18")
 def test_partitioned_table_reads_its_leaves_as_the_parent(pg_db, impl) -> None:
     db = pg_db
     db.execute("CREATE TABLE m (id int, region text, amount numeric(8,2)) PARTITION BY LIST (region)")
@@ -229,6 +230,7 @@ def test_two_workers_read_what_one_reads(pg_db, impl, monkeypatch) -> None:
         assert "ctid >= '(" in reader.query(reader.chunks[1])
 
 
+@pytest.mark.pg_servers("pg15", "pg18")
 def test_rows_written_after_the_snapshot_are_not_seen(pg_db, impl) -> None:
     db = pg_db
     db.execute("CREATE TABLE acct (id int PRIMARY KEY, balance int)")
