@@ -186,6 +186,11 @@ def test_columns_subset_and_where(pg_db, impl) -> None:
     assert table.column_names == ["c", "a"]
     want = rows_of(pg_db, "SELECT c, a FROM mixed WHERE a % 10 = 3 ORDER BY a")
     assert sorted(zip(table.column("c").to_pylist(), table.column("a").to_pylist()), key=lambda r: r[1]) == want
+    raw = spockwire.read_table(pg_db.dsn, "mixed", columns=["a", "d"], types="raw", where="a <= 20")
+    assert raw.schema.types == [pa.binary(), pa.binary()]     # the values as sent: the types' send format
+    want = rows_of(pg_db, "SELECT int8send(a), numeric_send(d) FROM mixed WHERE a <= 20 ORDER BY a")
+    assert sorted(zip(raw.column("a").to_pylist(), raw.column("d").to_pylist())) == \
+        sorted((bytes(a), bytes(d)) for a, d in want)
     with pytest.raises(spockwire.snapshot.SnapshotReadError, match="no column 'zz'"):
         spockwire.read_table(pg_db.dsn, "mixed", columns=["zz"])
     with pytest.raises(spockwire.snapshot.SnapshotReadError, match="no table"):
