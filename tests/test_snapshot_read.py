@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import spockwire
-from spockwire.snapshot import reader as reader_module
+from spockwire.snapshot import plan as plan_module, reader as reader_module
 from tests.test_types_live import COLUMNS as TYPE_COLUMNS, SCHEMA as TYPE_SCHEMA
 
 pytestmark = pytest.mark.pg
@@ -221,7 +221,7 @@ def test_partitioned_table_reads_its_leaves_as_the_parent(pg_db, impl) -> None:
 
 # ---------------------------------------------------------------------------------------------- workers, snapshot
 def test_two_workers_read_what_one_reads(pg_db, impl, monkeypatch) -> None:
-    monkeypatch.setattr(reader_module, "MIN_CHUNK_PAGES", 4)   # cut a small table into many block ranges
+    monkeypatch.setattr(plan_module, "MIN_CHUNK_PAGES", 4)   # cut a small table into many block ranges
     n = 20000 if impl == "c" else 4000
     _fill_mixed(pg_db, n)
     progress = []
@@ -290,7 +290,7 @@ def test_a_value_the_arrow_type_cannot_hold_turns_the_column_to_text(pg_db, impl
 
 
 def test_a_server_error_in_the_middle_of_a_copy_is_raised(pg_db, impl, monkeypatch) -> None:
-    monkeypatch.setattr(reader_module, "MIN_CHUNK_PAGES", 2)
+    monkeypatch.setattr(plan_module, "MIN_CHUNK_PAGES", 2)
     pg_db.execute("CREATE TABLE d (a int, pad text)")
     pg_db.execute("INSERT INTO d SELECT i, repeat('x', 200) FROM generate_series(1, 5000) i")
     for workers in (1, 2):
