@@ -297,3 +297,26 @@ def test_a_server_error_in_the_middle_of_a_copy_is_raised(pg_db, impl, monkeypat
         with pytest.raises(spockwire.SpockwireError, match="division by zero"):
             spockwire.read_table(pg_db.dsn, "d", workers=workers, where="1 / (a - 4000) <> 7")
     assert spockwire.read_table(pg_db.dsn, "d", workers=2).num_rows == 5000
+
+
+@pytest.mark.pg_servers("pg15", "pg18")
+def test_the_snapshot_a_new_replication_slot_exports(pg_db, impl) -> None:
+    """The slot's exported snapshot (held by its replication connection) is what every worker reads: rows of
+    transactions committed after the slot's consistent point are not in it."""
+    db = pg_db
+    db.execute("CREATE TABLE s (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO s SELECT i, 'before' FROM generate_series(1, 2000) i")
+    repl = db.connect(logical_replication=True)
+    try:
+        with repl.cursor() as cur:
+            cur.execute("CREATE_REPLICATION_SLOT copy_export LOGICAL pgoutput EXPORT_SNAPSHOT")
+            _slot, _lsn, name, _plugin = cur.fetchone()
+            db.execute("INSERT INTO s SELECT i, 'after' FROM generate_series(2001, 2100) i")
+            db.execute("UPDATE s SET v = 'after' WHERE id <= 5")
+            for workers in (1, 2):
+                table = spockwire.read_table(db.dsn, "public.s", workers=workers, snapshot=name)
+                assert sorted(table.column("id").to_pylist()) == list(range(1, 2001))
+                assert set(table.column("v").to_pylist()) == {"before"}
+    finally:
+        repl.close()
+        db.execute("SELECT pg_drop_replication_slot('copy_export')")
