@@ -19,6 +19,7 @@ from ..values._convert_py import ValueFailure, build_array, decode_value
 from ..values.catalog import ARRAY, BYTEA, CHAR, ENUM, JSON, JSONB, NUMERIC_TEXT, OTHER, PGTEXT, RAW, TEXT, \
     TIMETZ, ColumnSpec, check_column_types, column_specs, switches_to_text, text_column_spec
 from ..values.failures import OFFSET_LIMIT, TOO_LARGE, value_problem
+from ..values.internal import DATUM_CODES, describe_datum_failure
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
@@ -948,6 +949,9 @@ class Decoder:
                     except ValueFailure as failure:
                         if self.on_unrepresentable == "text" and switches_to_text(failure.code, spec):
                             raise _Unrepresentable(i) from None
+                        if failure.code in DATUM_CODES:   # a refused varlena datum: its own byte and sentence
+                            _code, pos, text = describe_datum_failure(v, bool(self._big_endian), spec.type_name)
+                            raise protocol_error(r.mtype, start + pos, text, i, name) from None
                         raise protocol_error(r.mtype, start, value_problem(failure.code, kind, v, spec.type_name),
                                              i, name) from None
                     values[i].append(value)
