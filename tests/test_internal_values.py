@@ -252,3 +252,19 @@ def test_startup_check_of_internal_datums() -> None:
     with pytest.raises(StartupRejected, match="UTF-8 databases only"):
         check_startup("spock", latin1, binary_asked=True, basetypes_major=1800, internal_asked=True,
                       encoding="LATIN1")
+
+
+@pytest.mark.parametrize("big", ORDERS)
+def test_unrepresentable_internal_values_switch_to_text(big: bool) -> None:
+    """A valid internal value its Arrow type cannot hold (NaN in numeric(p,s), an interval whose microseconds
+    overflow nanoseconds) keeps the column as PostgreSQL's text, rendered from the same datum, as for 'b' values."""
+    e = ">" if big else "<"
+    nan = Internal(D.varlena(struct.pack(e + "H", 0xC000), big))
+    one = Internal(D.varlena(D.numeric_short(0, False, 2, [1], big), big))
+    assert _both([one, nan], "numeric(10,2)", big) == [Decimal("1.00"), "NaN"]
+    huge = Internal(struct.pack(e + "qii", 1 << 60, 0, 0))
+    secs, micros = divmod(1 << 60, 1_000_000)
+    expected = f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}.{micros:06d}"   # interval_out, no days
+    assert _both([huge], "interval", big) == [expected]
+    with pytest.raises(ProtocolError, match="NaN or infinite value"):
+        D.decode(load_impl("c"), [nan], "numeric(10,2)", big, on_unrepresentable="error")

@@ -70,8 +70,13 @@ class _Unrepresentable(Exception):
 UNREPRESENTABLE_CHOICES = ("text", "error")
 
 
-def _output_bytes(spec: ColumnSpec, value: Any) -> int:
-    """Bytes a binary or internal value of a kind rendered to text adds to its column (0 for other kinds)."""
+def _output_bytes(spec: ColumnSpec, value: Any, internal: bool = False) -> int:
+    """Bytes a binary or internal value of a kind rendered to text adds to its column (0 for other kinds); an
+    internal text or bytea datum may have been compressed: its decompressed bytes."""
+    if internal and spec.kind in (TEXT, JSON):
+        return len(value.encode("utf-8"))
+    if internal and spec.kind == BYTEA:
+        return len(value)
     if spec.kind in _EXPANDING:
         return len(value)                       # these texts are ASCII
     if spec.kind == PGTEXT:
@@ -956,7 +961,7 @@ class Decoder:
                                              i, name) from None
                     values[i].append(value)
                     # output bytes count too: an expanding kernel (binary numeric to text) closes batches as well
-                    b.nbytes += max(len(v), _output_bytes(spec, value)) if kind != 0x74 else len(v)
+                    b.nbytes += max(len(v), _output_bytes(spec, value, kind == 0x69)) if kind != 0x74 else len(v)
                 if b.nbytes > OFFSET_LIMIT:
                     if b.msg_mark > 0:
                         raise _BatchFull()
