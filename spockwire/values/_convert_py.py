@@ -576,12 +576,6 @@ _INTERNAL_STRUCTS = {BOOL: "?", INT2: "h", INT4: "i", INT8: "q", OID: "I", FLOAT
                      TIMESTAMP: "q", TIMESTAMPTZ: "q", TIME: "q"}
 
 
-# PGTEXT columns of by-value types: the internal datum is the send form in the server's byte order
-# (type OID -> datum size; uuid's 16 bytes have no byte order). Kept for the C implementation's fast path.
-INTERNAL_SEND_SIZES = {16: 1, 18: 1, 20: 8, 21: 2, 23: 4, 26: 4, 700: 4, 701: 8, 1082: 4, 1083: 8, 1114: 8,
-                       1184: 8, 2950: 16}
-
-
 def _varlena(raw: bytes, big_endian: bool) -> bytes:
     """The data of a varlena datum (spockwire.values.internal), a refusal as a ValueFailure of its code."""
     try:
