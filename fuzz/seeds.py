@@ -3,8 +3,8 @@
     python fuzz/seeds.py OUT_DIR
 
 Seeds, each in the input layout of fuzz_decoder.py (two configuration bytes, then the bytes):
-* "message": one message fed after the fixed preamble -- inserts, updates, deletes with text, binary, internal,
-  NULL and unchanged-TOAST values of every column type of the preamble's relations, truncates, logical messages,
+* "message": one message fed after the fixed preamble -- inserts, updates, deletes with text, binary, internal
+  (fixed-size, varlena, pglz- and LZ4-compressed), NULL and unchanged-TOAST values of every column type of the preamble's relations, truncates, logical messages,
   relation and type messages -- for each protocol, spock version and preamble kind, typed and raw;
 * "messages": the golden streams (tests/golden_vectors.py) and single transactions of the real captures
   (tests/data/*.spwf) as length-prefixed message sequences;
@@ -31,6 +31,7 @@ import fuzz_decoder as F  # noqa: E402
 
 from spockwire.frames import iter_frames, read_frame_file  # noqa: E402
 from tests import golden_vectors as G  # noqa: E402
+from tests import internal_datums as D  # noqa: E402
 from tests import wire_encoder as W  # noqa: E402
 
 DATA = F.ROOT / "tests" / "data"
@@ -136,7 +137,15 @@ def internal_rows() -> list:
              le("q", 1_000_000), "3.14", None, None, None, None],
             [W.Internal(b"\x00\x00"), le("d", 0.0), W.Internal(b""), le("q", 0), le("I", 0), le("q", -1),
              le("q", 0x7FFFFFFFFFFFFFFF), W.Internal(b"\x0b\x00\x00\x00\x00\x00\x00\x00"), W.Internal(b"\x05x"),
-             W.Internal(bytes(16)), W.Internal(b"\x13[1]"), W.Internal(b"\x09abc")]]
+             W.Internal(bytes(16)), W.Internal(b"\x13[1]"), W.Internal(b"\x09abc")],
+            # varlena datums: numeric short and long forms, pglz- and LZ4-compressed json and varchar
+            [None, None, None, None, None, None, None, W.Internal(D.varlena(D.numeric_short(0, True, 2, [12, 3400]))),
+             W.Internal(D.varlena(D.numeric_long((2, 1, 0, 5), [7, 1234]), short=False)), None,
+             W.Internal(D.compressed(D.pglz(_JSON), len(_JSON), 0)),
+             W.Internal(D.compressed(D.lz4(b"abcd" * 40), 160, 1))]]
+
+
+_JSON = b'{"k": [' + b"1, " * 60 + b"2]}"
 
 
 # -------------------------------------------------------------------------------------------------------------

@@ -21,8 +21,9 @@ __all__: list[str]
 
 def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str | Sequence[str] | None = None,
             replication_sets: str | Sequence[str] | None = None, create_slot: bool = False,
-            start_lsn: int | str | None = None, binary: bool = False, streaming: bool | str = False,
-            two_phase: bool = False, messages: bool = False, proto_version: int | None = None,
+            start_lsn: int | str | None = None, binary: bool | Literal["internal"] = False,
+            streaming: bool | str = False, two_phase: bool = False, messages: bool = False,
+            proto_version: int | None = None,
             forward_origins: bool = True, extra_options: Mapping[str, str] | None = None,
             status_interval: float = 10.0, reconnect: bool = True, reconnect_timeout: float | None = 300.0,
             max_backoff: float = 5.0, max_batch_bytes: int = 4 << 20, read_timeout: float = 1.0,

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import spockwire
-from spockwire.snapshot import reader as reader_module
+from spockwire.snapshot import plan as plan_module, reader as reader_module
 from tests.test_types_live import COLUMNS as TYPE_COLUMNS, SCHEMA as TYPE_SCHEMA
 
 pytestmark = pytest.mark.pg
@@ -77,6 +77,45 @@ def test_every_type_through_copy_equals_the_streams_binary_decode(pg_db, impl) -
         assert table.schema == streamed.schema
         for name in streamed.column_names:
             assert same_column(table.column(name), streamed.column(name)), name
+
+
+def test_the_full_type_table_through_copy_equals_the_streams_binary_decode(pg_db, impl) -> None:
+    """Every case of the type mapping table (tests/test_typed_values.py: every builtin type and its array, edge
+    values, NULLs) in one wide table: COPY and the binary stream give the same Arrow types and values."""
+    from spockwire.values.catalog import PostgresTypeCatalog
+    from spockwire.wire import load_implementation
+    from tests.test_typed_values import CASES, SCHEMA as TV_SCHEMA, _insert_sql
+
+    db = pg_db
+    db.execute(TV_SCHEMA)
+    for case in CASES:
+        db.execute(f"CREATE TABLE t_{case.name} (id int PRIMARY KEY, v {case.sqltype})")
+        db.execute(_insert_sql(f"t_{case.name}", case.values))
+    db.execute("CREATE TABLE t_wide (id int PRIMARY KEY, " + ", ".join(f"c_{c.name} {c.sqltype}" for c in CASES) + ")")
+    db.execute("CREATE PUBLICATION pub_wide FOR TABLE t_wide")
+    db.execute("SELECT pg_create_logical_replication_slot('copy_wide', 'pgoutput')")
+    rows = max(len(c.values) for c in CASES) + 1
+    db.execute("INSERT INTO t_wide SELECT g.id, " + ", ".join(f"t_{c.name}.v" for c in CASES)
+               + f" FROM generate_series(1, {rows}) g(id) "
+               + " ".join(f"LEFT JOIN t_{c.name} ON t_{c.name}.id = g.id" for c in CASES))
+    frames = db.query("SELECT lsn - '0/0', data FROM pg_logical_slot_get_binary_changes('copy_wide', NULL, NULL, "
+                      "'proto_version', '1', 'publication_names', 'pub_wide', 'binary', 'true')")
+    db.execute("SELECT pg_drop_replication_slot('copy_wide')")
+    catalog = PostgresTypeCatalog(db.dsn)
+    try:
+        dec = load_implementation().Decoder("pgoutput", type_catalog=catalog)
+        for lsn, payload in frames:
+            dec.feed(bytes(payload), int(lsn))
+        streamed = pa.Table.from_batches([ev.to_arrow() for ev in dec.drain() if hasattr(ev, "to_arrow")])
+    finally:
+        catalog.close()
+    names = ["id"] + [f"c_{c.name}" for c in CASES]
+    streamed = streamed.select(names).sort_by("id")
+    copied = spockwire.read_table(db.dsn, "t_wide").sort_by("id")
+    assert copied.num_rows == streamed.num_rows == rows
+    assert copied.schema == streamed.schema
+    for name in names:
+        assert same_column(copied.column(name), streamed.column(name)), name
 
 
 # ---------------------------------------------------------------------------------------------- values
@@ -147,6 +186,11 @@ def test_columns_subset_and_where(pg_db, impl) -> None:
     assert table.column_names == ["c", "a"]
     want = rows_of(pg_db, "SELECT c, a FROM mixed WHERE a % 10 = 3 ORDER BY a")
     assert sorted(zip(table.column("c").to_pylist(), table.column("a").to_pylist()), key=lambda r: r[1]) == want
+    raw = spockwire.read_table(pg_db.dsn, "mixed", columns=["a", "d"], types="raw", where="a <= 20")
+    assert raw.schema.types == [pa.binary(), pa.binary()]     # the values as sent: the types' send format
+    want = rows_of(pg_db, "SELECT int8send(a), numeric_send(d) FROM mixed WHERE a <= 20 ORDER BY a")
+    assert sorted(zip(raw.column("a").to_pylist(), raw.column("d").to_pylist())) == \
+        sorted((bytes(a), bytes(d)) for a, d in want)
     with pytest.raises(spockwire.snapshot.SnapshotReadError, match="no column 'zz'"):
         spockwire.read_table(pg_db.dsn, "mixed", columns=["zz"])
     with pytest.raises(spockwire.snapshot.SnapshotReadError, match="no table"):
@@ -154,6 +198,7 @@ def test_columns_subset_and_where(pg_db, impl) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- partitions
+@pytest.mark.pg_servers("pg15", "pg18")
 def test_partitioned_table_reads_its_leaves_as_the_parent(pg_db, impl) -> None:
     db = pg_db
     db.execute("CREATE TABLE m (id int, region text, amount numeric(8,2)) PARTITION BY LIST (region)")
@@ -176,7 +221,7 @@ def test_partitioned_table_reads_its_leaves_as_the_parent(pg_db, impl) -> None:
 
 # ---------------------------------------------------------------------------------------------- workers, snapshot
 def test_two_workers_read_what_one_reads(pg_db, impl, monkeypatch) -> None:
-    monkeypatch.setattr(reader_module, "MIN_CHUNK_PAGES", 4)   # cut a small table into many block ranges
+    monkeypatch.setattr(plan_module, "MIN_CHUNK_PAGES", 4)   # cut a small table into many block ranges
     n = 20000 if impl == "c" else 4000
     _fill_mixed(pg_db, n)
     progress = []
@@ -190,6 +235,7 @@ def test_two_workers_read_what_one_reads(pg_db, impl, monkeypatch) -> None:
         assert "ctid >= '(" in reader.query(reader.chunks[1])
 
 
+@pytest.mark.pg_servers("pg15", "pg18")
 def test_rows_written_after_the_snapshot_are_not_seen(pg_db, impl) -> None:
     db = pg_db
     db.execute("CREATE TABLE acct (id int PRIMARY KEY, balance int)")
@@ -223,3 +269,54 @@ def test_batches_are_bounded_and_the_iterator_stops_early(pg_db, impl) -> None:
     it.close()    # cancels the COPYs and closes the connections
     assert pg_db.query("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                        "AND query LIKE 'COPY%%' AND pid <> pg_backend_pid()")[0][0] == 0
+
+
+def test_a_value_the_arrow_type_cannot_hold_turns_the_column_to_text(pg_db, impl) -> None:
+    db = pg_db
+    db.execute("CREATE TABLE m (id int, price numeric(6,2), at timestamp)")
+    db.execute("INSERT INTO m SELECT i, i / 4.0, timestamp '2024-01-01' + i * interval '1 day' "
+               "FROM generate_series(1, 300) i")
+    db.execute("INSERT INTO m VALUES (301, 'NaN', 'infinity'), (302, -1.5, NULL)")
+    batches = list(spockwire.iter_table_batches(db.dsn, "m", batch_rows=100))
+    assert batches[0].schema.field("price").type == pa.decimal128(6, 2)
+    assert batches[-1].schema.field("price").type == pa.string()      # from the NaN row on, as the stream does
+    table = spockwire.read_table(db.dsn, "m", batch_rows=100)          # one schema: read again with text
+    assert table.schema.field("price").type == pa.string()
+    assert table.schema.field("at").type == pa.timestamp("us")         # infinity fits (int64 max)
+    got = sorted(zip(table.column("id").to_pylist(), table.column("price").to_pylist()))
+    assert got == rows_of(db, "SELECT id, price::text FROM m ORDER BY id")
+    with pytest.raises(spockwire.ProtocolError, match="NaN or infinite value"):
+        spockwire.read_table(db.dsn, "m", on_unrepresentable="error")
+
+
+def test_a_server_error_in_the_middle_of_a_copy_is_raised(pg_db, impl, monkeypatch) -> None:
+    monkeypatch.setattr(plan_module, "MIN_CHUNK_PAGES", 2)
+    pg_db.execute("CREATE TABLE d (a int, pad text)")
+    pg_db.execute("INSERT INTO d SELECT i, repeat('x', 200) FROM generate_series(1, 5000) i")
+    for workers in (1, 2):
+        with pytest.raises(spockwire.SpockwireError, match="division by zero"):
+            spockwire.read_table(pg_db.dsn, "d", workers=workers, where="1 / (a - 4000) <> 7")
+    assert spockwire.read_table(pg_db.dsn, "d", workers=2).num_rows == 5000
+
+
+@pytest.mark.pg_servers("pg15", "pg18")
+def test_the_snapshot_a_new_replication_slot_exports(pg_db, impl) -> None:
+    """The slot's exported snapshot (held by its replication connection) is what every worker reads: rows of
+    transactions committed after the slot's consistent point are not in it."""
+    db = pg_db
+    db.execute("CREATE TABLE s (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO s SELECT i, 'before' FROM generate_series(1, 2000) i")
+    repl = db.connect(logical_replication=True)
+    try:
+        with repl.cursor() as cur:
+            cur.execute("CREATE_REPLICATION_SLOT copy_export LOGICAL pgoutput EXPORT_SNAPSHOT")
+            _slot, _lsn, name, _plugin = cur.fetchone()
+            db.execute("INSERT INTO s SELECT i, 'after' FROM generate_series(2001, 2100) i")
+            db.execute("UPDATE s SET v = 'after' WHERE id <= 5")
+            for workers in (1, 2):
+                table = spockwire.read_table(db.dsn, "public.s", workers=workers, snapshot=name)
+                assert sorted(table.column("id").to_pylist()) == list(range(1, 2001))
+                assert set(table.column("v").to_pylist()) == {"before"}
+    finally:
+        repl.close()
+        db.execute("SELECT pg_drop_replication_slot('copy_export')")

@@ -10,7 +10,7 @@ from ..frames import FrameWriter, iter_frames
 from ..wire import load_implementation
 from .common import CliError, format_lsn, human_bytes
 from .config import CONFIG, Setting, add_settings, positive_int, resolve
-from .stream_settings import STREAM_SETTINGS, stream_kwargs
+from .stream_settings import INTERNAL, STREAM_SETTINGS, stream_kwargs
 
 NAME = "capture"
 HELP = "record a slot's raw messages (with LSNs) into a frame file"
@@ -22,7 +22,7 @@ IDLE_EXIT = Setting("idle_exit", "stop after this many seconds without messages"
                     metavar="SECONDS")
 ACK = Setting("ack", "acknowledge what was captured (consumes the slot); by default the slot does not move",
               is_flag=True, default=False)
-SETTINGS = (CONFIG, *STREAM_SETTINGS, OUT, MAX_MESSAGES, DURATION, IDLE_EXIT, ACK)
+SETTINGS = (CONFIG, *STREAM_SETTINGS, INTERNAL, OUT, MAX_MESSAGES, DURATION, IDLE_EXIT, ACK)
 
 
 def register(subparsers: Any) -> None:

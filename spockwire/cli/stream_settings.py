@@ -15,6 +15,8 @@ REPLICATION_SETS = Setting("replication_sets", "pglogical/spock: replication set
                            metavar="NAMES")
 CREATE_SLOT = Setting("create_slot", "create the slot when it does not exist", is_flag=True, default=False)
 BINARY = Setting("binary", "ask for the binary value format", is_flag=True, default=False)
+INTERNAL = Setting("internal", "pglogical/spock: ask for internal datums as Spock's own subscriber does (every "
+                   "binary.* parameter; implies --binary)", is_flag=True, default=False)
 STREAMING = Setting("streaming", "pgoutput: stream large in-progress transactions", is_flag=True, default=False)
 TWO_PHASE = Setting("two_phase", "pgoutput: decode prepared transactions at PREPARE", is_flag=True, default=False)
 MESSAGES = Setting("messages", "pgoutput: include pg_logical_emit_message messages", is_flag=True, default=False)
@@ -33,7 +35,8 @@ def names(value: str | None) -> list[str] | None:
 
 def stream_kwargs(cfg: Any) -> dict[str, Any]:
     """`spockwire.connection.connect` keyword arguments from resolved settings."""
-    kwargs: dict[str, Any] = dict(slot=cfg.slot, plugin=cfg.plugin, create_slot=cfg.create_slot, binary=cfg.binary,
+    binary = "internal" if getattr(cfg, "internal", False) else cfg.binary
+    kwargs: dict[str, Any] = dict(slot=cfg.slot, plugin=cfg.plugin, create_slot=cfg.create_slot, binary=binary,
                                   transport=cfg.transport)
     if cfg.plugin == "pgoutput":
         kwargs.update(publication=names(cfg.publication), streaming=cfg.streaming, two_phase=cfg.two_phase,

@@ -146,8 +146,16 @@ def local_binary_params() -> dict[str, str]:
     }
 
 
+def internal_datum_params(server_version_num: int) -> dict[str, str]:
+    """The two ``binary.*`` parameters that only internal datums need, as Spock's own subscriber sends them: the
+    plugins compare them with the server's USE_FLOAT4_BYVAL (removed in PostgreSQL 13) and USE_INTEGER_DATETIMES
+    (removed in 10), which read false on newer servers although float4 is by value and datetimes are integers."""
+    return {"binary.float4_byval": "1" if server_version_num < 130000 else "0",
+            "binary.integer_datetimes": "1" if server_version_num < 100000 else "0"}
+
+
 def native_options(plugin: str, server_version_num: int, *, replication_sets: str | Iterable[str] | None = None,
-                   forward_origins: bool = True, binary: bool = False,
+                   forward_origins: bool = True, binary: bool | str = False,
                    extra: Mapping[str, str] | None = None, encoding: str | None = None,
                    proto_version: int | None = None) -> dict[str, str]:
     """Startup parameters for pglogical_output or spock.
@@ -157,7 +165,8 @@ def native_options(plugin: str, server_version_num: int, *, replication_sets: st
 
     `replication_sets` defaults to ``default``; without any set the plugins send no rows at all.
     `forward_origins` asks for transactions replicated from other nodes too (otherwise they are dropped).
-    `binary` asks for the types' send/recv format (never the host-order internal format).
+    `binary` asks for the types' send/recv format; ``binary="internal"`` asks for internal datums as Spock's own
+    subscriber does (every ``binary.*`` parameter, matching the server: internal_datum_params).
     `proto_version` (spock only: 4 or 5) pins min and max protocol version to that one version.
     """
     protocol = plugin_protocol(plugin)
@@ -191,11 +200,15 @@ def native_options(plugin: str, server_version_num: int, *, replication_sets: st
     opts[prefix + "replication_set_names"] = ",".join(sets)
     if forward_origins:
         opts[prefix + "forward_origins"] = "all"
-    opts["binary.want_internal_basetypes"] = "0"
+    if binary not in (True, False, "internal"):
+        raise ValueError(f"binary must be True, False or 'internal', not {binary!r}")
+    opts["binary.want_internal_basetypes"] = "1" if binary == "internal" else "0"
     if binary:
         opts["binary.want_binary_basetypes"] = "1"
         opts["binary.basetypes_major_version"] = str(_basetypes_major(server_version_num))
         opts.update(local_binary_params())
+        if binary == "internal":
+            opts.update(internal_datum_params(server_version_num))
     else:
         opts["binary.want_binary_basetypes"] = "0"
     if extra:
@@ -238,12 +251,14 @@ def _flag(params: Mapping[str, str], key: str) -> bool | None:
 
 
 def check_startup(protocol: str, params: Mapping[str, str], *, binary_asked: bool = False,
-                  basetypes_major: int | None = None, encoding: str | None = None) -> int:
+                  basetypes_major: int | None = None, encoding: str | None = None,
+                  internal_asked: bool = False) -> int:
     """Validate a native startup message against what was asked for; return the negotiated protocol version.
 
-    Raises StartupRejected for an unknown protocol version, internal (host-order) datums, binary datums that were
-    not asked for or of another major version, or a text encoding other than the one asked for (`encoding`,
-    default UTF-8).
+    Raises StartupRejected for an unknown protocol version, internal (host-order) datums that were not asked for
+    (`internal_asked`), or whose byte order the message does not say, or whose text is not UTF-8, binary datums
+    that were not asked for or of another major version, or a text encoding other than the one asked for
+    (`encoding`, default UTF-8).
     """
     if protocol == "spock":
         text = params.get("proto_version")
@@ -270,8 +285,16 @@ def check_startup(protocol: str, params: Mapping[str, str], *, binary_asked: boo
     else:
         raise ValueError(f"{protocol!r} has no startup message")
     if _flag(params, "binary.internal_basetypes"):
-        raise StartupRejected("upstream sends internal (host-order, possibly compressed) datums "
-                              "(binary.internal_basetypes=t), which this client never asks for")
+        if not internal_asked:
+            raise StartupRejected("upstream sends internal (host-order, possibly compressed) datums "
+                                  "(binary.internal_basetypes=t) but binary='internal' was not asked for")
+        if _flag(params, "binary.bigendian") is None:
+            raise StartupRejected("upstream sends internal datums (binary.internal_basetypes=t) but does not say "
+                                  "its byte order (binary.bigendian)")
+        dbenc = params.get("database_encoding")
+        if dbenc is not None and _enc(dbenc) not in ("UTF8", "SQLASCII"):
+            raise StartupRejected(f"upstream sends internal datums, whose text is in the database encoding "
+                                  f"{dbenc!r} unconverted; binary='internal' reads UTF-8 databases only")
     if _flag(params, "binary.binary_basetypes"):
         if not binary_asked:
             raise StartupRejected("upstream sends binary send/recv datums (binary.binary_basetypes=t) "

@@ -95,7 +95,7 @@ class ReplicationStream:
 
     def __init__(self, dsn: str, *, slot: str, plugin: str = "pgoutput", publication: Any = None,
                  replication_sets: Any = None, create_slot: bool = False, start_lsn: int | str | None = None,
-                 binary: bool = False, streaming: bool | str = False, two_phase: bool = False,
+                 binary: bool | str = False, streaming: bool | str = False, two_phase: bool = False,
                  messages: bool = False, proto_version: int | None = None, forward_origins: bool = True,
                  extra_options: Mapping[str, str] | None = None, status_interval: float = 10.0,
                  reconnect: bool = True, reconnect_timeout: float | None = 300.0, max_backoff: float = 5.0,
@@ -119,11 +119,16 @@ class ReplicationStream:
                 raise ValueError("plugin='pgoutput' needs publication=<name or list of names>")
             if replication_sets is not None:
                 raise ValueError("replication_sets= is for pglogical/spock; pgoutput takes publication=")
+            if binary not in (True, False):
+                raise ValueError(f"pgoutput takes binary=True or False, not {binary!r} (internal datums are a "
+                                 "pglogical/spock option)")
         else:
             if publication is not None:
                 raise ValueError(f"publication= is for pgoutput; {plugin} takes replication_sets=")
             if streaming or two_phase or messages:
                 raise StartupRejected(f"{plugin} streams have no streaming, two_phase or messages options")
+            if binary not in (True, False, "internal"):
+                raise ValueError(f"binary must be True, False or 'internal', not {binary!r}")
             if proto_version is not None and self.protocol != "spock":
                 raise StartupRejected(f"{plugin} streams have no proto_version option (protocol 1 only)")
         self._want = dict(publication=publication, replication_sets=replication_sets, binary=binary,
@@ -551,9 +556,10 @@ class ReplicationStream:
         payload = memoryview(data)[12:12 + length]
         params = parse_startup_message(payload)
         basetypes = int(self.options["binary.basetypes_major_version"]) if self.binary else None
-        self.proto_version = check_startup(self.protocol, params, binary_asked=self.binary,
+        self.proto_version = check_startup(self.protocol, params, binary_asked=bool(self.binary),
                                            basetypes_major=basetypes,
-                                           encoding=self.options.get("expected_encoding"))
+                                           encoding=self.options.get("expected_encoding"),
+                                           internal_asked=self.binary == "internal")
         self.startup_params = params
         self._startup_checked = True
 
@@ -666,8 +672,9 @@ _DECODER_DEFAULTS: dict[str, Any] = dict(column_types=None, on_unrepresentable="
 
 def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str | Sequence[str] | None = None,
             replication_sets: str | Sequence[str] | None = None, create_slot: bool = False,
-            start_lsn: int | str | None = None, binary: bool = False, streaming: bool | str = False,
-            two_phase: bool = False, messages: bool = False, proto_version: int | None = None,
+            start_lsn: int | str | None = None, binary: bool | Literal["internal"] = False,
+            streaming: bool | str = False, two_phase: bool = False, messages: bool = False,
+            proto_version: int | None = None,
             forward_origins: bool = True, extra_options: Mapping[str, str] | None = None,
             status_interval: float = 10.0, reconnect: bool = True, reconnect_timeout: float | None = 300.0,
             max_backoff: float = 5.0, max_batch_bytes: int = 4 << 20, read_timeout: float = 1.0,
@@ -687,7 +694,8 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
     * pgoutput only: `binary`, `streaming` (transactions larger than logical_decoding_work_mem arrive while in
       progress), `two_phase` (prepared transactions), `messages` (pg_logical_emit_message), `proto_version`
       (default: the highest the server speaks).
-    * pglogical/spock: `binary` (send/recv format), `forward_origins` (default True). With pgoutput,
+    * pglogical/spock: `binary` (send/recv format; ``"internal"``: internal datums where the server sends them,
+      negotiated like Spock's own subscriber), `forward_origins` (default True). With pgoutput,
       ``forward_origins=False`` sends ``origin 'none'`` (PostgreSQL 16+): changes replicated from elsewhere (those
       with a replication origin) are left out.
     * `transport`: "replication" (default: walsender connection, low latency, keepalives) or "sql" (an ordinary

@@ -6,6 +6,8 @@ replication stream's binary values. See docs/snapshot.md.
 """
 from __future__ import annotations
 
+from .plan import TablePlan, plan_table
 from .reader import ReadProgress, SnapshotReadError, TableChunk, TableReader, iter_table_batches, read_table
 
-__all__ = ["read_table", "iter_table_batches", "TableReader", "ReadProgress", "TableChunk", "SnapshotReadError"]
+__all__ = ["read_table", "iter_table_batches", "TableReader", "ReadProgress", "TableChunk", "TablePlan", "plan_table",
+           "SnapshotReadError"]

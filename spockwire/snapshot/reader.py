@@ -1,4 +1,4 @@
-"""Reading whole tables into Arrow: planning, connections, snapshots and workers.
+"""Reading whole tables into Arrow: connections, snapshots, workers and the public functions (the plan: plan.py).
 
 A table is read with ``COPY (SELECT columns FROM ONLY table ...) TO STDOUT (FORMAT binary)`` (``COPY table
 (columns) TO STDOUT`` when nothing filters it) on connections whose transactions all see one snapshot. The COPY
@@ -6,56 +6,35 @@ data goes from libpq to the decoder in large pieces (`CopyDataPump`, one Python 
 is decoded by `CopyBinaryDecoder` (spockwire.wire) with the same value kernels as the binary values of the
 replication stream: a column comes out with exactly the Arrow type and values the stream decoder gives it.
 
-Plan: a partitioned table is read through its leaf partitions, their rows presented as the parent's (the parent's
-columns, by name, in the parent's order). With ``workers > 1`` every leaf larger than a few MB is cut into block
-ranges (``ctid >= '(a,0)' AND ctid < '(b,0)'``, TID range scans from PostgreSQL 14; older servers read each leaf
-whole) and the ranges are spread over the connections. Memory stays bounded whatever the table size: each
-connection holds at most one batch being built plus one piece of COPY data, and finished batches wait in a queue
-of ``2 * workers`` batches for the consumer.
+The plan (plan.py): partitioned tables through their leaf partitions, presented as the parent; with ``workers > 1``
+large tables cut into block (ctid) ranges, spread over the connections as they become free. Memory stays bounded
+whatever the table size: each connection holds one batch being built, PREFETCH_PIECES pieces of COPY data and one
+incomplete row, and finished batches wait in a queue of ``2 * workers`` batches for the consumer.
 """
 from __future__ import annotations
 
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
 from ..connection.session import pinned_connect
 from ..connection.stream import load_pump
-from ..errors import SpockwireError
-from ..model import Column, Relation
+from ..model import Relation
 from ..values.catalog import ColumnSpec, PostgresTypeCatalog
 from ..wire import load_implementation
+from .plan import CHUNKS_PER_WORKER, MIN_CHUNK_PAGES, SnapshotReadError, TableChunk, TablePlan, plan_table
 
-__all__ = ["read_table", "iter_table_batches", "TableReader", "ReadProgress", "TableChunk", "SnapshotReadError",
-           "DEFAULT_PIECE_BYTES", "MIN_CHUNK_PAGES"]
+__all__ = ["read_table", "iter_table_batches", "TableReader", "ReadProgress", "TableChunk", "TablePlan",
+           "SnapshotReadError", "DEFAULT_PIECE_BYTES", "MIN_CHUNK_PAGES", "CHUNKS_PER_WORKER"]
 
 #: bytes of COPY data handed from libpq to the decoder per call
-DEFAULT_PIECE_BYTES = 1 << 20
-#: smallest block range a leaf is cut into when several workers read it (8 MB with 8 kB blocks)
-MIN_CHUNK_PAGES = 1024
-#: ctid ranges per worker a large leaf is cut into (so that workers finish close together)
-CHUNKS_PER_WORKER = 4
+DEFAULT_PIECE_BYTES = 1 << 18
 #: pieces of COPY data received ahead of the decoder, per connection
-PREFETCH_PIECES = 8
-
-
-class SnapshotReadError(SpockwireError):
-    """A table cannot be read as asked (unknown table or column, bad option, a worker failed)."""
-
-
-@dataclass(frozen=True)
-class TableChunk:
-    """One COPY of a read: a leaf table (its SQL name) and a block range of it (None: from the start / to the end)."""
-
-    leaf: str
-    leaf_oid: int
-    first_page: int | None = None
-    stop_page: int | None = None
-    relkind: str = "r"
+PREFETCH_PIECES = 16
 
 
 @dataclass
@@ -110,10 +89,6 @@ class _LockedCatalog:
         close = getattr(self._catalog, "close", None)
         if close is not None:
             close()
-
-
-def _quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 class _Conn:
@@ -188,7 +163,12 @@ class TableReader:
             self._conns.append(first)
             first.begin(snapshot)
             self.snapshot_name = snapshot
-            self._plan(first, table, columns)
+            self.plan = plan_table(first.execute, table, columns, self.workers)
+            self.relation = self.plan.relation
+            self.table = self.plan.table
+            self.chunks = self.plan.chunks
+            self.leaves = self.plan.leaves
+            self.estimated_rows = self.plan.estimated_rows
             if self._own_catalog:
                 self._catalog = _LockedCatalog(PostgresTypeCatalog(dsn, strict=False))
             else:
@@ -206,89 +186,9 @@ class TableReader:
             self.close()
             raise
 
-    # ------------------------------------------------------------------ plan
-    def _plan(self, conn: _Conn, table: str | tuple[str, str], columns: Sequence[str] | None) -> None:
-        if isinstance(table, tuple):
-            name = f"{_quote_ident(table[0])}.{_quote_ident(table[1])}"
-        else:
-            name = str(table)
-        rows = conn.execute("SELECT c.oid, n.nspname, c.relname, c.relkind, c.relreplident FROM pg_class c "
-                            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)", (name,))
-        if not rows:
-            raise SnapshotReadError(f"no table {name!r}")
-        oid, nspname, relname, relkind, replident = rows[0]
-        if relkind not in ("r", "p", "m", "f"):
-            raise SnapshotReadError(f"{nspname}.{relname} is not a table (relkind {relkind!r})")
-        attrs = conn.execute(
-            "SELECT a.attname, a.atttypid, a.atttypmod, a.attgenerated, "
-            "COALESCE(a.attnum = ANY(i.indkey), false) FROM pg_attribute a "
-            "LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
-            "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (oid,))
-        by_name = {r[0]: r for r in attrs}
-        if columns is None:
-            # generated columns are not part of what logical replication sends by default: not read either unless named
-            chosen = [r for r in attrs if not r[3]]
-        else:
-            chosen = []
-            for col in columns:
-                if col not in by_name:
-                    raise SnapshotReadError(f"{nspname}.{relname} has no column {col!r}")
-                chosen.append(by_name[col])
-            if len({c[0] for c in chosen}) != len(chosen):
-                raise SnapshotReadError(f"columns names a column twice: {list(columns)}")
-        if not chosen:
-            raise SnapshotReadError(f"no columns to read from {nspname}.{relname}")
-        self.relation = Relation(int(oid), nspname, relname,
-                                 tuple(Column(r[0], int(r[1]), int(r[2]), bool(r[4])) for r in chosen),
-                                 {"d": "d", "n": "n", "f": "f", "i": "i"}.get(replident), 1)
-        self.table = self.relation.qualified_name
-        self._select_list = ", ".join(_quote_ident(r[0]) for r in chosen)
-        if relkind == "p":
-            leaves = conn.execute(
-                "SELECT t.relid::oid, t.relid::regclass::text, c.relkind, c.reltuples, "
-                "pg_relation_size(t.relid), current_setting('block_size')::int "
-                "FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid "
-                "WHERE t.isleaf ORDER BY t.relid::regclass::text", (oid,))
-        else:
-            leaves = conn.execute(
-                "SELECT c.oid, c.oid::regclass::text, c.relkind, c.reltuples, "
-                "CASE WHEN c.relkind IN ('r', 'm') THEN pg_relation_size(c.oid) ELSE 0 END, "
-                "current_setting('block_size')::int FROM pg_class c WHERE c.oid = %s", (oid,))
-        self.partitioned = relkind == "p"
-        self.server_version = int(conn.execute("SHOW server_version_num")[0][0])
-        ranges = self.server_version >= 140000 and self.workers > 1
-        self.leaves = [(int(r[0]), r[1]) for r in leaves]
-        self.estimated_rows = int(sum(max(float(r[3]), 0.0) for r in leaves))
-        chunks: list[TableChunk] = []
-        total_pages = sum(int(r[4]) // max(int(r[5]), 1) for r in leaves)
-        for leaf_oid, leaf, kind, _tuples, size, block in leaves:
-            pages = int(size) // max(int(block), 1)
-            step = max(MIN_CHUNK_PAGES, -(-total_pages // (self.workers * CHUNKS_PER_WORKER)))
-            if not ranges or kind not in ("r", "m") or pages < 2 * MIN_CHUNK_PAGES:
-                chunks.append(TableChunk(leaf, int(leaf_oid), relkind=kind))
-                continue
-            start = 0
-            while start < pages:
-                stop = start + step
-                # the last range is open-ended: a visible row can never lie past the size seen now, but the
-                # range must not depend on it
-                chunks.append(TableChunk(leaf, int(leaf_oid), start, None if stop >= pages else stop, kind))
-                start = stop
-        self.chunks = chunks
-
     def query(self, chunk: TableChunk) -> str:
         """The COPY statement of one chunk."""
-        conds = []
-        if chunk.first_page is not None and chunk.first_page > 0:
-            conds.append(f"ctid >= '({chunk.first_page},0)'::tid")
-        if chunk.stop_page is not None:
-            conds.append(f"ctid < '({chunk.stop_page},0)'::tid")
-        if self.where:
-            conds.append(f"({self.where})")
-        if not conds and chunk.relkind == "r":
-            return f"COPY {chunk.leaf} ({self._select_list}) TO STDOUT (FORMAT binary)"
-        where = f" WHERE {' AND '.join(conds)}" if conds else ""
-        return f"COPY (SELECT {self._select_list} FROM ONLY {chunk.leaf}{where}) TO STDOUT (FORMAT binary)"
+        return self.plan.query(chunk, self.where)
 
     def _decoder(self, column_types: Mapping[str, str] | None = None) -> Any:
         merged = dict(self.column_types)

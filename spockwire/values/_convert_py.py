@@ -19,6 +19,7 @@ from .catalog import ARRAY, BOOL, BYTEA, CHAR, DATE, DECIMAL, ENUM, FLOAT4, FLOA
     JSONB, NUMERIC_TEXT, OID, OTHER, PGTEXT, RAW, TEXT, TIME, TIMESTAMP, TIMESTAMPTZ, TIMETZ, UUID, ColumnSpec
 from .failures import BYTE_ORDER_UNKNOWN, INTERNAL_UNSUPPORTED, INVALID, INVALID_UTF8, LOWER_BOUND, MULTIDIMENSIONAL, \
     OUT_OF_RANGE, SPECIAL_DECIMAL
+from . import internal as _internal_layouts
 
 __all__ = ["ValueFailure", "decode_value", "build_array", "UNIX_DAYS_2000", "UNIX_US_2000"]
 
@@ -575,22 +576,30 @@ _INTERNAL_STRUCTS = {BOOL: "?", INT2: "h", INT4: "i", INT8: "q", OID: "I", FLOAT
                      TIMESTAMP: "q", TIMESTAMPTZ: "q", TIME: "q"}
 
 
-# PGTEXT columns of by-value types: the internal datum is the send form in the server's byte order
-# (type OID -> datum size; uuid's 16 bytes have no byte order)
-INTERNAL_SEND_SIZES = {16: 1, 18: 1, 20: 8, 21: 2, 23: 4, 26: 4, 700: 4, 701: 8, 1082: 4, 1083: 8, 1114: 8,
-                       1184: 8, 2950: 16}
+def _varlena(raw: bytes, big_endian: bool) -> bytes:
+    """The data of a varlena datum (spockwire.values.internal), a refusal as a ValueFailure of its code."""
+    try:
+        return _internal_layouts.unpack_varlena(raw, big_endian)
+    except _internal_layouts.DatumFailure as failure:
+        raise _fail(failure.code) from None
 
 
 def _internal_text(spec: ColumnSpec, raw: bytes, big_endian: bool | None) -> str:
     """A column kept as text (PGTEXT) given an internal datum: PostgreSQL's text of it, through its send form."""
-    size = INTERNAL_SEND_SIZES.get(spec.type_oid)
-    if size is None or spec.render is None:
+    oid = spec.type_oid
+    fields = _internal_layouts.FIXED_FIELDS.get(oid)
+    known = fields is not None or oid in _internal_layouts.VARLENA_TEXT_TYPES \
+        or oid in _internal_layouts.VARLENA_CONVERTED
+    if not known or oid == 19 or spec.render is None:
         raise _fail(INTERNAL_UNSUPPORTED)
-    if big_endian is None and size not in (1, 16):
+    if big_endian is None and (fields is None or any(size != 1 for size in fields)):
         raise _fail(BYTE_ORDER_UNKNOWN)
-    if len(raw) != size:
-        raise _fail()
-    return spec.render(bytes(raw) if big_endian or size == 16 else bytes(raw[::-1]))
+    if fields is not None:
+        return spec.render(_internal_layouts.swap_fields(raw, fields, bool(big_endian)))
+    data = _varlena(raw, bool(big_endian))
+    if oid in _internal_layouts.VARLENA_TEXT_TYPES:
+        return spec.render(data)
+    return spec.render(_internal_layouts.converted_send_form(oid, data, bool(big_endian)))
 
 
 def _internal(spec: ColumnSpec, raw: bytes, big_endian: bool | None) -> Any:
@@ -603,6 +612,17 @@ def _internal(spec: ColumnSpec, raw: bytes, big_endian: bool | None) -> Any:
         return raw
     if kind == CHAR:
         return char_text(raw)
+    if kind in (TEXT, JSON, BYTEA, DECIMAL, NUMERIC_TEXT, INTERVAL, TIMETZ):
+        if big_endian is None:
+            raise _fail(BYTE_ORDER_UNKNOWN)
+        if kind == INTERVAL:
+            return _binary(spec, _internal_layouts.swap_fields(raw, (8, 4, 4), big_endian))
+        if kind == TIMETZ:
+            return _binary(spec, _internal_layouts.swap_fields(raw, (8, 4), big_endian))
+        data = _varlena(raw, big_endian)
+        if kind in (DECIMAL, NUMERIC_TEXT):
+            return _binary(spec, _internal_layouts.numeric_send(data, big_endian))
+        return _binary(spec, data)
     code = _INTERNAL_STRUCTS.get(kind)
     if code is None:
         raise _fail(INTERNAL_UNSUPPORTED)

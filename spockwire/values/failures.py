@@ -11,6 +11,11 @@ BYTE_ORDER_UNKNOWN = 7   # an internal datum, but the startup message did not sa
 LOWER_BOUND = 9          # a one-dimensional array whose lower bound is not 1 (a list has no bounds)
 TOO_LARGE = 8            # the value alone takes its column past Arrow's 32-bit offsets (2 GiB - 1 bytes) in a batch
 NO_TEXT_FORM = 16        # a binary value holding a value of a type whose send format is unknown (no text form)
+# internal ('i') varlena datums (spockwire.values.internal.describe_datum_failure gives their text and byte)
+VARLENA_INVALID = 20     # the varlena header does not describe the bytes that arrived
+EXTERNAL_DATUM = 21      # an external TOAST pointer instead of the datum
+COMPRESSED_CORRUPT = 22  # inline-compressed data that is not a valid pglz/LZ4 stream of the declared raw size
+RAW_SIZE_MISMATCH = 23   # inline-compressed data that decompresses to fewer bytes than the declared raw size
 
 OFFSET_LIMIT = 0x7FFFFFFF  # most bytes (elements, for lists) a variable-length column holds in one batch
 
@@ -22,8 +27,9 @@ def value_problem(code: int, fmt: int, raw: bytes, type_name: str) -> str:
     form = _FORMATS.get(fmt, "?")
     shown = bytes(raw[:40])
     if code == INTERNAL_UNSUPPORTED:
-        return (f"internal-format value of type {type_name} cannot be decoded safely: request the binary "
-                f"format (binary.want_binary_basetypes) or use types='raw'")
+        return (f"internal-format value of type {type_name} cannot be decoded: its internal layout is not read "
+                f"(stream without internal values, binary=True, or keep the column raw: types='raw' or "
+                f"column_types)")
     if code == MULTIDIMENSIONAL:
         return (f"multi-dimensional {form} array value of type {type_name} has no list form "
                 f"(on_unrepresentable='text' keeps the column as PostgreSQL's text)")
@@ -46,4 +52,6 @@ def value_problem(code: int, fmt: int, raw: bytes, type_name: str) -> str:
     if code == NO_TEXT_FORM:
         return (f"{form} value of type {type_name} holds a value of a type whose binary format is unknown "
                 f"(stream this table in the text format, or use types='raw')")
+    if code in (VARLENA_INVALID, EXTERNAL_DATUM, COMPRESSED_CORRUPT, RAW_SIZE_MISMATCH):
+        return f"internal-format value of type {type_name} is not a valid varlena datum"
     return f"cannot decode {form} value {shown!r} as {type_name}"

@@ -19,6 +19,7 @@ from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_
     pg_timestamp_to_datetime
 from ..values.catalog import check_column_types, column_specs, switches_to_text, text_column_spec
 from ..values.failures import value_problem
+from ..values.internal import DATUM_CODES, describe_datum_failure
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, released_batch, row_bytes_estimate, spill_item
@@ -1159,6 +1160,9 @@ cdef class Decoder:
             raise _BatchFull()
         if self.fallback_text and switches_to_text(rc, b.specs[i]):
             raise _Unrepresentable(i)
+        if rc in DATUM_CODES:   # a refused varlena datum: its own byte and sentence (the twin's description)
+            _code, pos, text = describe_datum_failure(p[:n], self.internal_order == 1, b.specs[i].type_name)
+            raise_bad(c, at + pos, text, i, b.names[i])
         raise_bad(c, at, value_problem(rc, kind, p[:n], b.specs[i].type_name), i, b.names[i])
 
     cdef int _truncate(self, Cur* c, uint32_t nrels, uint8_t flags, uint32_t sub) except -1:

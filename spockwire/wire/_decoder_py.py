@@ -19,6 +19,7 @@ from ..values._convert_py import ValueFailure, build_array, decode_value
 from ..values.catalog import ARRAY, BYTEA, CHAR, ENUM, JSON, JSONB, NUMERIC_TEXT, OTHER, PGTEXT, RAW, TEXT, \
     TIMETZ, ColumnSpec, check_column_types, column_specs, switches_to_text, text_column_spec
 from ..values.failures import OFFSET_LIMIT, TOO_LARGE, value_problem
+from ..values.internal import DATUM_CODES, describe_datum_failure
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
@@ -69,8 +70,13 @@ class _Unrepresentable(Exception):
 UNREPRESENTABLE_CHOICES = ("text", "error")
 
 
-def _output_bytes(spec: ColumnSpec, value: Any) -> int:
-    """Bytes a binary or internal value of a kind rendered to text adds to its column (0 for other kinds)."""
+def _output_bytes(spec: ColumnSpec, value: Any, internal: bool = False) -> int:
+    """Bytes a binary or internal value of a kind rendered to text adds to its column (0 for other kinds); an
+    internal text or bytea datum may have been compressed: its decompressed bytes."""
+    if internal and spec.kind in (TEXT, JSON):
+        return len(value.encode("utf-8"))
+    if internal and spec.kind == BYTEA:
+        return len(value)
     if spec.kind in _EXPANDING:
         return len(value)                       # these texts are ASCII
     if spec.kind == PGTEXT:
@@ -948,11 +954,14 @@ class Decoder:
                     except ValueFailure as failure:
                         if self.on_unrepresentable == "text" and switches_to_text(failure.code, spec):
                             raise _Unrepresentable(i) from None
+                        if failure.code in DATUM_CODES:   # a refused varlena datum: its own byte and sentence
+                            _code, pos, text = describe_datum_failure(v, bool(self._big_endian), spec.type_name)
+                            raise protocol_error(r.mtype, start + pos, text, i, name) from None
                         raise protocol_error(r.mtype, start, value_problem(failure.code, kind, v, spec.type_name),
                                              i, name) from None
                     values[i].append(value)
                     # output bytes count too: an expanding kernel (binary numeric to text) closes batches as well
-                    b.nbytes += max(len(v), _output_bytes(spec, value)) if kind != 0x74 else len(v)
+                    b.nbytes += max(len(v), _output_bytes(spec, value, kind == 0x69)) if kind != 0x74 else len(v)
                 if b.nbytes > OFFSET_LIMIT:
                     if b.msg_mark > 0:
                         raise _BatchFull()

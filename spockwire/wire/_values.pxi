@@ -7,13 +7,19 @@ from cpython.ref cimport PyObject, Py_XINCREF, Py_XDECREF
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memmove
 
-from ..values._convert_py import INTERNAL_SEND_SIZES, ValueFailure
+from ..values._convert_py import ValueFailure
+from ..values.internal import FIXED_FIELDS, VARLENA_CONVERTED, VARLENA_TEXT_TYPES, converted_send_form
 
 cdef extern from "Python.h":
     double PyOS_string_to_double(const char* s, char** endptr, PyObject* overflow_exception) except? -1.0
 
 cdef extern from "include/sw_byteorder.h":
     ctypedef long long int128_t "sw_int128"
+
+cdef extern from "include/sw_varlena.h":
+    int SW_VL_NOMEM
+    int sw_varlena(const unsigned char* p, long long n, int big, const unsigned char** data, long long* length,
+                   unsigned char** owned) nogil
 
 cdef enum:
     K_RAW = 0
@@ -1159,8 +1165,108 @@ cdef inline uint64_t load_host(const char* p, int size, int big_endian) noexcept
     return v
 
 
+_INTERVAL_FIELDS = (8, 4, 4)
+_TIMETZ_FIELDS = (8, 4)
+
+
+cdef int swap_fields(const char* p, Py_ssize_t n, object fields, int order, char* out) except -1:
+    """A fixed-length internal datum with its integer fields in big-endian order (the send form's) into `out`."""
+    cdef Py_ssize_t pos = 0, total = 0, k
+    cdef int size
+    for size in fields:
+        total += size
+    if n != total:
+        return F_INVALID
+    for size in fields:
+        for k in range(size):
+            out[pos + k] = p[pos + k] if order == 1 else p[pos + size - 1 - k]
+        pos += size
+    return 0
+
+
+cdef int numeric_send_form(const unsigned char* d, long long n, int order, char** out, Py_ssize_t* outlen) \
+        except -1:
+    """numeric's send form from the data of its internal varlena (spockwire.values.internal.numeric_send)."""
+    cdef uint16_t head, sign, dscale
+    cdef int weight
+    cdef long long start, count, k
+    cdef char* s
+    if n < 2 or n % 2:
+        return F_INVALID
+    head = <uint16_t>load_host(<const char*>d, 2, order)
+    if head & 0x8000:
+        if (head & 0xC000) == 0xC000:
+            if not (head == 0xC000 or head == 0xD000 or head == 0xF000) or n != 2:
+                return F_INVALID
+            sign, dscale, weight, start = head, 0, 0, 2
+        else:
+            sign = 0x4000 if head & 0x2000 else 0
+            dscale = (head & 0x1F80) >> 7
+            weight = (head & 0x003F) - (64 if head & 0x0040 else 0)
+            start = 2
+    else:
+        if n < 4:
+            return F_INVALID
+        sign, dscale = head & 0xC000, head & 0x3FFF
+        weight = <int16_t>load_host(<const char*>d + 2, 2, order)
+        start = 4
+    count = (n - start) // 2
+    if count > 0x7FFF:
+        return F_INVALID
+    s = <char*>malloc(8 + 2 * count)
+    if s == NULL:
+        raise MemoryError()
+    s[0], s[1] = <char>(count >> 8), <char>(count & 0xFF)
+    s[2], s[3] = <char>((weight >> 8) & 0xFF), <char>(weight & 0xFF)
+    s[4], s[5] = <char>(sign >> 8), <char>(sign & 0xFF)
+    s[6], s[7] = <char>(dscale >> 8), <char>(dscale & 0xFF)
+    for k in range(count):
+        s[8 + 2 * k] = <char>d[start + 2 * k + (0 if order == 1 else 1)]
+        s[9 + 2 * k] = <char>d[start + 2 * k + (1 if order == 1 else 0)]
+    out[0] = s
+    outlen[0] = 8 + 2 * count
+    return 0
+
+
+cdef int internal_varlena(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, int order) except -1:
+    """A varlena internal datum (text-like, bytea, numeric, and the varlena types kept as text): its data, inline
+    compressed data decompressed (include/sw_varlena.h), turned into the send form and decoded from there."""
+    cdef const unsigned char* data = NULL
+    cdef long long length = 0
+    cdef unsigned char* owned = NULL
+    cdef char* send = NULL
+    cdef Py_ssize_t sendlen = 0
+    cdef int kind = col.kind, rc
+    cdef bytes converted
+    rc = sw_varlena(<const unsigned char*>p, n, order, &data, &length, &owned)
+    if rc == SW_VL_NOMEM:
+        raise MemoryError()
+    if rc:
+        return rc
+    try:
+        if kind == K_DECIMAL or kind == K_NUMERIC_TEXT:
+            rc = numeric_send_form(data, length, order, &send, &sendlen)
+            if rc:
+                return rc
+            return append_value(col, idx, 0x62, send, sendlen, order)
+        if kind == K_PGTEXT:
+            if col.type_oid in VARLENA_TEXT_TYPES:
+                return render_text(col, idx, <const char*>data, length)
+            try:
+                converted = converted_send_form(col.type_oid, PyBytes_FromStringAndSize(<const char*>data, length),
+                                                order == 1)
+            except ValueFailure as failure:
+                return failure.code
+            return render_text(col, idx, converted, len(converted))
+        return append_value(col, idx, 0x62, <const char*>data, length, order)
+    finally:
+        free(send)
+        free(owned)
+
+
 cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, int order) except -1:
-    """The 'i' form: only fixed-width by-value types (and uuid) in the server's announced byte order."""
+    """The 'i' form (spockwire.values.internal): by-value types in the server's announced byte order, fixed-length
+    types through their send form, varlena datums (inline-compressed too) through internal_varlena."""
     cdef int kind = col.kind, size
     cdef uint64_t raw
     cdef char* slot = col.data.data + idx * col.width if col.width else NULL
@@ -1168,22 +1274,35 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
     cdef int64_t d64
     cdef float f4
     cdef double f8
-    cdef char swapped[8]
-    cdef int k
+    cdef char swapped[32]
+    cdef int rc
     if kind == K_PGTEXT:
-        # a column kept as text: the datum of a by-value type is its send form in the server's byte order
-        size = INTERNAL_SEND_SIZES.get(col.type_oid, 0)
-        if size == 0 or col.render == NULL:
+        # a column kept as text: PostgreSQL's text of the datum, through the type's send form
+        oid = col.type_oid
+        fields = FIXED_FIELDS.get(oid)
+        if (fields is None and oid not in VARLENA_TEXT_TYPES and oid not in VARLENA_CONVERTED) or oid == 19 \
+                or col.render == NULL:
             return F_INTERNAL_UNSUPPORTED
-        if order < 0 and size != 1 and size != 16:
+        if order < 0 and (fields is None or any(f != 1 for f in fields)):
             return F_BYTE_ORDER_UNKNOWN
-        if n != size:
+        if fields is None:
+            return internal_varlena(col, idx, p, n, order)
+        if n > 32:
             return F_INVALID
-        if order == 0 and size != 1 and size != 16:
-            for k in range(size):
-                swapped[k] = p[size - 1 - k]
-            return render_text(col, idx, swapped, size)
-        return render_text(col, idx, p, n)
+        rc = swap_fields(p, n, fields, order, swapped)
+        if rc:
+            return rc
+        return render_text(col, idx, swapped, n)
+    if kind == K_TEXT or kind == K_JSON or kind == K_BYTEA or kind == K_DECIMAL or kind == K_NUMERIC_TEXT \
+            or kind == K_INTERVAL or kind == K_TIMETZ:
+        if order < 0:
+            return F_BYTE_ORDER_UNKNOWN
+        if kind == K_INTERVAL or kind == K_TIMETZ:
+            rc = swap_fields(p, n, _INTERVAL_FIELDS if kind == K_INTERVAL else _TIMETZ_FIELDS, order, swapped)
+            if rc:
+                return rc
+            return append_value(col, idx, 0x62, swapped, n, order)
+        return internal_varlena(col, idx, p, n, order)
     if kind == K_UUID:
         if n != 16:
             return F_INVALID

@@ -1,0 +1,287 @@
+"""Internal-format ('i') values from the real plugins, negotiated the way Spock's own subscriber does
+(`connect(..., binary="internal")`: every binary.* parameter, matching the server), in both implementations and
+checked against the server's own values: the type table of tests/test_typed_values.py, TOASTed text compressed with
+pglz and with LZ4 (the 'i' bytes checked to really be compressed datums of that method), a frame file captured by
+`spockwire capture --internal` decoded again, the clear error for a type whose internal layout is not read, and
+pglogical 2 on PostgreSQL 15 with the same negotiation.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+
+import spockwire
+from spockwire.errors import ProtocolError
+from tests.pg_fixtures import PgDatabase
+from tests.test_connection_pg import collect, row_count
+from tests.test_spock_live import Tap, create_slots, sdb, spock_connect  # noqa: F401  (sdb: fixture)
+
+pytestmark = pytest.mark.pg
+
+#: the type table's types that arrive as 'i' under internal negotiation (the others as 'b' or 't')
+INTERNAL_TYPES = {"bool", "int2", "int4", "int8", "oid", "float4", "float8", "numeric", "text", "varchar", "char",
+                  "bytea", "date", "timestamp", "timestamptz", "time", "timetz", "interval", "uuid", "json", "xml",
+                  "inet", "cidr", "macaddr", "macaddr8", "money", "bit", "varbit", "path", "polygon", "circle",
+                  "pg_lsn", "xid", "xid8", "cid", "tid", "pg_snapshot", "txid_snapshot", "\"char\""}
+
+#: types whose internal layout is not read: their tables stay out of the replicated set in the type-table test
+UNREAD = {"jsonb", "tsvector", "tsquery", "jsonpath"}
+
+
+def _internal_values(payloads: list[bytes], proto: int = 5) -> list[bytes]:
+    """The 'i' datums of the insert messages among `payloads` (one-column tables after an int4 key)."""
+    out = []
+    for p in payloads:
+        body = p[8:] if proto == 5 and p[:1] != b"S" else p
+        if body[:1] != b"I":
+            continue
+        pos = 1 + 1 + 4 + 1 + 1          # 'I', flags, relid, 'N', 'T'
+        (natts,) = struct.unpack_from(">H", body, pos)
+        pos += 2
+        for _ in range(natts):
+            kind = body[pos:pos + 1]
+            pos += 1
+            if kind in (b"n", b"u"):
+                continue
+            (n,) = struct.unpack_from(">I", body, pos)
+            pos += 4
+            if kind == b"i":
+                out.append(body[pos:pos + n])
+            pos += n
+    return out
+
+
+def _kinds_by_table(payloads: list[bytes], proto: int = 5) -> dict[str, set[str]]:
+    """Table name -> the value kinds its inserts' last column arrived in."""
+    names: dict[int, str] = {}
+    kinds: dict[str, set[str]] = {}
+    for p in payloads:
+        body = p[8:] if proto == 5 and p[:1] != b"S" else p
+        if body[:1] == b"R":
+            (relid,) = struct.unpack_from(">I", body, 2)
+            nsp = body[6]
+            names[relid] = body[8 + nsp:8 + nsp + body[7 + nsp] - 1].decode()
+        elif body[:1] == b"I":
+            (relid,) = struct.unpack_from(">I", body, 2)
+            pos = 10
+            (natts,) = struct.unpack_from(">H", body, pos - 2)
+            kind = ""
+            for _ in range(natts):
+                kind = chr(body[pos])
+                pos += 1
+                if kind not in "nu":
+                    pos += 4 + struct.unpack_from(">I", body, pos)[0]
+            if kind not in "nu":
+                kinds.setdefault(names[relid], set()).add(kind)
+    return kinds
+
+
+def _compression(datum: bytes) -> str | None:
+    """'pglz' or 'lz4' for a little-endian 4-byte-header compressed varlena, else None."""
+    if len(datum) < 8 or datum[0] & 0x03 != 0x02:
+        return None
+    (tcinfo,) = struct.unpack_from("<I", datum, 4)
+    return {0: "pglz", 1: "lz4"}[tcinfo >> 30]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Spock 6 on PostgreSQL 18
+
+def test_spock_internal_type_table(sdb, impl):
+    """Every type of the type table whose internal layout is read, streamed as Spock's own subscriber asks for it,
+    equals the server's values; the startup message says internal datums were negotiated."""
+    from tests import test_typed_values as TV
+
+    sdb.execute(TV.SCHEMA)
+    cases = [c for c in TV.CASES if c.sqltype.rstrip("[]") not in UNREAD]
+    for case in cases:
+        sdb.execute(f"CREATE TABLE t_{case.name} (id int PRIMARY KEY, v {case.sqltype})")
+        sdb.execute("SELECT spock.repset_add_table('default', %s)", (f"t_{case.name}",))
+    create_slots(sdb)
+    has_xml = TV._accepts_xml(sdb)
+    for case in cases:
+        values = case.values if has_xml or case.sqltype.rstrip("[]") != "xml" else ()
+        sdb.execute(TV._insert_sql(f"t_{case.name}", values))
+    total = sum(len(c.values if has_xml or c.sqltype.rstrip("[]") != "xml" else ()) + 1 for c in cases)
+    taps: list = []
+    with spock_connect(sdb, impl, binary="internal", reconnect=False, tap=taps) as stream:
+        events = collect(stream, lambda evs: row_count(evs) >= total)
+        params = stream.startup_params
+        sent = stream.options
+    assert params["binary.internal_basetypes"] == "t" and params["binary.binary_basetypes"] == "t"
+    for key in ("binary.want_internal_basetypes", "binary.want_binary_basetypes", "binary.basetypes_major_version",
+                "binary.bigendian", "binary.sizeof_datum", "binary.sizeof_int", "binary.sizeof_long",
+                "binary.float4_byval", "binary.float8_byval", "binary.integer_datetimes"):
+        assert key in sent, key
+    payloads = [p for t in taps for p in t.payloads]
+    datums = _internal_values(payloads)
+    assert any(d[:1] and d[0] & 0x01 for d in datums)          # short (1-byte header) varlena datums arrived
+    kinds = _kinds_by_table(payloads)
+    internal = {name[2:] for name, k in kinds.items() if k == {"i"}}
+    # base types below 16384 without an element type come as 'i'; name, point, line, lseg and box have one
+    # (they are subscriptable), arrays, domains, enums, ranges and composites are not base types
+    assert internal == {c.name for c in cases if c.sqltype.split("(")[0] in INTERNAL_TYPES and not c.array
+                        and (has_xml or c.sqltype != "xml")}, internal
+    conn = sdb.connect()
+    expected: dict[str, list] = {}
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET TimeZone = 'UTC'")
+            import psycopg2.extras
+            psycopg2.extras.register_uuid(conn_or_curs=cur)
+            for case in cases:
+                cur.execute(f"SELECT id, {TV._expected_sql(case, cur)} FROM t_{case.name} ORDER BY id")
+                expected[case.name] = cur.fetchall()
+    finally:
+        conn.close()
+    by_table: dict[str, list] = {}
+    arrays: dict[str, Any] = {}
+    for ev in events:
+        if hasattr(ev, "to_arrow"):
+            by_table.setdefault(ev.relation.name, []).extend(ev.to_pylist())
+            arrays[ev.relation.name] = ev.to_arrow().column("v").type
+    assert set(by_table) == {f"t_{c.name}" for c in cases}
+    for case in cases:
+        where = f"internal {case.name}"
+        rows = by_table[f"t_{case.name}"]
+        if case.arrow is None:
+            assert arrays[f"t_{case.name}"] == TV.pa.string(), where
+            got = [r["v"] for r in sorted(rows, key=lambda r: r["id"])]
+            assert got == [e[2] for e in expected[case.name]], where
+            continue
+        assert arrays[f"t_{case.name}"] == case.arrow, where
+        TV.assert_matches_server(case, rows, expected[case.name], where)
+
+
+@pytest.mark.parametrize("method", ["pglz"])
+def test_spock_internal_toasted_text_is_decompressed(sdb, impl, method):
+    """TOASTed text arrives as its compressed internal datum (inline: compressed but small enough to stay in the
+    row; out of line: the value reassembled from the TOAST table), an incompressible one as a 4-byte-header datum;
+    all decode to the server's text. (The embedded PostgreSQL 18 is built without lz4: LZ4 datums are checked on
+    PostgreSQL 15 with pglogical below.)"""
+    sdb.execute(f"CREATE TABLE big (id int PRIMARY KEY, v text COMPRESSION {method}, b bytea COMPRESSION "
+                f"{method}, n numeric)")
+    sdb.execute("SELECT spock.repset_add_table('default', 'big')")
+    create_slots(sdb)
+    sdb.execute("INSERT INTO big VALUES "
+                "(1, repeat('spock internal ', 300), decode(repeat('00ff10', 1000), 'hex'), 1.5), "
+                "(2, repeat(md5('x') || 'ünïcödé ✓', 2000), decode(repeat('0102030405', 2000), 'hex'), "
+                "repeat('9', 900)::numeric / 7), "
+                "(3, (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 400) g) || repeat('z', 3000), "
+                "'\\x00', -0.000001), "
+                "(4, 'short', '\\xdeadbeef', 'NaN')")
+    sdb.execute("UPDATE big SET n = 2 WHERE id IN (1, 3)")   # row 3's out-of-line v unchanged: 'u'; row 1's inline
+    stored = dict(sdb.query("SELECT id, pg_column_compression(v) FROM big"))
+    assert stored[1] == stored[2] == method and stored[3] is None     # row 3: md5 hex does not compress
+    taps: list = []
+    with spock_connect(sdb, impl, binary="internal", reconnect=False, tap=taps) as stream:
+        events = collect(stream, lambda evs: row_count(evs) >= 6)
+    datums = _internal_values([p for t in taps for p in t.payloads])
+    methods = [_compression(d) for d in datums]
+    assert methods.count(method) >= 4 and set(methods) <= {method, None}, methods
+    assert any(d[0] & 0x03 == 0 and len(d) > 10000 for d in datums)   # an uncompressed 4-byte-header datum
+    rows = [r for ev in events if hasattr(ev, "to_arrow") for r in ev.to_pylist()]
+    inserts = {r["id"]: r for r in rows if r["_change_type"] == "insert"}
+    server = {i: (v, bytes(b), n) for i, v, b, n in sdb.query("SELECT id, v, b, n::text FROM big")}
+    updates = {r["id"]: r for r in rows if r["_change_type"] == "update_postimage"}
+    assert set(inserts) == set(server) and set(updates) == {1, 3}
+    for ident, (v, b, n) in server.items():
+        assert (inserts[ident]["v"], inserts[ident]["b"]) == (v, b), ident
+        assert updates.get(ident, inserts[ident])["n"] == n, ident
+    assert updates[3]["_unchanged_toast"] == ["v"] and updates[3]["n"] == "2"
+    assert updates[1]["_unchanged_toast"] is None and (updates[1]["v"], updates[1]["b"]) == server[1][:2]
+
+
+def test_spock_internal_capture_file_decodes(sdb, impl, tmp_path):
+    """`spockwire capture --internal` records a stream negotiated like Spock's own subscriber; the frame file
+    decodes (both implementations) to the server's values, compressed datums included."""
+    from spockwire.cli import main as cli_main
+    from spockwire.frames import read_frame_file
+
+    sdb.execute("CREATE TABLE cap (id int PRIMARY KEY, v text, n numeric(12,3), i interval, t timetz)")
+    sdb.execute("SELECT spock.repset_add_table('default', 'cap')")
+    create_slots(sdb)
+    sdb.execute("INSERT INTO cap SELECT g, repeat('abc' || g, 1000 * (g % 2)) || g, g * 1.125, "
+                "make_interval(days => g, secs => g * 0.5), '10:11:12.5+05:30'::timetz FROM generate_series(1, 6) g")
+    out = tmp_path / "internal.spwf"
+    rc = cli_main(["capture", "--dsn", sdb.dsn, "--slot", f"{sdb.name}_spock", "--plugin", "spock",
+                   "--replication-sets", "default", "--internal", "--out", str(out), "--idle-exit", "2"])
+    assert rc == 0
+    header, body = read_frame_file(out)
+    assert header["options"]["binary"] == "internal"
+    frames = list(_iter(bytes(body)))
+    assert any(_compression(d) == "pglz" for d in _internal_values([p for _lsn, p in frames]))
+    from spockwire.values import PostgresTypeCatalog
+    catalog = PostgresTypeCatalog(sdb.dsn)
+    try:
+        dec = impl.Decoder(protocol="spock", type_catalog=catalog)
+        dec.feed_frames(bytes(body))
+        rows = [r for ev in dec.drain() if hasattr(ev, "to_arrow") for r in ev.to_pylist()]
+    finally:
+        catalog.close()
+    server = sdb.query("SELECT id, v, n::text, i::text, t::text FROM cap ORDER BY id")
+    from decimal import Decimal
+    got = [(r["id"], r["v"], str(r["n"]), r["t"]) for r in sorted(rows, key=lambda r: r["id"])]
+    assert got == [(i, v, str(Decimal(n)), t) for i, v, n, _iv, t in server]
+    assert [r["i"] for r in sorted(rows, key=lambda r: r["id"])] == \
+        [(0, g, g * 500_000_000) for g in range(1, 7)]
+
+
+def _iter(body: bytes):
+    from spockwire.frames import iter_frames
+    return iter_frames(body)
+
+
+def test_spock_internal_unread_type_is_a_clear_error(sdb, impl):
+    """jsonb arrives as its binary container: the stream fails naming the column, the type and the byte."""
+    sdb.execute("CREATE TABLE j (id int PRIMARY KEY, doc jsonb)")
+    sdb.execute("SELECT spock.repset_add_table('default', 'j')")
+    create_slots(sdb)
+    sdb.execute("""INSERT INTO j VALUES (1, '{"a": 1}')""")
+    with spock_connect(sdb, impl, binary="internal", reconnect=False) as stream:
+        with pytest.raises(ProtocolError) as info:
+            collect(stream, lambda evs: row_count(evs) >= 1, timeout=15)
+    err = info.value
+    assert err.column_name == "doc" and err.column == 1 and err.offset is not None
+    assert "internal-format value of type jsonb cannot be decoded" in str(err)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# pglogical 2 on PostgreSQL 15
+
+def test_pglogical_internal_negotiation(pg_cluster, impl):
+    """pglogical_output negotiates internal datums the same way; TOASTed text (pglz and lz4) decodes."""
+    db = PgDatabase(pg_cluster, pg_cluster.create_database(pg_cluster.new_database_name("pgl_internal")))
+    db.execute("CREATE EXTENSION pglogical")
+    db.execute("SELECT pglogical.create_node(node_name := 'n1', dsn := %s)", (db.dsn,))
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, a text, b text COMPRESSION lz4, n numeric, d interval)")
+    db.execute("SELECT pglogical.replication_set_add_table('default', 't')")
+    slot = f"{db.name}_pgl"
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pglogical_output')", (slot,))
+    db.execute("INSERT INTO t SELECT g, repeat('pglz ' || g, 500 * g), repeat('lz4 ' || g, 700 * g), g / 3.0, "
+               "make_interval(months => g, hours => g) FROM generate_series(1, 4) g")
+    taps: list = []
+
+    from spockwire.values import PostgresTypeCatalog
+    catalog = PostgresTypeCatalog(db.dsn, strict=False)
+
+    def factory(protocol: str) -> Any:
+        taps.append(Tap(impl.Decoder(protocol=protocol, type_catalog=catalog)))
+        return taps[-1]
+
+    try:
+        with spockwire.connect(db.dsn, slot=slot, plugin="pglogical", binary="internal", decoder_factory=factory,
+                               reconnect=False) as stream:
+            events = collect(stream, lambda evs: row_count(evs) >= 4)
+            assert stream.startup_params["binary.internal_basetypes"] == "t"
+    finally:
+        catalog.close()
+        db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    methods = {_compression(d) for d in _internal_values([p for t in taps for p in t.payloads], proto=1)}
+    assert {"pglz", "lz4"} <= methods
+    rows = sorted((r for ev in events if hasattr(ev, "to_arrow") for r in ev.to_pylist()), key=lambda r: r["id"])
+    server = db.query("SELECT id, a, b, n::text FROM t ORDER BY id")
+    assert [(r["id"], r["a"], r["b"], r["n"]) for r in rows] == [tuple(s) for s in server]
+    assert [r["d"] for r in rows] == [(g, 0, g * 3_600_000_000_000) for g in range(1, 5)]
