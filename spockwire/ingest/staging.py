@@ -411,6 +411,9 @@ class StagingWriter:
             for f in written:
                 f.publish()
         except BaseException as exc:
+            close = getattr(batches, "close", None)
+            if close is not None:             # a generator (a prefetching reader): end it and its connections now
+                close()
             for f in written:
                 f.discard()
             if isinstance(exc, OSError):

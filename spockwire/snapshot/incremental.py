@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..model import ChangeBatch, Truncate
-from .initial import (SnapshotError, SnapshotProgress, create_slot_with_snapshot, iter_snapshot_rows,
+from .initial import (SnapshotError, SnapshotProgress, create_slot_with_snapshot, iter_snapshot_rows, prefetch,
                       replicated_tables, snapshot_rows, snapshot_time)
 
 __all__ = ["IncrementalSnapshots", "request_snapshot", "REQUESTS_DIR"]
@@ -150,8 +150,8 @@ class IncrementalSnapshots:
                 batches = iter_snapshot_rows(cfg.dsn, table, exported.name, workers=cfg.snapshot_workers,
                                              types=cfg.types, connect_kwargs=ck)
                 counts[table.name] = writer.stage_snapshot_table(
-                    table.relation, snapshot_rows(batches, table.relation, exported.consistent_point, commit_ts,
-                                                  progress))
+                    table.relation, prefetch(snapshot_rows(batches, table.relation, exported.consistent_point,
+                                                           commit_ts, progress)))
                 progress.tables_done += 1
             progress.current = None
             meta = {"kind": "incremental", "slot": temp_slot, "consistent_point": exported.consistent_point,

@@ -300,8 +300,8 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
             oids = sorted(columns)
             skip = set(skip)
             if skip and oids:
-                cur.execute("SELECT c.oid::bigint, n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n "
-                            "ON n.oid = c.relnamespace WHERE c.oid = ANY(%s)", (oids,))
+                cur.execute("SELECT c.oid::bigint, n.nspname || '.' || c.relname FROM pg_class c "
+                            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY(%s)", (oids,))
                 oids = sorted(oid for oid, name in cur.fetchall() if name not in skip)
             tables = []
             for oid in oids:
@@ -426,6 +426,64 @@ def snapshot_rows(batches: Iterable[pa.RecordBatch], relation: Relation, commit_
             on_batch()
 
 
+class _Failed:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def prefetch(items: Iterable[Any], depth: int = 4) -> Iterator[Any]:
+    """`items` produced on a thread of their own, at most `depth` ahead of the consumer: the table is read (COPY,
+    decoding) while the previous batches are written (Parquet encoding releases the GIL). An exception of the
+    producer is raised in the consumer; a consumer that stops early stops the producer, which closes `items` on
+    its own thread."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        it = iter(items)
+        try:
+            for item in it:
+                if not put(item):
+                    break
+            else:
+                put(done)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            put(_Failed(exc))
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=run, name="spockwire-snapshot-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, _Failed):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
 def stage_initial_snapshot(writer: Any, dsn: str, exported: ExportedSnapshot, tables: Sequence[SnapshotTable], *,
                            workers: int = 1, types: str = "typed", progress: SnapshotProgress | None = None,
                            on_progress: Callable[[SnapshotProgress], None] | None = None,
@@ -446,8 +504,8 @@ def stage_initial_snapshot(writer: Any, dsn: str, exported: ExportedSnapshot, ta
         batches = iter_snapshot_rows(dsn, table, exported.name, workers=workers, types=types,
                                      connect_kwargs=connect_kwargs)
         rows = writer.stage_snapshot_table(
-            table.relation, snapshot_rows(batches, table.relation, exported.consistent_point, commit_ts, progress,
-                                          (lambda: on_progress(progress)) if on_progress else None))
+            table.relation, prefetch(snapshot_rows(batches, table.relation, exported.consistent_point, commit_ts,
+                                                   progress, (lambda: on_progress(progress)) if on_progress else None)))
         counts[table.name] = rows
         progress.tables_done += 1
         progress.current = None
