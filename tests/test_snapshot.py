@@ -475,7 +475,7 @@ def test_tables_added_to_the_publication_while_ingest_runs(pg_db, tmp_path, impl
     def snapshotted() -> dict[str, dict]:
         return {t: r for r in worker.writer.state.snapshots for t in r["tables"]}
 
-    with Writers(db.dsn, ["items", "late"]):
+    with Writers(db.dsn, ["items", "late"], threads=1):
         thread.start()
         _wait(lambda: worker.writer is not None and len(worker.writer.state.snapshots) == 1, thread)
         time.sleep(0.5)
