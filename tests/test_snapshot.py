@@ -549,3 +549,38 @@ def test_library_create_slot_read_snapshot_then_stream(pg_db, tmp_path, impl):
                 writer.add(event)
             writer.commit(stream.delivered_lsn)
     assert replay(out, ["public.items"], KEYED_COLUMNS) == source(db, "items", KEYED_COLUMNS)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# spockwire snapshot: one-off reads
+
+def test_snapshot_command_one_off_reads_to_parquet_and_arrow(pg_db, tmp_path):
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    db = pg_db
+    create_keyed(db, "items", 5000)
+    create_keyed(db, "parted", 3000, partitioned=True)
+    expected = source(db, "items", KEYED_COLUMNS)
+    one = subprocess.run([sys.executable, "-m", "spockwire", "snapshot", "--dsn", db.dsn, "--table", "public.items",
+                          "--out", str(tmp_path / "items.parquet"), "--workers", "2"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert one.returncode == 0, one.stderr
+    assert "public.items: 5,000 rows" in one.stdout
+    table = pq.read_table(tmp_path / "items.parquet")
+    assert Counter(tuple(r[c] for c in KEYED_COLUMNS) for r in table.to_pylist()) == expected
+    both = subprocess.run([sys.executable, "-m", "spockwire", "snapshot", "--dsn", db.dsn, "--table",
+                           "public.items,public.parted", "--out", str(tmp_path / "both")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert both.returncode == 0, both.stderr
+    parted = pq.read_table(tmp_path / "both" / "public.parted.parquet")
+    assert Counter(tuple(r[c] for c in KEYED_COLUMNS) for r in parted.to_pylist()) == source(db, "parted",
+                                                                                             KEYED_COLUMNS)
+    arrow = subprocess.run([sys.executable, "-m", "spockwire", "snapshot", "--dsn", db.dsn, "--table",
+                            "public.items", "--out", str(tmp_path / "items.arrow")], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    assert arrow.returncode == 0, arrow.stderr
+    assert feather.read_table(tmp_path / "items.arrow").equals(table)
+    missing = subprocess.run([sys.executable, "-m", "spockwire", "snapshot", "--staging", str(tmp_path / "none"),
+                              "--table", "public.items"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "is not a staging folder" in missing.stderr
