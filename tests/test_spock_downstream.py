@@ -1,0 +1,204 @@
+"""A real Spock stream (pgEdge Spock 6's `spock_output` on PostgreSQL 18) through the ingest worker and the
+connection's restart handling.
+
+* `spockwire ingest --plugin spock` under kill -9: writes keep running (inserts, updates with TOAST changed and left
+  unchanged, deletes, large transactions, a table of a replication set the worker does not read) while the worker
+  is killed again and again — at random moments, while a large transaction is in flight (its rows spilled to disk)
+  and in the middle of a staging commit — and restarted each time. The staged changes must be exactly the committed
+  ones (test_decoding on a second slot created at the same LSN, tests/test_ingest.py's comparison: each change once,
+  none missing, same xid, order and values), replayed in (_commit_lsn, _seq) order they must equal the source
+  tables read with psycopg2, and the slot must cover everything staged.
+* Fast shutdown: with a Spock and a pgoutput stream attached and idle, `pg_ctl stop -m fast` completes at once (the
+  walsenders wait for the clients to confirm the end of the WAL they decoded; a consumer between reads answers
+  through the stream's status thread), and the streams reconnect and deliver everything exactly once.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import spockwire
+from spockwire.connection import create_publication
+from spockwire.ingest.replay import replay_table
+from spockwire.ingest.staging import StagingState
+from tests.pg_fixtures import PgDatabase
+from tests.test_ingest import _assert_exactly_once, _log_summary, _reference, _staged, _wait_for_first_commit
+from tests.test_spock_live import sdb  # noqa: F401 - the fixture: a database with spock and its node
+
+pytestmark = pytest.mark.pg
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ------------------------------------------------------------------------------------------------------------------
+# ingest under kill -9
+
+DDL = """
+CREATE TABLE items (id int PRIMARY KEY, name text, qty int, price numeric(10,2), note text, at timestamptz);
+ALTER TABLE items ALTER COLUMN note SET STORAGE EXTERNAL;
+CREATE TABLE log (id bigserial PRIMARY KEY, msg text);
+CREATE TABLE hidden (id int PRIMARY KEY, v text);
+"""
+#: replication set per table; the worker reads `default` and `bulk`, not `other`
+SETS = {"items": "default", "log": "bulk", "hidden": "other"}
+READ_SETS = "default,bulk"
+TABLES = ("public.items", "public.log")
+#: a transaction this large (rows into `log`) holds more than the worker's --spill-bytes while it arrives
+LARGE = 8_000
+
+
+def _spock_ingest_cmd(dsn: str, slot: str, out: Path, impl: str, binary: bool, idle_exit: float) -> list[str]:
+    return [sys.executable, "-m", "spockwire", "ingest", "--dsn", dsn, "--slot", slot, "--plugin", "spock",
+            "--replication-sets", READ_SETS, "--out", str(out), "--impl", impl,
+            "--binary" if binary else "--no-binary", "--flush-rows", "4000", "--flush-seconds", "0.2",
+            "--spill-bytes", "128KiB", "--log-format", "json", "--idle-exit", str(idle_exit)]
+
+
+def _writes(db: PgDatabase, rounds: int, stop: threading.Event) -> None:
+    """The workload the worker is killed under: per round small transactions of every kind, every third round a
+    large one; a transaction mixes a table the worker does not read with one it reads."""
+    rng = random.Random(20261123)
+    conn = db.connect()
+    try:
+        with conn.cursor() as cur:
+            for r in range(rounds):
+                if stop.is_set():
+                    return
+                lo = r * 1000
+                cur.execute("INSERT INTO items SELECT g, 'item ' || g, g %% 97, (g * 0.37)::numeric(10,2), "
+                            "CASE WHEN g %% 40 = 0 THEN repeat(md5(g::text), 300) END, now() "
+                            "FROM generate_series(%s, %s) g", (lo + 1, lo + 300))
+                cur.execute("UPDATE items SET qty = qty + 1 WHERE id %% 7 = %s AND id > %s",
+                            (rng.randrange(7), lo - 2000))            # unchanged TOAST for the large notes
+                cur.execute("UPDATE items SET note = repeat(md5(%s), 200) WHERE id %% 50 = %s AND id > %s",
+                            (str(r), rng.randrange(50), lo - 3000))   # TOAST changed
+                cur.execute("DELETE FROM items WHERE id %% 11 = %s AND id > %s", (rng.randrange(11), lo - 1000))
+                cur.execute("BEGIN")
+                cur.execute("INSERT INTO hidden SELECT g, 'h' FROM generate_series(%s, %s) g", (lo, lo + 9))
+                cur.execute("UPDATE items SET name = name || '+' WHERE id BETWEEN %s AND %s", (lo + 1, lo + 5))
+                cur.execute("INSERT INTO log (msg) VALUES ('mixed ' || %s)", (r,))
+                cur.execute("COMMIT")
+                cur.execute("INSERT INTO hidden VALUES (%s, 'alone')", (lo + 500,))   # nothing for the worker
+                if r % 3 == 1:
+                    cur.execute("INSERT INTO log (msg) SELECT 'bulk ' || g FROM generate_series(1, %s) g", (LARGE,))
+                time.sleep(rng.uniform(0.02, 0.15))
+    finally:
+        conn.close()
+
+
+def _spill_files(spill_dir: Path) -> set[str]:
+    return {p.name for p in spill_dir.glob("spockwire-spill-*")}
+
+
+def _staging_commit_running(out: Path) -> bool:
+    """True while a staging commit is under way: a temporary file exists, or a part file of a commit the log does
+    not hold yet (written and fsynced before its log entry)."""
+    log_dir = out / "_spockwire" / "log"
+    try:
+        logged = max((int(p.name[:-5]) for p in log_dir.glob("*.json")), default=0)
+        for folder, _dirs, files in os.walk(out):
+            for name in files:
+                if name.endswith(".tmp"):
+                    return True
+                if name.startswith("part-") and name.endswith(".parquet") and folder != str(log_dir):
+                    if int(name[:-8].rsplit("-", 1)[1]) > logged:
+                        return True
+    except (OSError, ValueError):
+        return False   # the folder changed under the walk: look again
+    return False
+
+
+def _kill_when(proc: subprocess.Popen, condition, timeout: float) -> bool:
+    """SIGKILL the worker as soon as `condition()` holds (True) or after `timeout` s (False)."""
+    deadline = time.monotonic() + timeout
+    hit = False
+    while time.monotonic() < deadline and proc.poll() is None:
+        if condition():
+            hit = True
+            break
+        time.sleep(0.001)
+    if proc.poll() is not None:
+        pytest.fail(f"the worker ended before it was killed: {_log_summary(proc.stderr.read().decode())}")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    return hit
+
+
+@pytest.mark.parametrize("impl, binary", [("c", False), ("python", True)], ids=["c-text", "python-binary"])
+def test_spock_ingest_kill9_stages_every_change_exactly_once(sdb, spock_cluster, tmp_path, impl, binary):
+    sdb.execute(DDL)
+    for name in ("bulk", "other"):
+        sdb.execute("SELECT spock.repset_create(%s)", (name,))
+    for table, repset in SETS.items():
+        sdb.execute("SELECT spock.repset_add_table(%s, %s)", (repset, table))
+    slot, ref_slot = f"{sdb.name}_spock", f"{sdb.name}_oracle"
+    sdb.execute("SELECT pg_create_logical_replication_slot(%s, 'spock_output')", (slot,))
+    sdb.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (ref_slot,))
+    out, spill_dir = tmp_path / "staging", tmp_path / "spill"
+    spill_dir.mkdir()
+    env = dict(os.environ, TMPDIR=str(spill_dir))
+    stop = threading.Event()
+    writer = threading.Thread(target=_writes, args=(sdb, 18, stop))
+    writer.start()
+    rng = random.Random(7)
+    hits: list[str] = []
+    try:
+        for kind in ("random", "large transaction", "staging commit", "random", "large transaction",
+                     "staging commit", "random"):
+            proc = subprocess.Popen(_spock_ingest_cmd(sdb.dsn, slot, out, impl, binary, 60), cwd=ROOT, env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            if kind == "random":
+                _kill_when(proc, lambda: False, rng.uniform(0.5, 2.0))
+                hits.append(kind)
+                continue
+            _wait_for_first_commit(out, proc)
+            if kind == "large transaction":
+                before = _spill_files(spill_dir)
+                # one of its own, so that there is one to catch whatever the writer is doing
+                sdb.execute("INSERT INTO log (msg) SELECT 'large ' || g FROM generate_series(1, %s) g", (LARGE,))
+                hit = _kill_when(proc, lambda: bool(_spill_files(spill_dir) - before), 30)
+            else:
+                hit = _kill_when(proc, lambda: _staging_commit_running(out), 10)
+            hits.append(kind if hit else "random")
+        writer.join()
+    finally:
+        stop.set()
+        writer.join()
+    # a last, uninterrupted run finishes the stream
+    done = subprocess.run(_spock_ingest_cmd(sdb.dsn, slot, out, impl, binary, 3), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, _log_summary(done.stderr)
+    assert len(hits) >= 5 and "large transaction" in hits, hits
+
+    # each committed change of the tables read exactly once (the oracle sees every table of the database)
+    reference = _reference(spock_cluster, sdb.name, ref_slot)
+    for txn in reference:
+        txn.changes = [c for c in txn.changes if c.get("table") in TABLES]
+    reference = [t for t in reference if t.changes]
+    assert sum(len(t.changes) for t in reference) > 50_000
+    staged = _staged(out)
+    _assert_exactly_once(staged, reference)
+    assert all(r["_unchanged_toast"] == ["note"] for r in staged["public.items"] if r["_unchanged_toast"])
+    assert any(r["_unchanged_toast"] for r in staged["public.items"])
+
+    # replayed in (_commit_lsn, _seq) order, the staging equals the source tables
+    columns = {"public.items": ("id", "name", "qty", "price", "note", "at"), "public.log": ("id", "msg")}
+    for table, cols in columns.items():
+        replayed = replay_table(out, table, ("id",))
+        source = {(row[0],): dict(zip(cols, row)) for row in sdb.query(f"SELECT {', '.join(cols)} FROM {table}")}
+        assert replayed.keys() == source.keys(), table
+        assert replayed == source, table
+
+    # the slot covers everything staged
+    state = StagingState.load(out)
+    (confirmed,) = sdb.query("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s",
+                             (slot,))[0]
+    assert int(confirmed) >= state.committed_lsn > 0
