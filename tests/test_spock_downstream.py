@@ -32,6 +32,8 @@ from spockwire.ingest.replay import replay_table
 from spockwire.ingest.staging import StagingState
 from tests.pg_fixtures import PgDatabase
 from tests.test_ingest import _assert_exactly_once, _log_summary, _reference, _staged, _wait_for_first_commit
+from tests.test_connection_pg import collect, row_count
+from tests.test_spock_live import _ids, _insert_batches, spock_connect
 from tests.test_spock_live import sdb  # noqa: F401 - the fixture: a database with spock and its node
 
 pytestmark = pytest.mark.pg
@@ -202,3 +204,59 @@ def test_spock_ingest_kill9_stages_every_change_exactly_once(sdb, spock_cluster,
     (confirmed,) = sdb.query("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s",
                              (slot,))[0]
     assert int(confirmed) >= state.committed_lsn > 0
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# fast shutdown with idle streams attached
+
+def _last_shutdown(logfile: Path) -> str:
+    """The server log from its last shutdown request on."""
+    text = logfile.read_text(errors="replace")
+    return text[text.rfind("\n", 0, text.rindex("shutdown request")) + 1:]
+
+
+def test_fast_shutdown_with_idle_streams_attached_and_exactly_once_after(sdb, spock_cluster, impl):
+    """A Spock and a pgoutput stream have handed out and acknowledged everything; their consumers are not reading
+    (this thread runs the shutdown). WAL neither stream has anything for is written just before the stop: each
+    walsender decodes it and waits for its client to confirm its end before it exits — the status thread answers.
+    `pg_ctl stop -m fast` then completes without falling back to an immediate stop (PostgresCluster does so when
+    pg_ctl gives up after 60 s), and both streams reconnect and deliver the rest exactly once."""
+    sdb.execute("CREATE TABLE t (id int PRIMARY KEY, batch int)")
+    sdb.execute("CREATE TABLE elsewhere (id int PRIMARY KEY)")
+    sdb.execute("SELECT spock.repset_add_table('default', 't')")
+    create_publication(sdb.dsn, "pub", ["t"])
+    sdb.execute("SELECT pg_create_logical_replication_slot(%s, 'spock_output')", (f"{sdb.name}_spock",))
+    sdb.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (f"{sdb.name}_pgo",))
+    _insert_batches(sdb, 0, 20)
+    kwargs = dict(max_backoff=0.5, reconnect_timeout=60)
+    streams = {"spock": spock_connect(sdb, impl, **kwargs),
+               "pgoutput": spockwire.connect(sdb.dsn, slot=f"{sdb.name}_pgo", publication="pub",
+                                             decoder_factory=lambda p: impl.Decoder(protocol=p), **kwargs)}
+    try:
+        got, acked = {}, {}
+        for name, stream in streams.items():
+            got[name] = _ids(collect(stream, lambda evs: row_count(evs) >= 200))
+            acked[name] = stream.ack()
+        sdb.execute("INSERT INTO elsewhere SELECT generate_series(1, 5000)")
+        started = time.monotonic()
+        spock_cluster.restart("fast")
+        took = time.monotonic() - started
+        log = _last_shutdown(spock_cluster.logfile)
+        assert "received fast shutdown request" in log and "immediate shutdown request" not in log, log[-3000:]
+        assert "database system is shut down" in log, log[-3000:]
+        assert took < 20, f"the fast shutdown took {took:.1f} s"
+        _insert_batches(sdb, 20, 30)
+        for name, stream in streams.items():
+            deadline = time.monotonic() + 60
+            while (stream.reconnects == 0 or len({i for _, _, i in got[name]}) < 300) and \
+                    time.monotonic() < deadline:
+                got[name] += _ids(stream.read(0.3))
+            stream.ack()
+            assert stream.reconnects >= 1, name
+    finally:
+        for stream in streams.values():
+            stream.close()
+    for name, rows in got.items():
+        assert sorted(i for _, _, i in rows) == list(range(300)), name      # each row once
+        assert len({(lsn, seq) for lsn, seq, _ in rows}) == 300, name
+        assert all(lsn > acked[name] for lsn, _, i in rows if i >= 200), name
