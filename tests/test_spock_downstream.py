@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
