@@ -34,7 +34,7 @@ def test_spock_stream_stop_and_restart_and_batch_read(spark, sdb, tmp_path):
     out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
 
     def start():
-        return (spark.readStream.format("spockwire").options(**opts).option("maxChangesPerBatch", "40").load()
+        return (spark.readStream.format("spockwire").options(**opts).option("maxChangesPerBatch", "200").load()
                 .writeStream.format("parquet").option("path", out).option("checkpointLocation", ck)
                 .trigger(processingTime="200 milliseconds").start())
 
@@ -72,8 +72,6 @@ def test_spock_stream_stop_and_restart_and_batch_read(spark, sdb, tmp_path):
     assert sorted(map(tuple, got.select(*key).collect())) == expected_keys
     assert {k[2] for k in expected_keys} == {"insert", "update_preimage", "update_postimage", "delete"}
     assert _slot_lsn(sdb, oracle) == before
-    source = _pg_rows(sdb)
-    assert _spark_rows(apply_changes(got, None, format="memory", keys=["id"])) == source
-    assert _spark_rows(apply_changes(expected, None, format="memory", keys=["id"])) == source
-    # unchanged TOAST arrived as such and was filled in from the row's earlier value
-    assert expected.filter("array_contains(_unchanged_toast, 'note')").count() > 0
+    # unchanged TOAST arrived as such (apply_changes fills it in from the row's earlier value)
+    assert got.filter("array_contains(_unchanged_toast, 'note')").count() > 0
+    assert _spark_rows(apply_changes(got, None, format="memory", keys=["id"])) == _pg_rows(sdb)
