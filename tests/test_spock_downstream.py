@@ -30,7 +30,7 @@ from spockwire.connection import create_publication
 from spockwire.ingest.replay import replay_table
 from spockwire.ingest.staging import StagingState
 from tests.pg_fixtures import PgDatabase
-from tests.test_ingest import _assert_exactly_once, _log_summary, _reference, _staged, _wait_for_first_commit
+from tests.test_ingest import _assert_exactly_once, _log_summary, _reference, _staged
 from tests.test_connection_pg import collect, row_count
 from tests.test_spock_live import _ids, _insert_batches, spock_connect
 from tests.test_spock_live import sdb  # noqa: F401 - the fixture: a database with spock and its node
@@ -130,8 +130,8 @@ def _staging_commit_running(out: Path) -> bool:
     return False
 
 
-def _kill_when(proc: subprocess.Popen, condition, timeout: float) -> bool:
-    """SIGKILL the worker as soon as `condition()` holds (True) or after `timeout` s (False)."""
+def _kill_when(proc: subprocess.Popen, condition, timeout: float, log: Path) -> bool:
+    """SIGKILL the worker as soon as `condition()` holds (True) or after `timeout` s (False); `log`: its stderr."""
     deadline = time.monotonic() + timeout
     hit = False
     while time.monotonic() < deadline and proc.poll() is None:
@@ -140,10 +140,20 @@ def _kill_when(proc: subprocess.Popen, condition, timeout: float) -> bool:
             break
         time.sleep(0.001)
     if proc.poll() is not None:
-        pytest.fail(f"the worker ended before it was killed: {_log_summary(proc.stderr.read().decode())}")
+        pytest.fail(f"the worker ended before it was killed: {_log_summary(log.read_text())}")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     return hit
+
+
+def _wait_for_a_commit(out: Path, proc: subprocess.Popen, log: Path, timeout: float = 120.0) -> None:
+    """Until the staging folder holds a commit (the first run's, or an earlier one's)."""
+    log_dir = out / "_spockwire" / "log"
+    deadline = time.monotonic() + timeout
+    while not (log_dir.exists() and any(log_dir.glob("*.json"))):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"no staging commit: {_log_summary(log.read_text())}")
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("impl, binary", [("c", False), ("python", True)], ids=["c-text", "python-binary"])
@@ -165,21 +175,23 @@ def test_spock_ingest_kill9_stages_every_change_exactly_once(sdb, spock_cluster,
     rng = random.Random(7)
     hits: list[str] = []
     try:
-        for kind in ("random", "large transaction", "staging commit", "random", "large transaction",
-                     "staging commit", "random"):
-            proc = subprocess.Popen(_spock_ingest_cmd(sdb.dsn, slot, out, impl, binary, 60), cwd=ROOT, env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for n, kind in enumerate(("random", "large transaction", "staging commit", "random", "large transaction",
+                                  "staging commit", "random")):
+            log = tmp_path / f"worker-{n}.log"     # a file: a full pipe would stall a worker that logs each commit
+            with open(log, "wb") as stderr:
+                proc = subprocess.Popen(_spock_ingest_cmd(sdb.dsn, slot, out, impl, binary, 60), cwd=ROOT,
+                                        env=env, stdout=subprocess.DEVNULL, stderr=stderr)
             if kind == "random":
-                _kill_when(proc, lambda: False, rng.uniform(0.5, 2.0))
+                _kill_when(proc, lambda: False, rng.uniform(0.5, 2.0), log)
                 hits.append(kind)
                 continue
-            _wait_for_first_commit(out, proc)
+            _wait_for_a_commit(out, proc, log)
             if kind == "large transaction":
                 # one of its own, so that there is one to catch whatever the writer is doing
                 sdb.execute("INSERT INTO log (msg) SELECT 'large ' || g FROM generate_series(1, %s) g", (LARGE,))
-                hit = _kill_when(proc, lambda: _spilling(proc.pid, spill_dir), 30)
+                hit = _kill_when(proc, lambda: _spilling(proc.pid, spill_dir), 30, log)
             else:
-                hit = _kill_when(proc, lambda: _staging_commit_running(out), 10)
+                hit = _kill_when(proc, lambda: _staging_commit_running(out), 10, log)
             hits.append(kind if hit else "random")
         writer.join()
     finally:

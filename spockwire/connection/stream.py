@@ -491,17 +491,20 @@ class ReplicationStream:
                 self._lock.release()
 
     def _poll_between_reads(self, pump: Any) -> None:
-        """Replication, idle stream, consumer between reads (lock held): read what the server sent, as a read would.
+        """Replication, consumer between reads (lock held): read what the server sent, as a read would.
 
         A walsender that is shutting down (`pg_ctl stop -m fast`) decodes the WAL written since the last reply, then
         waits until the client confirms its end before it exits, and the server's shutdown waits for it (the
-        periodic status updates keep `wal_sender_timeout` from ending that wait). So while nothing is open and
-        everything handed out is acknowledged, what has arrived is read and decoded here without waiting:
-        keepalives are answered (their walEnd confirmed), a batch without events (pglogical and spock send the
-        BEGIN/COMMIT of every transaction) is passed over as an empty read passes it, and a batch with events waits
-        for the consumer's next read, which returns it (one batch at most: it ends the idle state)."""
+        periodic status updates keep `wal_sender_timeout` from ending that wait). So while everything handed out is
+        acknowledged and no decoded event waits, what has arrived is read and decoded here without waiting:
+        keepalives are answered (their walEnd confirmed once nothing is open), a batch without events (part of a
+        transaction, or the BEGIN/COMMIT pglogical and spock send of every transaction) is passed over as an empty
+        read passes it, and a batch with events waits for the consumer's next read, which returns it (one batch at
+        most: the polling stops until the consumer has read and acknowledged it)."""
         self._settle_idle()  # an ack() made while this thread held the lock could not settle it
-        if not pump.idle or self._pending is not None or self._pending_error is not None:
+        decoder = self.decoder
+        if (self._pending is not None or self._pending_error is not None or self._undecoded or decoder is None
+                or self._acked != self._delivered or decoder.committed_lsn > self._delivered):
             return
         try:
             data = pump.read(0.0)
