@@ -35,8 +35,8 @@ _RETRYABLE_ON_RECONNECT = ("55006",)  # object in use: the old walsender still h
 TRANSPORTS = ("replication", "sql")
 #: how long close() waits for the server to end the stream (or a running SQL call) before it just disconnects
 CLOSE_TIMEOUT = 5.0
-#: replication: how often the status thread answers the server's keepalives while the consumer is between reads
-#: and the stream is idle (a walsender that is shutting down waits for the reply; see `_poll_between_reads`)
+#: replication: how often the status thread reads (and answers keepalives) while the consumer is between reads and
+#: has acknowledged everything handed out (a walsender that is shutting down waits; see `_poll_between_reads`)
 IDLE_POLL_INTERVAL = 0.25
 #: prefix of the non-transactional messages `heartbeat_interval` writes; the stream never hands them out
 HEARTBEAT_PREFIX = "spockwire.heartbeat"
@@ -175,7 +175,7 @@ class ReplicationStream:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
-        #: what the status thread decoded between two reads of the consumer (replication, idle stream only):
+        #: what the status thread decoded between two reads of the consumer (replication only):
         #: (events, committed LSN) the next read hands out first; an error it met, raised by the next read
         self._pending: tuple[list[Any], int] | None = None
         self._pending_error: BaseException | None = None

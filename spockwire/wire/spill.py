@@ -5,8 +5,8 @@ appended to (closed batches) stay in memory until then — unless the transactio
 `spill_bytes`: then its closed batches are written to a temporary Arrow IPC file and come back, one batch at a
 time, only when the consumer asks for them (`ChangeBatch.to_arrow()` after `drain()`). The file is removed when
 the last batch that refers to it is gone; on POSIX systems it has no name (it lives as long as its open
-descriptor), so a killed process leaves nothing behind. Both decoder implementations use this module, so spilling never changes
-what comes out, only where it waits.
+descriptor), so a killed process leaves nothing behind. Both decoder implementations use this module, so spilling
+never changes what comes out, only where it waits.
 """
 from __future__ import annotations
 
