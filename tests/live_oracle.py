@@ -1,8 +1,11 @@
 """test_decoding as a live oracle: read a second slot of the same cluster and put its rows in the shapes the live
-tests compare against (PostgreSQL 18 has no wal2json; the parsing is tests/oracles.py's)."""
+tests compare against (PostgreSQL 18 has no wal2json; the parsing is tests/oracles.py's); and `ours()`, the decoded
+events of a live stream in the same shapes."""
 from __future__ import annotations
 
-from typing import Any
+import decimal
+import struct
+from typing import Any, Collection
 
 from tests.oracles import UNCHANGED_TOAST, changes_of, group_transactions, parse_lsn
 
@@ -62,3 +65,65 @@ def oracle_items(db: Any, slot: str, full_tables=("public.full_t",), *options: s
                 items.append(("U-old", table, text(change["old"], True)))
             items.append(("U", table, text(change["new"], False)))
     return items, sorted(messages)
+
+
+def as_text(value: Any, typ: str) -> Any:
+    """A decoded value (typed, text, or binary send bytes) as PostgreSQL's text output."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, (int, decimal.Decimal)):
+        return str(value)
+    if typ == "integer":
+        return str(struct.unpack(">i", value)[0])
+    if typ == "bigint":
+        return str(struct.unpack(">q", value)[0])
+    if typ == "boolean":
+        return "t" if value == b"\x01" else "f"
+    return value.decode("utf-8")
+
+
+_KINDS = {"insert": "I", "update_postimage": "U", "delete": "D", "update_preimage": "U-old"}
+
+
+def ours(events: Any, types: dict, full_tables: Collection[str] | None = None) -> tuple[list, list]:
+    """(row changes and truncates in commit order, sorted messages) of decoded events, in the shape of the oracles
+    (`oracle_items` here, test_connection_pg's wal2json reading): ``(kind, "schema.table", sorted (column, text)
+    pairs)`` with kind I / U / D / U-old, ``("T", table)``; messages ``(transactional, prefix, content)``, the
+    content as text when it is UTF-8. Only tables of schema public; unchanged TOAST columns and NULLs of old rows
+    are left out. `types`: {(schema, table): {column: type name}} (test_connection_pg.column_types).
+
+    The old row of an UPDATE (U-old) is kept for REPLICA IDENTITY FULL tables only: the relation's replica identity
+    tells (pgoutput, pglogical), or - Spock's 'R' does not carry it - `full_tables` names them ("schema.table")."""
+    items: list = []
+    messages: list = []
+    for ev in events:
+        if hasattr(ev, "to_arrow"):
+            rel = ev.relation
+            if rel.namespace != "public":
+                continue
+            name = f"{rel.namespace}.{rel.name}"
+            full = rel.replica_identity == "f" if full_tables is None else name in full_tables
+            typ = types[(rel.namespace, rel.name)]
+            for row in ev.to_arrow().to_pylist():
+                toast = set(row["_unchanged_toast"] or ())
+                vals = {c.name: as_text(row[c.name], typ[c.name]) for c in rel.columns if c.name not in toast}
+                kind = _KINDS[row["_change_type"]]
+                if kind == "U-old" and not full:
+                    continue
+                if kind in ("D", "U-old"):
+                    vals = {k: v for k, v in vals.items() if v is not None}
+                items.append(((row["_commit_lsn"], row["_seq"]), (kind, name, tuple(sorted(vals.items())))))
+        elif hasattr(ev, "restart_identity"):
+            for i, rel in enumerate(ev.relations):
+                items.append(((ev.commit_lsn, ev.seq, i), ("T", f"{rel.namespace}.{rel.name}")))
+        else:
+            content = bytes(ev.content)
+            try:
+                text: Any = content.decode()
+            except UnicodeDecodeError:
+                text = content
+            messages.append((bool(ev.transactional), ev.prefix, text))
+    items.sort(key=lambda x: x[0])
+    return [i[1] for i in items], sorted(messages)

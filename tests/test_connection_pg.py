@@ -6,7 +6,6 @@ the oracle reports for them. pglogical tests run on PostgreSQL 15 only (pglogica
 """
 from __future__ import annotations
 
-import decimal
 import json
 import struct
 import sys
@@ -21,7 +20,7 @@ from spockwire.connection import (ServerError, connect, create_publication, crea
 from spockwire.connection.slots import drop_slot
 from spockwire.connection.options import pgoutput_max_proto
 from spockwire.testing import PostgresCluster
-from tests.live_oracle import oracle_items
+from tests.live_oracle import oracle_items, ours
 from tests.pg_fixtures import drop_inactive_slots
 
 pytestmark = [pytest.mark.pg, pytest.mark.pg_servers("pg15", "pg18")]
@@ -78,59 +77,12 @@ def column_types(db) -> dict[tuple[str, str], dict[str, str]]:
     return out
 
 
-def as_text(value, typ: str):
-    """A decoded value (typed, text, or binary send bytes) as PostgreSQL's text output."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "t" if value else "f"
-    if isinstance(value, (int, decimal.Decimal)):
-        return str(value)
-    if typ == "integer":
-        return str(struct.unpack(">i", value)[0])
-    if typ == "bigint":
-        return str(struct.unpack(">q", value)[0])
-    if typ == "boolean":
-        return "t" if value == b"\x01" else "f"
-    return value.decode("utf-8")
-
-
 def oracle_text(value):
     if isinstance(value, bool):
         return "t" if value else "f"
     if value is None:
         return None
     return str(value)
-
-
-def ours(events, types) -> tuple[list, list]:
-    """(row changes in commit order, messages) from decoded events, in the oracle's shape."""
-    items = []
-    messages = []
-    for ev in events:
-        if hasattr(ev, "to_arrow"):
-            rel = ev.relation
-            if rel.namespace != "public":
-                continue
-            typ = types[(rel.namespace, rel.name)]
-            for row in ev.to_arrow().to_pylist():
-                toast = set(row["_unchanged_toast"] or ())
-                vals = {c.name: as_text(row[c.name], typ[c.name]) for c in rel.columns if c.name not in toast}
-                kind = {"insert": "I", "update_postimage": "U", "delete": "D", "update_preimage": "U-old"}[
-                    row["_change_type"]]
-                if kind == "U-old" and rel.replica_identity != "f":
-                    continue
-                if kind == "D" or kind == "U-old":
-                    vals = {k: v for k, v in vals.items() if v is not None}
-                items.append(((row["_commit_lsn"], row["_seq"]), (kind, f"{rel.namespace}.{rel.name}",
-                                                                  tuple(sorted(vals.items())))))
-        elif hasattr(ev, "restart_identity"):
-            for i, rel in enumerate(ev.relations):
-                items.append(((ev.commit_lsn, ev.seq, i), ("T", f"{rel.namespace}.{rel.name}")))
-        else:
-            messages.append((bool(ev.transactional), ev.prefix, bytes(ev.content).decode()))
-    items.sort(key=lambda x: x[0])
-    return [i[1] for i in items], sorted(messages)
 
 
 def oracle_plugin(db) -> str:

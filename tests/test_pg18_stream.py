@@ -15,7 +15,8 @@ import pytest
 
 from spockwire.connection import StartupRejected, connect, create_publication, create_slot
 from tests.live_oracle import oracle_items
-from tests.test_connection_pg import collect, column_types, ours, row_count, slot  # noqa: F401 - slot: fixture
+from tests.live_oracle import ours
+from tests.test_connection_pg import collect, column_types, row_count, slot  # noqa: F401 - slot: fixture
 
 pytestmark = [pytest.mark.pg, pytest.mark.pg_servers("pg18")]
 

@@ -18,9 +18,9 @@ import pytest
 import spockwire
 from spockwire.connection.slots import slot_info
 from spockwire.values import PostgresTypeCatalog
-from tests.live_oracle import oracle_items
+from tests.live_oracle import oracle_items, ours
 from tests.pg_fixtures import PgDatabase, drop_inactive_slots
-from tests.test_connection_pg import SCHEMA, WORKLOAD, as_text, collect, column_types, ours, row_count
+from tests.test_connection_pg import SCHEMA, WORKLOAD, collect, column_types, row_count
 
 pytestmark = pytest.mark.pg
 
@@ -90,31 +90,8 @@ def spock_connect(db: PgDatabase, impl: Any, *, tap: list | None = None, **kwarg
     return spockwire.connect(db.dsn, plugin="spock", decoder_factory=factory, **kwargs)
 
 
-def spock_items(events, types, full_tables=("full_t",)) -> list:
-    """Row changes and truncates in commit order, in the oracle's shape: tests/test_connection_pg's `ours()`, except
-    that the old rows of REPLICA IDENTITY FULL tables are kept by table name — Spock's 'R' does not carry the
-    replica identity, so the relation cannot tell (the test knows which tables are FULL)."""
-    items = []
-    for ev in events:
-        if hasattr(ev, "to_arrow"):
-            rel = ev.relation
-            typ = types[(rel.namespace, rel.name)]
-            for row in ev.to_arrow().to_pylist():
-                toast = set(row["_unchanged_toast"] or ())
-                vals = {c.name: as_text(row[c.name], typ[c.name]) for c in rel.columns if c.name not in toast}
-                kind = {"insert": "I", "update_postimage": "U", "delete": "D", "update_preimage": "U-old"}[
-                    row["_change_type"]]
-                if kind == "U-old" and rel.name not in full_tables:
-                    continue
-                if kind in ("D", "U-old"):
-                    vals = {k: v for k, v in vals.items() if v is not None}
-                items.append(((row["_commit_lsn"], row["_seq"]),
-                              (kind, f"{rel.namespace}.{rel.name}", tuple(sorted(vals.items())))))
-        elif hasattr(ev, "restart_identity"):
-            for i, rel in enumerate(ev.relations):
-                items.append(((ev.commit_lsn, ev.seq, i), ("T", f"{rel.namespace}.{rel.name}")))
-    items.sort(key=lambda x: x[0])
-    return [i[1] for i in items]
+#: the REPLICA IDENTITY FULL tables of the workload (for `ours()`)
+FULL = ("public.full_t",)
 
 
 def rows_of(events, table: str) -> list[dict]:
@@ -174,8 +151,9 @@ def test_spock_workload_matches_test_decoding(sdb, impl, proto, binary):
             sdb.execute(sql)
         expected, _ = oracle_items(sdb, f"{sdb.name}_oracle", ("public.full_t",))
         types = column_types(sdb)
-        events = collect(stream, lambda evs: len(spock_items(evs, types)) >= len(expected))
-        assert spock_items(events, types) == expected
+        # Spock's 'R' does not carry the replica identity: the old rows of full_t are kept by its name
+        events = collect(stream, lambda evs: len(ours(evs, types, FULL)[0]) >= len(expected))
+        assert ours(events, types, FULL)[0] == expected
         params = stream.startup_params
         assert stream.proto_version == proto and params["proto_version"] == str(proto)
         assert params["binary.binary_basetypes"] == ("t" if binary else "f")
@@ -409,8 +387,8 @@ def test_spock_server_restart_mid_stream(sdb, spock_cluster, impl):
         before = _ids(collect(stream, lambda evs: row_count(evs) >= 200))
         stream.ack(send=True)
         acked = stream.acked_lsn
-        # immediate: a fast shutdown waits (pg_ctl's 60 s) for the walsender, which waits for the client to confirm
-        # the end of WAL (the shutdown checkpoint) while the stream only confirms what it acknowledged
+        # immediate: a crash, with crash recovery (a fast shutdown with streams attached is
+        # tests/test_spock_downstream.py's)
         spock_cluster.restart("immediate")
         after: list[tuple[int, int, int]] = []
         deadline = time.monotonic() + 60

@@ -35,6 +35,9 @@ _RETRYABLE_ON_RECONNECT = ("55006",)  # object in use: the old walsender still h
 TRANSPORTS = ("replication", "sql")
 #: how long close() waits for the server to end the stream (or a running SQL call) before it just disconnects
 CLOSE_TIMEOUT = 5.0
+#: replication: how often the status thread reads (and answers keepalives) while the consumer is between reads and
+#: has acknowledged everything handed out (a walsender that is shutting down waits; see `_poll_between_reads`)
+IDLE_POLL_INTERVAL = 0.25
 #: prefix of the non-transactional messages `heartbeat_interval` writes; the stream never hands them out
 HEARTBEAT_PREFIX = "spockwire.heartbeat"
 
@@ -177,6 +180,10 @@ class ReplicationStream:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        #: what the status thread decoded between two reads of the consumer (replication only):
+        #: (events, committed LSN) the next read hands out first; an error it met, raised by the next read
+        self._pending: tuple[list[Any], int] | None = None
+        self._pending_error: BaseException | None = None
         self._totals = {"messages": 0, "bytes": 0, "keepalives": 0, "status_sent": 0, "batches": 0, "calls": 0}
         self._batches = 0
         self._write_lsn = 0
@@ -278,8 +285,9 @@ class ReplicationStream:
         pump, source, decoder = self._pump, self._source, self.decoder
         if pump is None and source is None:
             return
-        idle = (decoder is not None and not self._undecoded and self._acked == self._delivered
-                and decoder.committed_lsn <= self._delivered and not getattr(decoder, "open_transactions", 1))
+        idle = (decoder is not None and not self._undecoded and self._pending is None
+                and self._acked == self._delivered and decoder.committed_lsn <= self._delivered
+                and not getattr(decoder, "open_transactions", 1))
         if pump is not None:
             pump.idle = idle
             target = pump.keepalive_end
@@ -386,6 +394,7 @@ class ReplicationStream:
     def _teardown(self) -> None:
         pump, source, conn = self._pump, self._source, self._conn
         self._pump = self._source = self._conn = None
+        self._pending, self._pending_error = None, None  # not handed out: the next session sends them again
         if pump is not None:
             for key in ("messages", "bytes", "keepalives", "status_sent"):
                 self._totals[key] += getattr(pump, key)
@@ -466,6 +475,8 @@ class ReplicationStream:
         period = max(self.status_interval / 2.0, 0.05)
         if self.heartbeat_interval is not None:
             period = max(min(period, self.heartbeat_interval / 2.0), 0.05)
+        if self.transport == "replication":
+            period = min(period, IDLE_POLL_INTERVAL)
         while not self._stop.wait(period):
             if self.heartbeat_interval is not None and time.monotonic() - self._last_beat >= self.heartbeat_interval:
                 self._beat()
@@ -473,14 +484,49 @@ class ReplicationStream:
                 continue  # a read is running: it sends status updates itself
             try:
                 pump, source = self._pump, self._source
-                if pump is not None and pump.seconds_since_status >= self.status_interval:
-                    pump.send_status()
+                if pump is not None:
+                    self._poll_between_reads(pump)
+                    if pump.seconds_since_status >= self.status_interval:
+                        pump.send_status()
                 elif source is not None:
                     source.housekeeping()
             except Exception:  # noqa: BLE001 - the consumer's next read sees the broken connection and reconnects
                 pass
             finally:
                 self._lock.release()
+
+    def _poll_between_reads(self, pump: Any) -> None:
+        """Replication, consumer between reads (lock held): read what the server sent, as a read would.
+
+        A walsender that is shutting down (`pg_ctl stop -m fast`) decodes the WAL written since the last reply, then
+        waits until the client confirms its end before it exits, and the server's shutdown waits for it (the
+        periodic status updates keep `wal_sender_timeout` from ending that wait). So while everything handed out is
+        acknowledged and no decoded event waits, what has arrived is read and decoded here without waiting:
+        keepalives are answered (their walEnd confirmed once nothing is open), a batch without events (part of a
+        transaction, or the BEGIN/COMMIT pglogical and spock send of every transaction) is passed over as an empty
+        read passes it, and a batch with events waits for the consumer's next read, which returns it (one batch at
+        most: the polling stops until the consumer has read and acknowledged it)."""
+        self._settle_idle()  # an ack() made while this thread held the lock could not settle it
+        decoder = self.decoder
+        if (self._pending is not None or self._pending_error is not None or self._undecoded or decoder is None
+                or self._acked != self._delivered or decoder.committed_lsn > self._delivered):
+            return
+        try:
+            data = pump.read(0.0)
+            if not data:
+                return
+            events, lsn = self._decode(data)
+        except ReplicationError as exc:
+            self._pending_error = exc  # the consumer's next read raises it (and reconnects where it would)
+            return
+        except Exception as exc:  # noqa: BLE001 - a batch that failed to decode: the next read raises it
+            self._pending_error = exc
+            return
+        if events:
+            self._pending = (events, lsn)
+        else:
+            self._advance(events, lsn)
+            self._settle_idle()
 
     def _beat(self) -> None:
         """Write a non-transactional logical message (never handed out) over an ordinary connection of its own, so
@@ -572,6 +618,12 @@ class ReplicationStream:
                 self._reconnect(ConnectionLost("not connected"))
             try:
                 self._settle_idle()
+                if self._pending is not None:
+                    pending, self._pending = self._pending, None
+                    return pending
+                if self._pending_error is not None:
+                    error, self._pending_error = self._pending_error, None
+                    raise error
                 if self._source is not None:
                     data = self._source.read(timeout)
                 else:
@@ -593,23 +645,27 @@ class ReplicationStream:
                 raise err from exc
             if not data:
                 return [], self.decoder.committed_lsn
-            self._batches += 1
-            try:
-                if not self._startup_checked:
-                    self._check_startup(data)
-                self.decoder.feed_frames(data)
-                events = self.decoder.drain()
-                if events:
-                    events = [e for e in events if not _is_heartbeat(e)]
-            except BaseException:
-                self._undecoded = True
-                if self._pump is not None:
-                    self._pump.idle = False
-                if self._source is not None:
-                    # the cursor slot has moved past these rows: read them again from the acknowledged position
-                    self._teardown()
-                raise
-            return events, self.decoder.committed_lsn
+            return self._decode(data)
+
+    def _decode(self, data: bytes) -> tuple[list[Any], int]:
+        """Decode one batch of frames and drain the decoder (lock held). Returns (events, committed LSN)."""
+        self._batches += 1
+        try:
+            if not self._startup_checked:
+                self._check_startup(data)
+            self.decoder.feed_frames(data)
+            events = self.decoder.drain()
+            if events:
+                events = [e for e in events if not _is_heartbeat(e)]
+        except BaseException:
+            self._undecoded = True
+            if self._pump is not None:
+                self._pump.idle = False
+            if self._source is not None:
+                # the cursor slot has moved past these rows: read them again from the acknowledged position
+                self._teardown()
+            raise
+        return events, self.decoder.committed_lsn
 
     def read(self, timeout: float | None = None) -> list[Any]:
         """The committed events decoded from the next batch of frames (waits up to `timeout` s; may be empty).

@@ -282,7 +282,8 @@ def _cstr(text: str) -> bytes:
 
 
 def _probe_messages(protocol: str, relation: Relation) -> list[bytes]:
-    """BEGIN, RELATION, one all-NULL INSERT and COMMIT in `protocol`'s framing (spock: proto 4 layout)."""
+    """BEGIN, RELATION, one all-NULL INSERT and COMMIT in `protocol`'s framing (spock: proto 4 layout, after a
+    startup message that says so)."""
     ncols = len(relation.columns)
     final_lsn, end_lsn, ts, xid = 0x100, 0x108, 0, 1
     if protocol == "pgoutput":
@@ -310,6 +311,8 @@ def _probe_messages(protocol: str, relation: Relation) -> list[bytes]:
     commit = b"C\0" + _U64.pack(final_lsn) + _U64.pack(end_lsn) + _I64.pack(ts)
     messages = [begin]
     if protocol == "spock":
+        # a spock stream starts with its startup message, which names the protocol version
+        messages.insert(0, b"S\x01" + _cstr("proto_version") + _cstr("4"))
         messages.append(b"O\0" + _U64.pack(0) + _U16.pack(0))
         messages.append(b"L\0" + _I64.pack(0))
         commit += _U64.pack(end_lsn)  # proto 4: the trailing remote insert LSN

@@ -4,8 +4,9 @@ A transaction's rows are only released at its commit. Rows of an open transactio
 appended to (closed batches) stay in memory until then — unless the transaction holds more than the decoder's
 `spill_bytes`: then its closed batches are written to a temporary Arrow IPC file and come back, one batch at a
 time, only when the consumer asks for them (`ChangeBatch.to_arrow()` after `drain()`). The file is removed when
-the last batch that refers to it is gone. Both decoder implementations use this module, so spilling never changes
-what comes out, only where it waits.
+the last batch that refers to it is gone; on POSIX systems it has no name (it lives as long as its open
+descriptor), so a killed process leaves nothing behind. Both decoder implementations use this module, so spilling
+never changes what comes out, only where it waits.
 """
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ class SpillFile:
     """One transaction's spill file: Arrow IPC streams written one after another, read back by offset."""
 
     def __init__(self, directory: str | None) -> None:
-        fd, self.path = tempfile.mkstemp(prefix="spockwire-spill-", suffix=".arrows", dir=directory)
-        self._file = os.fdopen(fd, "w+b")
+        # POSIX: a file without a name (O_TMPFILE where the file system has it, else unlinked at once), kept only by
+        # the open descriptor, so its space is freed however the process ends (kill -9 included)
+        self._file = tempfile.TemporaryFile(mode="w+b", prefix="spockwire-spill-", suffix=".arrows", dir=directory)
         self._lock = threading.Lock()
 
     def append(self, batch: pa.RecordBatch) -> tuple[int, int]:
@@ -63,10 +65,6 @@ class SpillFile:
     def close(self) -> None:
         if self._file is not None and not self._file.closed:
             self._file.close()
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
 
     def __del__(self) -> None:
         try:
