@@ -613,13 +613,13 @@ def _carry_moved_toast(changes: "DataFrame", inp: "DataFrame", plan: _Plan, trun
 # ---------------------------------------------------------------------------------------------------------------
 # targets
 
-def _pos_gt(cols: Sequence[str], pos: tuple) -> Any:
-    """The row's sequence (cols) is after `pos` (lexicographic)."""
+def _pos_gt(cols: Sequence[str], pos: tuple, less: bool = False) -> Any:
+    """The row's sequence (cols) is after `pos` (lexicographic; `less`: before it)."""
     from pyspark.sql import functions as F
 
     cond = None
     for i in range(len(cols) - 1, -1, -1):
-        here = _c(cols[i]) > F.lit(pos[i])
+        here = (_c(cols[i]) < F.lit(pos[i])) if less else (_c(cols[i]) > F.lit(pos[i]))
         if cond is not None:
             here = here | ((_c(cols[i]) == F.lit(pos[i])) & cond)
         cond = here
@@ -720,8 +720,7 @@ class _Store:
         else:
             start, end = plan.start_cols, plan.end_cols
             for pos, ts in truncates:
-                alive = ~_pos_gt(start[:-1], pos) & ~F.struct(*[_c(c) for c in start[:-1]]).eqNullSafe(
-                    F.struct(*[F.lit(p) for p in pos])) & (_c(end[0]).isNull() | _pos_gt(end[:-1], pos))
+                alive = _pos_gt(start[:-1], pos, less=True) & (_c(end[0]).isNull() | _pos_gt(end[:-1], pos))
                 rest = rest.select(*[
                     (F.when(alive, F.lit(pos[end.index(c)]).cast(dict(rest.dtypes)[c]) if c != end[-1]
                             else F.lit(ts).cast("timestamp")).otherwise(_c(c)) if c in end else _c(c)).alias(c)
@@ -1079,7 +1078,7 @@ class _DeltaSparkStore(_Store):
 
     def __init__(self, spark: "SparkSession", target: str, plan: _Plan) -> None:
         super().__init__(spark, target, plan)
-        from delta.tables import DeltaTable
+        from delta.tables import DeltaTable  # noqa: F811 - the delta-spark class
 
         self.DeltaTable = DeltaTable
         self.state_path = target.rstrip("/") + "/" + STATE_DIR
@@ -1141,18 +1140,24 @@ class _DeltaSparkStore(_Store):
                 start, end = plan.start_cols, plan.end_cols
                 alive = f"{_sql_pos_lt(start[:-1], pos, _bq)} AND ({_bq(end[0])} IS NULL OR " \
                         f"{_sql_pos_gt(end[:-1], pos, _bq)})"
-                sets = {_bq(c): F.lit(p) for c, p in zip(end[:-1], pos)}
-                sets[_bq(end[-1])] = F.lit(ts).cast("timestamp")
-                table.update(condition=alive, set=sets)
+                ends = {c: F.lit(p) for c, p in zip(end[:-1], pos)}
+                ends[end[-1]] = F.lit(ts).cast("timestamp")
+                table.update(condition=alive, set=ends)
         on = " AND ".join(f"t.{_bq(k)} <=> s.{_bq(k)}" for k in plan.keys)
-        sets = {_bq(c): f"s.{_bq(c)}" for c in cols}
+        sets = {c: f"s.{_bq(c)}" for c in cols}
+
+        def merge(source: "DataFrame", cond: str) -> Any:
+            builder = table.alias("t").merge(source.alias("s"), cond)
+            # columns added upstream: MERGE's schema evolution (delta-spark 3.2+)
+            return builder.withSchemaEvolution() if hasattr(builder, "withSchemaEvolution") else builder
+
         if plan.scd == 1:
-            (table.alias("t").merge(changed.alias("s"), on)
+            (merge(changed, on)
              .whenMatchedDelete(condition=f"s.{_OP} = 'delete'")
              .whenMatchedUpdate(condition=f"s.{_OP} = 'upsert'", set=sets)
              .whenNotMatchedInsert(condition=f"s.{_OP} = 'upsert'", values=sets).execute())
         else:
             on += "".join(f" AND t.{_bq(c)} = s.{_bq(c)}" for c in plan.start_cols[:-1])
-            (table.alias("t").merge(changed.filter(F.col(_OP) == "version").alias("s"), on)
+            (merge(changed.filter(F.col(_OP) == "version"), on)
              .whenMatchedUpdate(set=sets).whenNotMatchedInsert(values=sets).execute())
         return metrics
