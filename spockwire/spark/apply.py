@@ -381,8 +381,8 @@ def apply_changes(changes: "DataFrame", target: "str | DataFrame | None" = None,
     Path targets return :class:`ApplyMetrics`.
     """
     spark = changes.sparkSession
-    changes = _materialize(changes)
     plan = _plan(changes, keys, sequence_by, stored_as_scd_type)
+    changes = _materialize(changes)
     if format == "memory":
         if target is not None and isinstance(target, str):
             raise TypeError("format='memory' takes a DataFrame (or None) as target")
