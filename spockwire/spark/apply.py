@@ -325,14 +325,22 @@ def _fold(records: list[dict], truncates: Sequence[tuple[tuple, Any]], cfg: dict
 
 
 def _resolve_partition(batches: Iterator[Any], cfg: dict) -> Iterator[Any]:
-    """mapInArrow body: rows sorted by key then sequence; one :func:`_fold` per key."""
+    """mapInArrow body: rows sorted by key then sequence; one :func:`_fold` per key.
+
+    Only the control columns (keys, kind, operation, sequence, times, carried columns) become Python values; the
+    table's values stay Arrow arrays and the fold moves row numbers, so every value Arrow holds (an infinite
+    timestamp, a huge decimal) goes through unchanged."""
     import pyarrow as pa
 
     schema = cfg["out_schema"]
     keys = cfg["keys"]
+    values = cfg["refs"]
+    control = [c for c in cfg["control"]]
+    kept: list[Any] = []
+    offset = 0
+    out: list[dict] = []
     group: list[dict] = []
     current: Any = object()
-    out: list[dict] = []
 
     def flush() -> None:
         if group:
@@ -342,19 +350,35 @@ def _resolve_partition(batches: Iterator[Any], cfg: dict) -> Iterator[Any]:
                 out.append(row)
 
     for batch in batches:
-        for r in batch.to_pylist():
+        if batch.num_rows == 0:
+            continue
+        kept.append(batch)
+        cols = {c: batch.column(c).to_pylist() for c in control}
+        for i in range(batch.num_rows):
+            r = {c: cols[c][i] for c in control}
             k = tuple(r[c] for c in keys)
             if k != current:
                 flush()
                 group = []
                 current = k
+            for v in values:
+                r[v] = offset + i
             group.append(r)
-        if len(out) >= 8192:
-            yield pa.RecordBatch.from_pylist(out, schema=schema)
-            out = []
+        offset += batch.num_rows
     flush()
-    if out:
-        yield pa.RecordBatch.from_pylist(out, schema=schema)
+    if not out:
+        return
+    names = [f.name for f in schema]
+    arrays = []
+    for f in schema:
+        if f.name in values:
+            source = pa.concat_arrays([b.column(f.name) for b in kept]) if kept else pa.nulls(0, f.type)
+            idx = pa.array([row.get(f.name) for row in out], pa.int64())
+            arrays.append(source.take(idx).cast(f.type))
+        else:
+            arrays.append(pa.array([row.get(f.name) for row in out], f.type))
+    table = pa.Table.from_arrays(arrays, names=names)
+    yield from table.to_batches(max_chunksize=8192)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -516,7 +540,11 @@ def _resolve(spark: "SparkSession", inp: "DataFrame", plan: _Plan, table_cols: l
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema = _out_schema(inp, plan, table_cols)
-    cfg = {"keys": plan.keys, "seq": plan.seq, "values": [c for c in table_cols if c not in plan.keys],
+    values = [c for c in table_cols if c not in plan.keys]
+    cfg = {"keys": plan.keys, "seq": plan.seq, "values": values,
+           # values travel as row numbers; sequence columns that are table columns too as Python values
+           "refs": [v for v in values if v not in plan.seq],
+           "control": [c for c in inp.columns if c not in values or c in plan.seq],
            "scd": plan.scd, "end_seq": [f"{_END}{c}" for c in plan.seq], "start_cols": plan.start_cols,
            "end_cols": plan.end_cols, "truncates": list(truncates),
            "out_schema": to_arrow_schema(schema, timezone="UTC")}
