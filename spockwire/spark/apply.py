@@ -510,7 +510,9 @@ def _resolver_input(events: "DataFrame", stored: "DataFrame | None", plan: _Plan
         st = stored.select(
             *[_c(k).cast(typ(k)).alias(k) for k in plan.keys], kind.alias(_KIND),
             F.when(kind == 1, F.lit("delete")).otherwise(F.lit("upsert")).alias(_OP),
-            *[_c(c).cast(typ(c)).alias(c) for c in seq_extra], F.lit(None).cast("timestamp").alias(_TS),
+            # a table written without sequence columns (older spockwire): its rows are older than any change
+            *[(_c(c) if c in cols else F.lit(None)).cast(typ(c)).alias(c) for c in seq_extra],
+            F.lit(None).cast("timestamp").alias(_TS),
             *[F.lit(None).cast(ev_types.get(c, "long")).alias(e) for c, e in zip(plan.seq, end_cols)],
             F.lit(None).cast("timestamp").alias(_END_TS), F.lit(None).cast("array<string>").alias(_TOAST),
             *[(_c(v) if v in cols else F.lit(None)).cast(typ(v)).alias(v) for v in values])
