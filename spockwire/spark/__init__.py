@@ -4,7 +4,7 @@ DataFrame, `apply_changes` to Delta/Parquet/in-memory tables, and distributed de
     import spockwire.spark as sws
     sws.register(spark)                     # spark.readStream.format("spockwire") ...
     changes = sws.read_staging(spark, "staging/", "public.orders")
-    sws.apply_changes(changes, target="/data/orders", format="delta", keys=["id"])
+    sws.apply_changes(changes, target="/data/orders", format="delta", keys=["id"])   # stored_as_scd_type=1|2
     df = sws.decode_frame_file(spark, "capture.spwf", table="public.orders")
 
 See docs/spark.md.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["register", "apply_changes", "apply_to_dataframe", "decode_frame_file", "read_staging",
-           "read_staging_stream", "select_table"]
+           "read_staging_stream", "select_table", "scd2_columns", "ApplyMetrics"]
 
 
 def register(spark: Any) -> None:
@@ -27,7 +27,7 @@ def register(spark: Any) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("apply_changes", "apply_to_dataframe", "select_table"):
+    if name in ("apply_changes", "apply_to_dataframe", "select_table", "scd2_columns", "ApplyMetrics"):
         from . import apply
         return getattr(apply, name)
     if name == "decode_frame_file":
