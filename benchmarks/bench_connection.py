@@ -30,6 +30,9 @@ from spockwire.testing import PostgresCluster
 ROWS = int(os.environ.get("SPOCKWIRE_BENCH_ROWS", "1000000"))
 PER_TXN = 1000
 ROUNDS = int(os.environ.get("SPOCKWIRE_BENCH_ROUNDS", "3"))
+#: changes per call of the SQL transport (calls are pipelined over two connections, so a backlog of several calls
+#: overlaps the server's decoding of one call with the sending of the previous)
+SQL_BATCH = int(os.environ.get("SPOCKWIRE_BENCH_SQL_BATCH", "200000"))
 RESULTS: dict[str, float] = {}
 
 
@@ -95,7 +98,7 @@ def test_server_decode(benchmark, workload):
 
 def _stream_all(dsn: str, pump: str, transport: str = "replication") -> tuple[int, int, float, float]:
     stream = connect(dsn, slot="bench", publication="pub", proto_version=1, pump=pump, read_timeout=5.0,
-                     transport=transport)
+                     transport=transport, sql_batch_changes=SQL_BATCH)
     try:
         rows = 0
         c0, t0 = _cpu(), time.perf_counter()
