@@ -9,12 +9,16 @@ Measurements of the same 1,000 transactions x 1,000 rows (pgoutput proto 1, text
 * ``pump_c`` / ``pump_python``: ``spockwire.connection.connect`` (replication transport) with the Cython /
   pure-Python batch pump, rows decoded into Arrow batches;
 * ``sql_c`` / ``sql_python``: the same with ``transport="sql"`` (binary COPY of the SQL functions' rows);
-* ``psycopg2_callback``: psycopg2's ``consume_stream`` with one Python callback per message feeding the decoder.
+* ``psycopg2_callback``: psycopg2's ``consume_stream`` with one Python callback per message feeding the decoder;
+* live peers on a fresh copy of the same slot per round: ``pg_recvlogical`` of the server's release (output to
+  /dev/null) and ``pgoutput-decoder`` (Rust, PyPI) in its own Python >= 3.12 interpreter (out/peer312, made by
+  ``scripts/setup-machine.sh --peer-venv``; SPOCKWIRE_BENCH_PEER_PYTHON points elsewhere). A missing peer fails.
 
-``extra_info`` holds rows/s, messages/s, the client's CPU use (user+sys seconds per wall second) and, for the
-streams, the ratio to the server's decode rate - all from the fastest of the rounds, since other load on the
-machine only ever slows a round down. Set SPOCKWIRE_BENCH_ROWS to change the workload size,
-SPOCKWIRE_BENCH_ROUNDS the number of rounds (default 3).
+Each runs on PostgreSQL 15 and 18 (SPOCKWIRE_BENCH_SERVERS=15,18). ``extra_info`` holds rows/s, messages/s, the
+client's CPU use (user+sys seconds per wall second; a peer process's own) and the ratios to the server's decode
+rate and to pg_recvlogical - all from the median round (the one statistic of BENCHMARKS.md). Set
+SPOCKWIRE_BENCH_ROWS to change the workload size, SPOCKWIRE_BENCH_ROUNDS the number of rounds (default 3),
+SPOCKWIRE_BENCH_SQL_BATCH the SQL transport's changes per call.
 """
 from __future__ import annotations
 
@@ -30,9 +34,10 @@ from spockwire.testing import PostgresCluster
 ROWS = int(os.environ.get("SPOCKWIRE_BENCH_ROWS", "1000000"))
 PER_TXN = 1000
 ROUNDS = int(os.environ.get("SPOCKWIRE_BENCH_ROUNDS", "3"))
-#: changes per call of the SQL transport (calls are pipelined over two connections, so a backlog of several calls
-#: overlaps the server's decoding of one call with the sending of the previous)
-SQL_BATCH = int(os.environ.get("SPOCKWIRE_BENCH_SQL_BATCH", "200000"))
+#: changes per call of the SQL transport (default: a quarter of the workload). The calls are pipelined over two
+#: connections, so a backlog of several calls overlaps the server's decoding of one call with the sending of the
+#: previous; one call holding the whole backlog could not overlap anything.
+SQL_BATCH = int(os.environ.get("SPOCKWIRE_BENCH_SQL_BATCH", str(max(ROWS // 4, 1000))))
 RESULTS: dict[str, float] = {}
 
 
