@@ -2,12 +2,13 @@
 
 Why a second slot. The SQL functions decode from a slot's confirmed position: ``peek`` never moves it (every call
 would decode the same changes again), ``get`` moves it past everything it returned (before the consumer has
-persisted anything). So the stream copies the slot into a private *temporary* slot (``pg_copy_logical_replication_
-slot``, owned by this connection's backend and dropped with it) and reads that one with ``get``: each call returns
-the changes after the previous call, nothing is decoded twice. The real slot moves only when the consumer
-acknowledges: ``pg_replication_slot_advance(slot, acked)``, never past the acknowledged position. When the
-connection breaks, the temporary slot goes with it and the next connection copies the real slot again, so
-everything not acknowledged comes again (at-least-once, as with the replication protocol).
+persisted anything). So the stream copies the slot into a private cursor slot (``pg_copy_logical_replication_
+slot``) and reads that one with ``get``: each call returns the changes after the previous call, nothing is decoded
+twice. The real slot moves only when the consumer acknowledges: ``pg_replication_slot_advance(slot, acked)``,
+never past the acknowledged position. When the connection breaks, the next connection copies the real slot
+again, so everything not acknowledged comes again (at-least-once, as with the replication protocol). The stream
+pipelines the calls over two connections (see `SqlSource`), so its cursor slot is an ordinary slot, dropped at
+close or, after a crash, by the next source on the same slot; a single-connection source uses a temporary one.
 
 Each call runs ``COPY (SELECT lsn, data FROM pg_logical_slot_get_binary_changes(cursor, NULL, <batch_changes>,
 <options>)) TO STDOUT (FORMAT binary)``; the pump (`CopyPump`) turns the binary rows into frame records, one
