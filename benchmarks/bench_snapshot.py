@@ -112,7 +112,8 @@ READERS = {
 @pytest.fixture(scope="module")
 def interleaved(table, request):
     """Every reader ROUNDS times in rotating order, so that the machine's other load falls on all of them alike;
-    the median seconds of each (the statistic of every table in BENCHMARKS.md). A reader that fails (a peer's package missing) fails its own benchmark."""
+    the median seconds of each (the statistic of every table in BENCHMARKS.md). A reader that fails (a peer's
+    package missing) fails its own benchmark."""
     pg, db = table
     mp = pytest.MonkeyPatch()
     mp.setenv("SPOCKWIRE_IMPL", "c")

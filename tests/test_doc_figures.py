@@ -11,9 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- figures: BENCHMARKS.md -->", "<!-- /figures -->"
-#: a figure: digits with thousands separators and/or decimals, optionally a ratio ("4.99x"); plain small integers
-#: (counts of workloads, "1,000 rows" in prose) are figures too when they carry a separator or a decimal
-FIGURE = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?x?(?![\w])|(?<![\w.,])\d+\.\d+x?(?![\w])|(?<![\w.,])\d+x(?![\w])")
+#: a figure: a number with thousands separators or decimals, or a ratio ("4.99x", "16x"); plain integers without
+#: either ("7 columns") are prose, not figures
+FIGURE = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?x?(?![\w])"
+                    r"|(?<![\w.,])\d+\.\d+x?(?![\w])|(?<![\w.,])\d+x(?![\w])")
 QUOTING = ["README.md", "docs/spark.md", "docs/connection.md"]
 
 
