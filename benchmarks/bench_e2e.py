@@ -19,15 +19,16 @@ import time
 # pytest runs a module's tests in the order their names enter it: the server's decode rate first, as the
 # streams' ratio_to_server_decode needs it
 from benchmarks.bench_connection import test_server_decode  # noqa: F401, I001
-from benchmarks.bench_connection import test_stream, test_psycopg2_callback  # noqa: F401, I001
-from benchmarks.bench_connection import ROWS, _cpu, _record, workload  # noqa: F401, I001 - this module's slot
+from benchmarks.bench_connection import test_pg_recvlogical, test_pgoutput_decoder  # noqa: F401, I001
+from benchmarks.bench_connection import test_stream, test_sql_transport, test_psycopg2_callback  # noqa: F401, I001
+from benchmarks.bench_connection import ROWS, _cpu, _median, _record, workload  # noqa: F401, I001 - this module's slot
 
 
 def test_psycopg2_noop_callback(benchmark, workload):  # noqa: F811 - the imported fixture
     import psycopg2
     import psycopg2.extras
 
-    _pg, dsn, _db, messages = workload
+    pg, dsn, _db, messages = workload
 
     def run():
         conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
@@ -50,6 +51,6 @@ def test_psycopg2_noop_callback(benchmark, workload):  # noqa: F811 - the import
         conn.close()  # nothing acknowledged: the next round streams the same changes again
         return seen[0], wall, cpu
 
-    n, wall, cpu = benchmark.pedantic(run, rounds=2, iterations=1)
+    n, wall, cpu = _median(benchmark, run)
     assert n == messages
-    _record(benchmark, "psycopg2_noop_callback", ROWS, n, wall, cpu)
+    _record(benchmark, "psycopg2_noop_callback", ROWS, n, wall, cpu, pg)

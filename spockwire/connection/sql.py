@@ -2,12 +2,13 @@
 
 Why a second slot. The SQL functions decode from a slot's confirmed position: ``peek`` never moves it (every call
 would decode the same changes again), ``get`` moves it past everything it returned (before the consumer has
-persisted anything). So the stream copies the slot into a private *temporary* slot (``pg_copy_logical_replication_
-slot``, owned by this connection's backend and dropped with it) and reads that one with ``get``: each call returns
-the changes after the previous call, nothing is decoded twice. The real slot moves only when the consumer
-acknowledges: ``pg_replication_slot_advance(slot, acked)``, never past the acknowledged position. When the
-connection breaks, the temporary slot goes with it and the next connection copies the real slot again, so
-everything not acknowledged comes again (at-least-once, as with the replication protocol).
+persisted anything). So the stream copies the slot into a private cursor slot (``pg_copy_logical_replication_
+slot``) and reads that one with ``get``: each call returns the changes after the previous call, nothing is decoded
+twice. The real slot moves only when the consumer acknowledges: ``pg_replication_slot_advance(slot, acked)``,
+never past the acknowledged position. When the connection breaks, the next connection copies the real slot
+again, so everything not acknowledged comes again (at-least-once, as with the replication protocol). The stream
+pipelines the calls over two connections (see `SqlSource`), so its cursor slot is an ordinary slot, dropped at
+close or, after a crash, by the next source on the same slot; a single-connection source uses a temporary one.
 
 Each call runs ``COPY (SELECT lsn, data FROM pg_logical_slot_get_binary_changes(cursor, NULL, <batch_changes>,
 <options>)) TO STDOUT (FORMAT binary)``; the pump (`CopyPump`) turns the binary rows into frame records, one
@@ -23,7 +24,8 @@ from .errors import ConnectionLost, ServerError
 from .session import pinned_kwargs
 from .slots import format_lsn, parse_lsn
 
-__all__ = ["SqlSource", "sql_options", "cursor_slot_name", "advance_slot"]
+__all__ = ["SqlSource", "sql_options", "cursor_slot_name", "pipelined_cursor_slot_name", "drop_stale_cursor_slots",
+           "advance_slot"]
 
 #: pause before the next call after one that reached the end of the WAL (lets a trickle gather)
 _CAUGHT_UP_PAUSE = 0.05
@@ -47,17 +49,28 @@ def cursor_slot_name(slot: str, backend_pid: int) -> str:
 
 
 class SqlSource:
-    """One connection's worth of the SQL transport: the temporary cursor slot, the running COPY, the acks.
+    """One connection's worth of the SQL transport: the cursor slot, the running COPYs, the acks.
 
     `read(timeout)` returns frame records (``b""`` when none arrived in time). `flush_lsn` is the acknowledged
     position (only grows); `advance_real(force)` moves the real slot there - between calls, at most every
     `status_interval` s unless forced. Not thread-safe: the stream serializes access.
+
+    With `second_conn` the calls are pipelined over two connections: the function decodes a whole call, confirms
+    the cursor slot's new position and releases the slot before the executor sends the first row, so once the
+    first row of call N arrives, call N+1 is started on the other connection and the server decodes it while call
+    N's rows are sent and decoded here. Rows are still handed out strictly in call order (all of call N, then call
+    N+1). A temporary slot belongs to the backend that made it, so the pipelined cursor slot is an ordinary
+    (persistent) slot named after the first connection's backend; `drop_cursor_slot` drops it at close, and a
+    cursor slot left behind by a client that died is dropped by the next `SqlSource` on the same slot once its
+    backend is gone (`drop_stale_cursor_slots`).
     """
 
     def __init__(self, conn: Any, pump_module: Any, *, slot: str, options: Mapping[str, str],
                  batch_changes: int, max_batch_bytes: int, start_lsn: int, flush_lsn: int,
-                 status_interval: float, max_idle_wait: float) -> None:
+                 status_interval: float, max_idle_wait: float, second_conn: Any = None) -> None:
         self.conn = conn
+        self.conns = [conn] if second_conn is None else [conn, second_conn]
+        self.pipelined = second_conn is not None
         self.slot = slot
         self.batch_changes = int(batch_changes)
         self.status_interval = status_interval
@@ -73,11 +86,18 @@ class SqlSource:
         self._last_wal_check = 0.0
         self._advance_wanted = False
         self._idle_wanted = False
-        #: the cursor slot's confirmed position after the last finished call: the end of the WAL it has read
+        #: the cursor slot's confirmed position after the last call whose rows were all handed out: the end of the
+        #: WAL it has read
         self.read_end = 0
+        #: per connection: the cursor slot's position right after its running call was decoded (pipelined)
+        self._ends: list[int | None] = [None] * len(self.conns)
+        self._cur = 0  # the connection whose call's rows are handed out now
+        self._ahead = False  # the next call runs on the other connection
         with conn.cursor() as cur:
             cur.execute("SELECT pg_backend_pid()")
-            self.cursor_slot = cursor_slot_name(slot, cur.fetchone()[0])
+            pid = cur.fetchone()[0]
+            self.cursor_slot = (pipelined_cursor_slot_name(slot, pid) if self.pipelined
+                                else cursor_slot_name(slot, pid))
             cur.execute("SELECT confirmed_flush_lsn::text, active_pid FROM pg_replication_slots "
                         "WHERE slot_name = %s AND slot_type = 'logical'", (slot,))
             row = cur.fetchone()
@@ -88,7 +108,9 @@ class SqlSource:
                 raise ConnectionLost(f'replication slot "{slot}" is active for PID {row[1]}', sqlstate="55006")
             #: the real slot's confirmed position as far as this connection knows
             self.real_confirmed = parse_lsn(row[0])
-            cur.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (slot, self.cursor_slot))
+            drop_stale_cursor_slots(cur, slot)
+            cur.execute("SELECT pg_copy_logical_replication_slot(%s, %s, %s)",
+                        (slot, self.cursor_slot, not self.pipelined))
             #: where the cursor slot starts: the server's position, or a later one asked for / acknowledged
             self.start_position = max(self.real_confirmed, start_lsn, flush_lsn)
             if self.start_position > self.real_confirmed:
@@ -101,7 +123,8 @@ class SqlSource:
                 "COPY (SELECT lsn, data FROM pg_logical_slot_get_binary_changes(%s, NULL, %s"
                 + ", %s" * len(pairs) + ")) TO STDOUT (FORMAT binary)",
                 [self.cursor_slot, self.batch_changes, *pairs])
-        self.pump = pump_module.CopyPump(conn.pgconn_ptr, max_batch_bytes=max_batch_bytes)
+        self.pumps = [pump_module.CopyPump(c.pgconn_ptr, max_batch_bytes=max_batch_bytes) for c in self.conns]
+        self.pump = self.pumps[0]
 
     # ------------------------------------------------------------------------------------------------ positions
     @property
@@ -115,19 +138,26 @@ class SqlSource:
 
     @property
     def busy(self) -> bool:
-        """True while a call's COPY runs (the connection cannot take other queries)."""
-        return self.pump.active
+        """True while a call's COPY runs (a connection cannot take other queries)."""
+        return any(p.active for p in self.pumps)
+
+    def _idle_conn(self) -> Any:
+        for conn, pump in zip(self.conns, self.pumps):
+            if not pump.active:
+                return conn
+        return None
 
     def counters(self) -> dict[str, int]:
-        return {"messages": self.pump.messages, "bytes": self.pump.bytes, "batches": self.pump.batches,
-                "calls": self.calls, "status_sent": self.status_sent}
+        return {"messages": sum(p.messages for p in self.pumps), "bytes": sum(p.bytes for p in self.pumps),
+                "batches": sum(p.batches for p in self.pumps), "calls": self.calls,
+                "status_sent": self.status_sent}
 
     # ------------------------------------------------------------------------------------------------ reading
     def read(self, timeout: float) -> bytes:
         """Frame records of the next batch of rows, starting the next call when one is due; ``b""`` if none."""
         deadline = time.monotonic() + max(timeout, 0.0)
-        pump = self.pump
         while True:
+            pump = self.pumps[self._cur]
             if not pump.active:
                 now = time.monotonic()
                 if now < self._next_call:
@@ -141,20 +171,41 @@ class SqlSource:
             data = pump.read(max(deadline - time.monotonic(), 0.0))
             if pump.max_lsn > self.write_lsn:
                 self.write_lsn = pump.max_lsn
+            if (self.pipelined and not self._ahead and self._backoff == 0.0
+                    and (pump.rows > 0 or not pump.active)):
+                # this call is decoded (its first row came, or it ended) and the backlog was not exhausted by
+                # the previous call: have the server decode the next one meanwhile
+                self._start_ahead()
             if not pump.active:
                 self._call_done(pump.rows)
             if data or time.monotonic() >= deadline:
                 return data
 
-    def _call_done(self, rows: int) -> None:
-        # where the call stopped reading: `get` confirms the end of the WAL it decoded on the cursor slot, also
-        # when nothing there was for this stream
-        with self.conn.cursor() as cur:
+    def _slot_position(self, conn: Any) -> int:
+        with conn.cursor() as cur:
             cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                         (self.cursor_slot,))
             row = cur.fetchone()
-        if row is not None and row[0] is not None:
-            self.read_end = max(self.read_end, parse_lsn(row[0]))
+        return parse_lsn(row[0]) if row is not None and row[0] is not None else 0
+
+    def _start_ahead(self) -> None:
+        other = 1 - self._cur
+        conn = self.conns[other]
+        # the running call has confirmed the cursor slot's position and released it: that position is its end
+        self._ends[self._cur] = self._slot_position(conn)
+        self.housekeeping(conn)
+        self.pumps[other].start(self._query)
+        self.calls += 1
+        self._ahead = True
+
+    def _call_done(self, rows: int) -> None:
+        # where the call stopped reading: `get` confirms the end of the WAL it decoded on the cursor slot, also
+        # when nothing there was for this stream
+        end = self._ends[self._cur]
+        self._ends[self._cur] = None
+        if end is None:
+            end = self._slot_position(self.conns[self._cur])
+        self.read_end = max(self.read_end, end)
         now = time.monotonic()
         if rows == 0:
             # nothing new: back off up to max_idle_wait
@@ -164,44 +215,48 @@ class SqlSource:
         else:
             self._backoff = 0.0  # more is waiting
         self._next_call = now + self._backoff
+        if self._ahead:
+            # the next call is running already: hand out its rows next
+            self._cur = 1 - self._cur
+            self._ahead = False
 
     # ------------------------------------------------------------------------------------------------ acks
     def request_advance(self) -> None:
-        """Move the real slot to the acknowledged position now if the connection is free, else after this call."""
+        """Move the real slot to the acknowledged position now if a connection is free, else after this call."""
         self._advance_wanted = True
-        if not self.pump.active:
-            self.housekeeping()
+        self.housekeeping()
 
     def idle_advance(self) -> None:
         """The stream confirmed WAL that had nothing for it: move the real slot there soon (at most once every
         IDLE_ADVANCE_INTERVAL s), so a quiet stream on a busy server does not hold WAL."""
         self._idle_wanted = True
-        if not self.pump.active:
-            self.housekeeping()
+        self.housekeeping()
 
-    def housekeeping(self) -> None:
+    def housekeeping(self, conn: Any = None) -> None:
         """Between calls: move the real slot when due; refresh the server's WAL position for lag figures."""
-        if self.pump.active:
-            return
+        if conn is None:
+            conn = self._idle_conn()
+            if conn is None:
+                return
         now = time.monotonic()
         since = now - self._last_advance
         if self._flush_lsn > self.real_confirmed and (
                 self._advance_wanted or since >= self.status_interval
                 or (self._idle_wanted and since >= IDLE_ADVANCE_INTERVAL)):
-            self._advance_real()
+            self._advance_real(conn)
         if now - self._last_wal_check >= 1.0:
             self._last_wal_check = now
-            with self.conn.cursor() as cur:
+            with conn.cursor() as cur:
                 cur.execute("SELECT pg_current_wal_lsn()::text")
                 self.wal_end = max(self.wal_end, parse_lsn(cur.fetchone()[0]))
 
-    def _advance_real(self) -> None:
+    def _advance_real(self, conn: Any) -> None:
         import psycopg2
 
         target = self._flush_lsn
         self._last_advance = time.monotonic()
         try:
-            with self.conn.cursor() as cur:
+            with conn.cursor() as cur:
                 cur.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s)",
                             (self.slot, format_lsn(target)))
                 self.real_confirmed = max(self.real_confirmed, parse_lsn(cur.fetchone()[0]), target)
@@ -216,16 +271,17 @@ class SqlSource:
 
     def advance_now(self) -> bool:
         """The final advance (close): True when the real slot is at the acknowledged position."""
-        if self.pump.active:
+        conn = self._idle_conn()
+        if conn is None:
             return False
         if self._flush_lsn > self.real_confirmed:
-            self._advance_real()
+            self._advance_real(conn)
         return self._flush_lsn <= self.real_confirmed
 
     def drop_cursor_slot(self) -> None:
-        """Drop the temporary cursor slot now (at close), so that it is gone when close() returns instead of when
-        the backend has finished exiting. Best effort: a broken connection's backend takes it along anyway."""
-        if self.pump.active:
+        """Drop the cursor slot now (at close), so that it is gone when close() returns instead of when the backend
+        has finished exiting (temporary) or the next stream cleans up (pipelined). Best effort."""
+        if self.busy:
             return
         try:
             with self.conn.cursor() as cur:
@@ -234,11 +290,43 @@ class SqlSource:
             pass
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """End a running call (cancel, drain, collect its results); True when the connection is idle again."""
-        return bool(self.pump.cancel(timeout))
+        """End the running calls (cancel, drain, collect their results); True when the connections are idle."""
+        ok = True
+        for pump in self.pumps:
+            if pump.active:
+                ok = bool(pump.cancel(timeout)) and ok
+        return ok
 
     def detach(self) -> None:
-        self.pump.detach()
+        for pump in self.pumps:
+            pump.detach()
+        for conn in self.conns[1:]:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - broken already
+                pass
+
+
+def pipelined_cursor_slot_name(slot: str, backend_pid: int) -> str:
+    """The persistent cursor slot of a pipelined source (its first connection's backend pid in the name)."""
+    return f"{slot[:40]}_swsqlp_{backend_pid}"
+
+
+def drop_stale_cursor_slots(cur: Any, slot: str) -> None:
+    """Drop pipelined cursor slots of `slot` whose owning backend has exited (a client that died before close):
+    inactive slots named ``<slot>_swsqlp_<pid>`` with no backend `pid`."""
+    import psycopg2
+
+    prefix = f"{slot[:40]}_swsqlp_"
+    cur.execute("SELECT slot_name FROM pg_replication_slots WHERE active_pid IS NULL AND NOT temporary "
+                "AND left(slot_name, %s) = %s AND substr(slot_name, %s) ~ '^[0-9]+$' "
+                "AND substr(slot_name, %s)::int NOT IN (SELECT pid FROM pg_stat_activity)",
+                (len(prefix), prefix, len(prefix) + 1, len(prefix) + 1))
+    for (name,) in cur.fetchall():
+        try:
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+        except psycopg2.Error:
+            pass  # taken or dropped meanwhile
 
 
 def advance_slot(dsn: str, slot: str, lsn: int, connect_kwargs: Mapping[str, Any] | None = None,

@@ -368,6 +368,7 @@ class ReplicationStream:
         import psycopg2
 
         conn = psycopg2.connect(self.dsn, **pinned_kwargs(self.dsn, self._connect_kwargs))
+        second = None
         try:
             conn.autocommit = True
             self.server_version_num = conn.server_version
@@ -377,12 +378,18 @@ class ReplicationStream:
             if self.create_slot:
                 _create_slot(conn, self.slot, self.plugin, two_phase=bool(self._want["two_phase"]))
                 self.create_slot = False
+            # a second connection pipelines the calls (the server decodes the next while this one's rows are sent)
+            second = psycopg2.connect(self.dsn, **pinned_kwargs(self.dsn, self._connect_kwargs))
+            second.autocommit = True
             source = SqlSource(conn, self._pump_module, slot=self.slot, options=sql_options(self.options),
                                batch_changes=self.sql_batch_changes, max_batch_bytes=self.max_batch_bytes,
                                start_lsn=self._start_lsn, flush_lsn=self._acked,
-                               status_interval=self.status_interval, max_idle_wait=self.read_timeout)
+                               status_interval=self.status_interval, max_idle_wait=self.read_timeout,
+                               second_conn=second)
         except BaseException:
             conn.close()
+            if second is not None:
+                second.close()
             raise
         self._conn = conn
         self._source = source
