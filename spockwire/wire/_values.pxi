@@ -1,5 +1,6 @@
 # Typed value kernels: text ('t'), binary ('b') and internal ('i') forms decoded straight into Arrow-layout
-# column buffers. Twin: spockwire/values/_convert_py.py — both accept and refuse exactly the same bytes.
+# column buffers. Twin: spockwire/values/_convert_py.py (decode_value, build_array: same names on both sides) —
+# both accept and refuse exactly the same bytes.
 # A kernel returns 0, or a failure code from spockwire.values.failures (> 0); the caller raises.
 
 from libc.stdio cimport snprintf
@@ -833,7 +834,7 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
                 else:
                     i += 1
             if q == 0:
-                rc = append_value(child, count, 0x74, p + start, i - start, order)
+                rc = decode_value(child, count, 0x74, p + start, i - start, order)
             else:
                 tmp = <char*>malloc(i - start)
                 if tmp == NULL:
@@ -847,7 +848,7 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
                     tlen += 1
                     j += 1
                 try:
-                    rc = append_value(child, count, 0x74, tmp, tlen, order)
+                    rc = decode_value(child, count, 0x74, tmp, tlen, order)
                 finally:
                     free(tmp)
             i += 1
@@ -863,7 +864,7 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
                 set_null(child, count)
                 rc = 0
             else:
-                rc = append_value(child, count, 0x74, p + start, i - start, order)
+                rc = decode_value(child, count, 0x74, p + start, i - start, order)
         if rc:
             return rc
         count += 1
@@ -938,7 +939,7 @@ cdef int binary_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, 
             continue
         if length < 0 or n - pos < length:
             return F_INVALID
-        rc = append_value(child, count, 0x62, p + pos, length, order)
+        rc = decode_value(child, count, 0x62, p + pos, length, order)
         if rc:
             return rc
         pos += length
@@ -1257,7 +1258,7 @@ cdef int internal_varlena(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t
             rc = numeric_send_form(data, length, order, &send, &sendlen)
             if rc:
                 return rc
-            return append_value(col, idx, 0x62, send, sendlen, order)
+            return decode_value(col, idx, 0x62, send, sendlen, order)
         if kind == K_PGTEXT:
             if col.type_oid in VARLENA_TEXT_TYPES:
                 return render_text(col, idx, <const char*>data, length)
@@ -1267,7 +1268,7 @@ cdef int internal_varlena(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t
             except ValueFailure as failure:
                 return failure.code
             return render_text(col, idx, converted, len(converted))
-        return append_value(col, idx, 0x62, <const char*>data, length, order)
+        return decode_value(col, idx, 0x62, <const char*>data, length, order)
     finally:
         free(send)
         free(owned)
@@ -1310,7 +1311,7 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
             rc = swap_fields(p, n, _INTERVAL_FIELDS if kind == K_INTERVAL else _TIMETZ_FIELDS, order, swapped)
             if rc:
                 return rc
-            return append_value(col, idx, 0x62, swapped, n, order)
+            return decode_value(col, idx, 0x62, swapped, n, order)
         return internal_varlena(col, idx, p, n, order)
     if kind == K_UUID:
         if n != 16:
@@ -1369,7 +1370,7 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
     return 0
 
 
-cdef int append_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ssize_t n, int order) except -1:
+cdef int decode_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ssize_t n, int order) except -1:
     """Decode one non-NULL value into slot `idx` of a typed column; 0 or a failure code."""
     cdef int kind = col.kind, rc = 0
     cdef char* slot = col.data.data + idx * col.width if col.width else NULL
@@ -1854,7 +1855,7 @@ cdef int render_text(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) e
     return var_append(col, idx, out, len(out))
 
 
-cdef object storage_array(ColBuf* col, object spec, Py_ssize_t n):
+cdef object build_array(ColBuf* col, object spec, Py_ssize_t n):
     """The Arrow array of `n` values of a typed column; its buffers move to pyarrow."""
     cdef Py_ssize_t nulls = count_nulls(col.validity.data, n)
     cdef int kind = col.kind
@@ -1880,7 +1881,7 @@ cdef object storage_array(ColBuf* col, object spec, Py_ssize_t n):
     total = off[n]
     offsets = own(&col.offsets, (n + 1) * 4)
     if kind == K_ARRAY:
-        child = storage_array(col.child, spec.element, total)
+        child = build_array(col.child, spec.element, total)
         return pa.Array.from_buffers(typ, n, [validity, offsets], null_count=nulls, children=[child])
     data = own(&col.data, total)
     if kind == K_ENUM:
