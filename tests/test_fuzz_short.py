@@ -165,7 +165,7 @@ def _assert_clean(proc: subprocess.CompletedProcess) -> None:
 
 
 def test_typed_first_array_value_is_sanitizer_clean(sanitized):
-    """UBSan: 'applying zero offset to null pointer' in append_value (`col.data.data + idx * col.width` while the
+    """UBSan: 'applying zero offset to null pointer' in decode_value (`col.data.data + idx * col.width` while the
     column's fixed-width data buffer is still NULL: variable-width and array columns never allocate it)."""
     _assert_clean(_run_under_sanitizers(sanitized, """
         dec = Decoder("pgoutput")

@@ -336,7 +336,7 @@ cdef class CopyBinaryDecoder:
                 self.nbytes += flen
             else:
                 appended = 0
-                rc = append_value(col, row, 0x62, p + vat, flen, -1)
+                rc = decode_value(col, row, 0x62, p + vat, flen, -1)
                 if rc:
                     self._failed(rc, p + vat, flen, base + vat, i)
                 self.nbytes += flen if flen >= appended else appended
@@ -359,7 +359,7 @@ cdef class CopyBinaryDecoder:
         for i in range(self.ncols):
             if is_varlen(self.cols[i].kind) and self.cols[i].offsets.data != NULL:
                 self.data_hint[i] = (<int32_t*>self.cols[i].offsets.data)[n]
-        arrays = [storage_array(&self.cols[i], self.specs[i], n) for i in range(self.ncols)]
+        arrays = [build_array(&self.cols[i], self.specs[i], n) for i in range(self.ncols)]
         self.ready.append(pa.RecordBatch.from_arrays(arrays, names=list(self.names)))
         self._alloc()
         return 0

@@ -82,8 +82,9 @@ cdef inline int get_i64(Cur* c, int64_t* out, str what) except -1:
 
 
 # transaction timestamps (µs since 2000-01-01) that a datetime can hold: years 1 to 9999
-cdef int64_t MIN_TXN_TS = -63082281600000000
-cdef int64_t MAX_TXN_TS = 252455615999999999
+cdef extern from "include/sw_consts.h":
+    const int64_t MIN_TXN_TS "SW_MIN_TXN_TS"
+    const int64_t MAX_TXN_TS "SW_MAX_TXN_TS"
 
 
 cdef int get_timestamp(Cur* c, int64_t* out, str what) except -1:

@@ -188,7 +188,7 @@ cdef class _Builder:
             return self.frozen
         if self.cap_rows == 0:
             self.reserve_rows(1)
-        values = [storage_array(&self.cols[i], self.specs[i], n) for i in range(self.ncols)]
+        values = [build_array(&self.cols[i], self.specs[i], n) for i in range(self.ncols)]
         if self.any_toast:
             nidx = (<int32_t*>self.toast_off.data)[n]
             toast_off = pa.Array.from_buffers(pa.int32(), n + 1, [None, own(&self.toast_off, (n + 1) * 4)])
@@ -1120,7 +1120,7 @@ cdef class Decoder:
                     b.nbytes += n
                 else:
                     appended = 0
-                    rc = append_value(col, row, kind, p, n, self.internal_order)
+                    rc = decode_value(col, row, kind, p, n, self.internal_order)
                     if rc:
                         self._value_failed(c, b, vat, rc, kind, p, n, i)
                     # output bytes count too: an expanding kernel (binary numeric to text) closes batches as well

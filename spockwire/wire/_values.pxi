@@ -1,5 +1,6 @@
 # Typed value kernels: text ('t'), binary ('b') and internal ('i') forms decoded straight into Arrow-layout
-# column buffers. Twin: spockwire/values/_convert_py.py — both accept and refuse exactly the same bytes.
+# column buffers. Twin: spockwire/values/_convert_py.py (decode_value, build_array: same names on both sides) —
+# both accept and refuse exactly the same bytes.
 # A kernel returns 0, or a failure code from spockwire.values.failures (> 0); the caller raises.
 
 from libc.stdio cimport snprintf
@@ -60,18 +61,23 @@ cdef enum:
     F_TOO_LARGE = 8
     F_LOWER_BOUND = 9
 
-cdef int64_t I64_MAX = 0x7FFFFFFFFFFFFFFF
-cdef uint64_t U64_MAX = 18446744073709551615
-cdef int64_t I64_MIN = -I64_MAX - 1
-cdef int32_t I32_MAX = 0x7FFFFFFF
-cdef int32_t I32_MIN = -I32_MAX - 1
-cdef int64_t US_PER_DAY = 86400000000
-cdef int64_t UNIX_US_2000 = 946684800000000
-cdef int32_t UNIX_DAYS_2000 = 10957
+cdef extern from "include/sw_consts.h":
+    # compile-time constants (folded by the C compiler); tests/test_kernel_constants.py checks them against the twin
+    const int64_t I64_MAX "SW_I64_MAX"
+    const int64_t I64_MIN "SW_I64_MIN"
+    const uint64_t U64_MAX "SW_U64_MAX"
+    const int32_t I32_MAX "SW_I32_MAX"
+    const int32_t I32_MIN "SW_I32_MIN"
+    const int64_t US_PER_DAY "SW_US_PER_DAY"
+    const int64_t UNIX_US_2000 "SW_UNIX_US_2000"
+    const int32_t UNIX_DAYS_2000 "SW_UNIX_DAYS_2000"
+    # Arrow's string, binary and list offsets are int32: a column's data in one batch never passes this many bytes
+    # (elements, for lists). Every variable-length append checks it and fails with F_TOO_LARGE instead of wrapping.
+    const Py_ssize_t OFFSET_LIMIT "SW_OFFSET_LIMIT"
+    const signed char* sw_hex_value
+    const unsigned char* sw_uuid_pos
+    const uint64_t* sw_pow10_u64
 
-# Arrow's string, binary and list offsets are int32: a column's data in one batch never passes this many bytes
-# (elements, for lists). Every variable-length append checks it and fails with F_TOO_LARGE instead of wrapping.
-cdef Py_ssize_t OFFSET_LIMIT = 0x7FFFFFFF
 # Bytes appended to variable-length buffers by the value being decoded (the decoder resets it per value and counts
 # max(wire bytes, appended bytes) toward the batch limit, so expanding kernels close batches too).
 cdef Py_ssize_t appended = 0
@@ -222,13 +228,20 @@ cdef int text_int(const char* p, Py_ssize_t n, int64_t lo, int64_t hi, int64_t* 
         i = 1
     if i >= n:
         return F_INVALID
-    for j in range(i, n):
-        if not is_digit(p[j]):
-            return F_INVALID
-    for j in range(i, n):
-        if mag > (U64_MAX - <uint64_t>(p[j] - 48)) // 10:
-            return F_OUT_OF_RANGE
-        mag = mag * 10 + <uint64_t>(p[j] - 48)
+    if n - i <= 19:
+        # 19 digits stay below 2**64: no overflow check per digit
+        for j in range(i, n):
+            if <unsigned char>(p[j] - 48) > 9:
+                return F_INVALID
+            mag = mag * 10 + <uint64_t>(p[j] - 48)
+    else:
+        for j in range(i, n):
+            if not is_digit(p[j]):
+                return F_INVALID
+        for j in range(i, n):
+            if mag > (U64_MAX - <uint64_t>(p[j] - 48)) // 10:
+                return F_OUT_OF_RANGE
+            mag = mag * 10 + <uint64_t>(p[j] - 48)
     if neg:
         if mag > <uint64_t>I64_MAX + 1:
             return F_OUT_OF_RANGE
@@ -328,6 +341,7 @@ cdef int text_decimal(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) 
     cdef Py_ssize_t i = 0, whole_start, whole_end, frac_start = 0, frac_len = 0, k
     cdef bint neg = False, overflow = False
     cdef int128_t v = 0
+    cdef uint64_t u
     cdef int d
     if (n == 3 and memcmp(p, b"NaN", 3) == 0) or (n == 8 and memcmp(p, b"Infinity", 8) == 0) or \
             (n == 9 and memcmp(p, b"-Infinity", 9) == 0):
@@ -353,6 +367,14 @@ cdef int text_decimal(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) 
         return F_INVALID
     if frac_len > col.scale:
         return F_INVALID
+    if whole_end - whole_start + col.scale <= 18:
+        # at most 18 digits: the unscaled value fits an uint64, no 128-bit overflow check per digit
+        u = 0
+        for k in range(whole_start, whole_end):
+            u = u * 10 + <uint64_t>(p[k] - 48)
+        for k in range(frac_start, frac_start + frac_len):
+            u = u * 10 + <uint64_t>(p[k] - 48)
+        return decimal_store(col, idx, neg, <int128_t>(u * sw_pow10_u64[col.scale - frac_len]))
     for k in range(whole_start, whole_end + col.scale):
         if k < whole_end:
             d = p[k] - 48
@@ -687,33 +709,21 @@ cdef int interval_unit(const char* p, Py_ssize_t n) noexcept nogil:
 
 
 cdef inline int hex_value(char c) noexcept nogil:
-    if c >= 48 and c <= 57:
-        return c - 48
-    if c >= 97 and c <= 102:
-        return c - 87
-    if c >= 65 and c <= 70:
-        return c - 55
-    return -1
+    return sw_hex_value[<unsigned char>c]
 
 
 cdef int text_uuid(const char* p, Py_ssize_t n, unsigned char* out) noexcept nogil:
-    cdef Py_ssize_t i, k = 0
-    cdef int hi, lo
+    cdef int k, hi, lo, bad = 0
+    cdef const unsigned char* q = <const unsigned char*>p
     if n != 36 or p[8] != 45 or p[13] != 45 or p[18] != 45 or p[23] != 45:
         return F_INVALID
-    i = 0
-    while i < 36:
-        if i == 8 or i == 13 or i == 18 or i == 23:
-            i += 1
-            continue
-        hi = hex_value(p[i])
-        lo = hex_value(p[i + 1])
-        if hi < 0 or lo < 0:
-            return F_INVALID
-        out[k] = <unsigned char>(hi * 16 + lo)
-        k += 1
-        i += 2
-    return 0
+    # table lookups without a branch per character: a non-hex byte makes `bad` negative
+    for k in range(16):
+        hi = sw_hex_value[q[sw_uuid_pos[k]]]
+        lo = sw_hex_value[q[sw_uuid_pos[k] + 1]]
+        bad |= hi | lo
+        out[k] = <unsigned char>(((hi & 15) << 4) | (lo & 15))
+    return F_INVALID if bad < 0 else 0
 
 
 cdef int text_bytea(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
@@ -824,7 +834,7 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
                 else:
                     i += 1
             if q == 0:
-                rc = append_value(child, count, 0x74, p + start, i - start, order)
+                rc = decode_value(child, count, 0x74, p + start, i - start, order)
             else:
                 tmp = <char*>malloc(i - start)
                 if tmp == NULL:
@@ -838,7 +848,7 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
                     tlen += 1
                     j += 1
                 try:
-                    rc = append_value(child, count, 0x74, tmp, tlen, order)
+                    rc = decode_value(child, count, 0x74, tmp, tlen, order)
                 finally:
                     free(tmp)
             i += 1
@@ -854,7 +864,7 @@ cdef int text_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, in
                 set_null(child, count)
                 rc = 0
             else:
-                rc = append_value(child, count, 0x74, p + start, i - start, order)
+                rc = decode_value(child, count, 0x74, p + start, i - start, order)
         if rc:
             return rc
         count += 1
@@ -929,7 +939,7 @@ cdef int binary_array(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, 
             continue
         if length < 0 or n - pos < length:
             return F_INVALID
-        rc = append_value(child, count, 0x62, p + pos, length, order)
+        rc = decode_value(child, count, 0x62, p + pos, length, order)
         if rc:
             return rc
         pos += length
@@ -1248,7 +1258,7 @@ cdef int internal_varlena(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t
             rc = numeric_send_form(data, length, order, &send, &sendlen)
             if rc:
                 return rc
-            return append_value(col, idx, 0x62, send, sendlen, order)
+            return decode_value(col, idx, 0x62, send, sendlen, order)
         if kind == K_PGTEXT:
             if col.type_oid in VARLENA_TEXT_TYPES:
                 return render_text(col, idx, <const char*>data, length)
@@ -1258,7 +1268,7 @@ cdef int internal_varlena(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t
             except ValueFailure as failure:
                 return failure.code
             return render_text(col, idx, converted, len(converted))
-        return append_value(col, idx, 0x62, <const char*>data, length, order)
+        return decode_value(col, idx, 0x62, <const char*>data, length, order)
     finally:
         free(send)
         free(owned)
@@ -1301,7 +1311,7 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
             rc = swap_fields(p, n, _INTERVAL_FIELDS if kind == K_INTERVAL else _TIMETZ_FIELDS, order, swapped)
             if rc:
                 return rc
-            return append_value(col, idx, 0x62, swapped, n, order)
+            return decode_value(col, idx, 0x62, swapped, n, order)
         return internal_varlena(col, idx, p, n, order)
     if kind == K_UUID:
         if n != 16:
@@ -1360,7 +1370,7 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
     return 0
 
 
-cdef int append_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ssize_t n, int order) except -1:
+cdef int decode_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ssize_t n, int order) except -1:
     """Decode one non-NULL value into slot `idx` of a typed column; 0 or a failure code."""
     cdef int kind = col.kind, rc = 0
     cdef char* slot = col.data.data + idx * col.width if col.width else NULL
@@ -1845,7 +1855,7 @@ cdef int render_text(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) e
     return var_append(col, idx, out, len(out))
 
 
-cdef object storage_array(ColBuf* col, object spec, Py_ssize_t n):
+cdef object build_array(ColBuf* col, object spec, Py_ssize_t n):
     """The Arrow array of `n` values of a typed column; its buffers move to pyarrow."""
     cdef Py_ssize_t nulls = count_nulls(col.validity.data, n)
     cdef int kind = col.kind
@@ -1871,7 +1881,7 @@ cdef object storage_array(ColBuf* col, object spec, Py_ssize_t n):
     total = off[n]
     offsets = own(&col.offsets, (n + 1) * 4)
     if kind == K_ARRAY:
-        child = storage_array(col.child, spec.element, total)
+        child = build_array(col.child, spec.element, total)
         return pa.Array.from_buffers(typ, n, [validity, offsets], null_count=nulls, children=[child])
     data = own(&col.data, total)
     if kind == K_ENUM:
