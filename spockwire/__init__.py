@@ -16,11 +16,13 @@ from .model import ChangeBatch, Column, LogicalMessage, Relation, Truncate
 from .wire import load_implementation as _load_implementation
 from .wire.spock_messages import SpockRepairMode, SpockSyncEvent, spock_message
 from .connection.stream import connect  # noqa: E402 - pure Python; psycopg2 is imported at the first call
+from .snapshot.reader import ReadProgress, iter_table_batches, read_table
 
 _impl = _load_implementation()
 
 
 Decoder = _impl.Decoder
+CopyBinaryDecoder = _impl.CopyBinaryDecoder
 __impl__: str = _impl.IMPLEMENTATION
 __version__ = "0.1.0"
 
@@ -28,4 +30,5 @@ __all__ = [
     "Decoder", "connect", "ChangeBatch", "Truncate", "LogicalMessage", "Relation", "Column",
     "SpockwireError", "ProtocolError", "TruncatedMessage", "FrameError", "INFINITY", "NEG_INFINITY", "PgInfinity",
     "spock_message", "SpockSyncEvent", "SpockRepairMode", "__impl__", "__version__",
+    "read_table", "iter_table_batches", "ReadProgress", "CopyBinaryDecoder",
 ]

@@ -1,5 +1,7 @@
 from types import ModuleType
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
+
+import pyarrow
 
 from .errors import FrameError as FrameError, ProtocolError as ProtocolError, SpockwireError as SpockwireError, \
     TruncatedMessage as TruncatedMessage
@@ -7,7 +9,8 @@ from .model import ChangeBatch as ChangeBatch, Column as Column, LogicalMessage 
     Relation as Relation, Truncate as Truncate
 from .connection.stream import ReplicationStream
 from .export.python import INFINITY as INFINITY, NEG_INFINITY as NEG_INFINITY, PgInfinity as PgInfinity
-from .wire._decoder import Decoder as Decoder
+from .wire._decoder import CopyBinaryDecoder as CopyBinaryDecoder, Decoder as Decoder
+from .snapshot.reader import ReadProgress as ReadProgress
 from .wire.spock_messages import SpockRepairMode as SpockRepairMode, SpockSyncEvent as SpockSyncEvent, \
     spock_message as spock_message
 
@@ -31,3 +34,25 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
             on_unrepresentable: Literal["text", "error"] = "text",
             column_types: Mapping[str, Literal["text", "raw"]] | None = None) -> ReplicationStream:
     """Open a replication stream on `slot` and return it, streaming (spockwire.connection.connect)."""
+
+
+def read_table(dsn: str, table: str | tuple[str, str], *, workers: int = 1, snapshot: str | None = None,
+               columns: Sequence[str] | None = None, types: Literal["typed", "raw"] = "typed",
+               where: str | None = None, numeric: Literal["decimal", "text"] = "decimal",
+               on_unrepresentable: Literal["text", "error"] = "text",
+               column_types: Mapping[str, Literal["text", "raw"]] | None = None, type_catalog: Any = "auto",
+               batch_rows: int | None = None, batch_bytes: int | None = None,
+               connect_kwargs: Mapping[str, Any] | None = None,
+               progress: Callable[[ReadProgress], None] | None = None) -> pyarrow.Table:
+    """Every row of a table under one snapshot, by binary COPY over `workers` connections (spockwire.snapshot)."""
+
+
+def iter_table_batches(dsn: str, table: str | tuple[str, str], *, workers: int = 1, snapshot: str | None = None,
+                       columns: Sequence[str] | None = None, types: Literal["typed", "raw"] = "typed",
+                       where: str | None = None, numeric: Literal["decimal", "text"] = "decimal",
+                       on_unrepresentable: Literal["text", "error"] = "text",
+                       column_types: Mapping[str, Literal["text", "raw"]] | None = None,
+                       type_catalog: Any = "auto", batch_rows: int | None = None, batch_bytes: int | None = None,
+                       connect_kwargs: Mapping[str, Any] | None = None,
+                       progress: Callable[[ReadProgress], None] | None = None) -> Iterator[pyarrow.RecordBatch]:
+    """The rows of a table as record batches in bounded memory (see read_table)."""

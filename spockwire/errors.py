@@ -6,7 +6,8 @@ class with the same text at the same offset.
 """
 from __future__ import annotations
 
-__all__ = ["SpockwireError", "ProtocolError", "TruncatedMessage", "FrameError", "protocol_error", "truncated"]
+__all__ = ["SpockwireError", "ProtocolError", "TruncatedMessage", "FrameError", "protocol_error", "truncated",
+           "copy_truncated", "copy_error"]
 
 
 class SpockwireError(Exception):
@@ -62,3 +63,20 @@ def protocol_error(msg_type: str | None, offset: int, problem: str, column: int 
     """Build a (non-truncation) protocol error both implementations raise."""
     text = f"bad {_where(msg_type, offset)}{_column_text(column, column_name)}: {problem}"
     return ProtocolError(text, msg_type=msg_type, offset=offset, column=column, column_name=column_name)
+
+
+def copy_truncated(offset: int, needed: int, remaining: int, what: str, column: int | None = None,
+                   column_name: str | None = None) -> TruncatedMessage:
+    """A binary COPY stream (`COPY ... TO STDOUT (FORMAT binary)`) that ended inside a header or a row; `offset`
+    counts from the first byte of the COPY data."""
+    text = (f"truncated COPY data at byte {offset}: need {needed} bytes for {what}"
+            f"{_column_text(column, column_name)}, {remaining} remaining")
+    return TruncatedMessage(text, offset=offset, needed=needed, remaining=remaining, column=column,
+                            column_name=column_name)
+
+
+def copy_error(offset: int, problem: str, column: int | None = None,
+               column_name: str | None = None) -> ProtocolError:
+    """Bytes of a binary COPY stream that are not what the format allows there."""
+    text = f"bad COPY data at byte {offset}{_column_text(column, column_name)}: {problem}"
+    return ProtocolError(text, offset=offset, column=column, column_name=column_name)

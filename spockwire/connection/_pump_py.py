@@ -14,7 +14,7 @@ import time
 
 from .errors import ConnectionLost, ReplicationError, classify
 
-__all__ = ["FramePump", "CopyPump", "IMPLEMENTATION", "bind_libpq"]
+__all__ = ["FramePump", "CopyPump", "CopyDataPump", "IMPLEMENTATION", "bind_libpq"]
 
 IMPLEMENTATION = "python"
 
@@ -488,3 +488,17 @@ class CopyPump(_BatchPump):
                 return False
         self._deferred = None
         return True
+
+
+class CopyDataPump(CopyPump):
+    """Runs one ``COPY ... TO STDOUT`` at a time and hands out its data as sent (the CopyData messages' bytes
+    joined, about `max_batch_bytes` per read). See the Cython twin."""
+
+    def _row(self, msg: bytes, out: bytearray) -> None:
+        self.rows += 1
+        if self.rows <= self._skip:   # cancel() drops what still arrives
+            self.skipped += 1
+            return
+        out += msg
+        self.messages += 1
+        self.bytes += len(msg)

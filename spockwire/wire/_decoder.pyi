@@ -1,6 +1,8 @@
 """Type description of the decoder; spockwire.wire._decoder (Cython) and _decoder_py (pure Python) both follow it."""
 from typing import Any, Literal, Mapping, Sequence
 
+import pyarrow
+
 from ..model import ChangeBatch, LogicalMessage, Relation, Truncate
 from ..values.catalog import TypeCatalog
 
@@ -9,6 +11,8 @@ PROTOCOLS: tuple[str, str, str]
 DEFAULT_BATCH_ROWS: int
 MAX_BATCH_BYTES: int
 UNREPRESENTABLE_CHOICES: tuple[str, str]
+DEFAULT_COPY_BATCH_ROWS: int
+DEFAULT_COPY_BATCH_BYTES: int
 
 class Decoder:
     protocol: str
@@ -43,3 +47,34 @@ class Decoder:
     def feed(self, payload: Any, lsn: int | None = None) -> None: ...
     def feed_frames(self, buffer: Any, *, partial_ok: bool = False) -> int: ...
     def drain(self) -> list[ChangeBatch | Truncate | LogicalMessage]: ...
+
+
+class CopyBinaryDecoder:
+    """The data of one `COPY ... TO STDOUT (FORMAT binary)` of `relation`'s columns, as Arrow record batches."""
+    relation: Relation
+    specs: tuple[Any, ...]
+    type_catalog: TypeCatalog | None
+    on_unrepresentable: str
+    batch_rows: int
+    batch_bytes: int
+    offset: int
+    rows: int
+    def __init__(
+        self,
+        relation: Relation,
+        *,
+        types: Literal["typed", "raw"] = "typed",
+        type_catalog: TypeCatalog | None = None,
+        numeric: Literal["decimal", "text"] = "decimal",
+        on_unrepresentable: Literal["text", "error"] = "text",
+        column_types: Mapping[str, Literal["text", "raw"]] | None = None,
+        batch_rows: int = ...,
+        batch_bytes: int = ...,
+    ) -> None: ...
+    @property
+    def done(self) -> bool: ...
+    @property
+    def pending_rows(self) -> int: ...
+    def feed(self, data: Any) -> None: ...
+    def drain(self) -> list[pyarrow.RecordBatch]: ...
+    def finish(self) -> list[pyarrow.RecordBatch]: ...

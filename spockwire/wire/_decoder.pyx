@@ -13,7 +13,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import FrameError, ProtocolError, protocol_error, truncated
+from ..errors import FrameError, ProtocolError, copy_error, copy_truncated, protocol_error, truncated
 from ..export.arrow import finish_batch
 from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_EPOCH_OFFSET_US, \
     pg_timestamp_to_datetime
@@ -27,7 +27,7 @@ include "_cursor.pxi"
 include "_buffers.pxi"
 include "_values.pxi"
 
-__all__ = ["Decoder", "IMPLEMENTATION"]
+__all__ = ["Decoder", "CopyBinaryDecoder", "IMPLEMENTATION"]
 
 IMPLEMENTATION = "c"
 
@@ -1426,3 +1426,6 @@ def _byte_order(dict params):
     if value is None:
         return -1
     return 1 if value.strip().lower() in ("t", "true", "1", "on", "yes") else 0
+
+
+include "_copy.pxi"
