@@ -8,7 +8,7 @@ from typing import Any
 
 from ..ingest.worker import IngestConfig, IngestWorker
 from .common import COLUMN_TYPE, COMMON_SETTINGS, ON_UNREPRESENTABLE, STAGING_SETTINGS
-from .config import Setting, add_settings, parse_size, resolve
+from .config import Setting, add_settings, parse_size, positive_int, resolve
 from .stream_settings import STREAM_SETTINGS, names
 
 NAME = "ingest"
@@ -31,8 +31,14 @@ IDLE_EXIT = Setting("idle_exit", "stop by itself after this many seconds in whic
 HEARTBEAT_INTERVAL = Setting("heartbeat_interval", "write a heartbeat (a non-transactional logical message, never "
                              "staged) this often, so the slot moves even when the server writes nothing at all",
                              type=float, metavar="SECONDS")
+SNAPSHOT = Setting("snapshot", "initial: create the slot with an exported snapshot and stage every replicated "
+                   "table's rows (insert rows at the slot's consistent point) before streaming; never: changes only",
+                   choices=("initial", "never"), default_text="initial when --create-slot creates the slot")
+SNAPSHOT_WORKERS = Setting("snapshot_workers", "connections reading the initial snapshot (tables and block ranges "
+                           "of large tables)", type=positive_int, default=1, metavar="N")
 SETTINGS = (*COMMON_SETTINGS, COLUMN_TYPE, ON_UNREPRESENTABLE, *STREAM_SETTINGS, *STAGING_SETTINGS, FLUSH_SECONDS,
-            SPILL_BYTES, METRICS_PORT, METRICS_HOST, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT, HEARTBEAT_INTERVAL)
+            SPILL_BYTES, METRICS_PORT, METRICS_HOST, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT, HEARTBEAT_INTERVAL,
+            SNAPSHOT, SNAPSHOT_WORKERS)
 
 
 def register(subparsers: Any) -> None:
@@ -67,5 +73,5 @@ def run(args: argparse.Namespace) -> int:
         flush_bytes=cfg.flush_bytes, flush_seconds=cfg.flush_seconds, spill_bytes=cfg.spill_bytes,
         metrics_port=cfg.metrics_port, metrics_host=cfg.metrics_host, progress=cfg.progress,
         max_runtime=cfg.max_runtime, idle_exit=cfg.idle_exit, impl=cfg.impl, transport=cfg.transport,
-        heartbeat_interval=cfg.heartbeat_interval)
+        heartbeat_interval=cfg.heartbeat_interval, snapshot=cfg.snapshot, snapshot_workers=cfg.snapshot_workers)
     return IngestWorker(config).run()

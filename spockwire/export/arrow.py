@@ -25,7 +25,7 @@ def change_fields() -> list[pa.Field]:
         pa.field("_change_type", pa.string(), nullable=False),
         pa.field("_commit_lsn", pa.uint64(), nullable=False),
         pa.field("_commit_ts", _TS, nullable=False),
-        pa.field("_xid", pa.uint32(), nullable=False),
+        pa.field("_xid", pa.uint32()),   # null only in snapshot rows (docs/staging.md)
         pa.field("_seq", pa.int64(), nullable=False),
         pa.field("_origin", pa.string()),
         pa.field("_unchanged_toast", pa.list_(pa.string())),

@@ -179,6 +179,7 @@ class StagingWriter:
         self._truncates: list[dict[str, Any]] = []
         self._messages: list[LogicalMessage] = []
         self._new_versions: list[SchemaVersion] = []
+        self._pending_files: list[dict[str, Any]] = []   # snapshot files written, published by the next commit
         self._rows = 0
         self._bytes = 0
         self._oldest: float | None = None
@@ -315,6 +316,86 @@ class StagingWriter:
         self._touch()
         return 1
 
+    # ------------------------------------------------------------------ snapshot files
+    def stage_snapshot_table(self, relation: Relation, batches: Iterable[pa.RecordBatch]) -> int:
+        """Write the snapshot rows of one table (change batches, as `spockwire.snapshot.initial.snapshot_rows`
+        makes them) into one Parquet file, a row group at a time, so memory stays bounded whatever the table's
+        size. The file is durable on return but not data yet: the next `commit` names it in its log entry
+        (docs/staging.md, "Snapshot rows"); a crash before that leaves a file the next writer removes.
+        Returns the rows written (0: no file)."""
+        self._check_open()
+        table = relation.qualified_name
+        if any(t == table for t, _ in self._groups) or any(f["table"] == table for f in self._pending_files):
+            raise StagingError(f"{table}: snapshot rows must be staged before any other change of the table in "
+                               "the same commit, and once")
+        number = self.state.commit + 1
+        writer: pq.ParquetWriter | None = None
+        tmp: Path | None = None
+        sv: SchemaVersion | None = None
+        stored_schema: pa.Schema | None = None
+        rows = 0
+        first: tuple[int, int] | None = None
+        last: tuple[int, int] | None = None
+        try:
+            for rb in batches:
+                if rb.num_rows == 0:
+                    continue
+                if sv is None:
+                    sv = self._version_for(relation, rb.schema)
+                    rel_dir = f"{table_folder_name(sv.namespace, sv.name)}/v{sv.schema_version}"
+                    folder = _ensure_dir(self.out_dir, rel_dir)
+                    lo, _ = _batch_bounds(rb)
+                    name = part_name(lo[0], lo[0], number)
+                    tmp = folder / f".{name}.tmp"
+                stored = store_batch(rb.replace_schema_metadata(_file_metadata(sv)))
+                if writer is None:
+                    stored_schema = stored.schema
+                    writer = pq.ParquetWriter(str(tmp), stored_schema, compression=self.compression
+                                              if self.compression != "none" else None)
+                elif stored.schema != stored_schema:
+                    stored = stored.cast(stored_schema)
+                writer.write_batch(stored)
+                lo, hi = _batch_bounds(rb)
+                first = lo if first is None else min(first, lo)
+                last = _max_key(last, hi)
+                rows += rb.num_rows
+            if writer is None:
+                return 0
+            writer.close()
+            writer = None
+            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            final = tmp.parent / tmp.name[1:-len(".tmp")]
+            if last[0] != first[0]:
+                final = tmp.parent / part_name(first[0], last[0], number)
+            os.replace(tmp, final)
+            _fsync_dir(final.parent)
+        except BaseException as exc:
+            if writer is not None:
+                try:
+                    writer.close()
+                except Exception:  # noqa: BLE001 - the file is removed anyway
+                    pass
+            if tmp is not None:
+                try:
+                    tmp.unlink()
+                except OSError:
+                    pass
+            if isinstance(exc, OSError):
+                raise StagingError(f"writing the snapshot of {table} to {self.out_dir} failed: {_why(exc)}") from exc
+            raise
+        rel = final.relative_to(self.out_dir).as_posix()
+        self._pending_files.append({
+            "path": rel, "table": table, "relid": sv.relid, "schema_version": sv.schema_version,
+            "first_commit_lsn": first[0], "last_commit_lsn": last[0], "first_seq": first[1], "last_seq": last[1],
+            "rows": rows, "bytes": final.stat().st_size, "change_counts": {"insert": rows},
+        })
+        self._hwm[table] = _max_key(self._hwm.get(table), last)
+        return rows
+
     # ------------------------------------------------------------------ committing
     def _encode_parquet(self, table: pa.Table) -> pa.Buffer:
         sink = pa.BufferOutputStream()
@@ -345,12 +426,13 @@ class StagingWriter:
             pa.array([m.origin for m in ms], pa.string()),
         ], schema=MESSAGES_SCHEMA)
 
-    def commit(self, committed_lsn: int) -> dict[str, Any] | None:
+    def commit(self, committed_lsn: int, *, snapshot: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Write everything buffered, make it durable, then append the log entry that publishes it.
 
         `committed_lsn` is the decoder's `committed_lsn` read after the events were added; the entry records the
         larger of it and the previous entry's. Returns the log entry (a dict, as written), or None when there was
         nothing to write and the LSN did not move. On failure raises StagingError and commits nothing.
+        `snapshot` (a JSON object) is recorded as the entry's "snapshot": the entry publishes snapshot rows.
         """
         self._check_open()
         lsn = int(committed_lsn)
@@ -358,7 +440,8 @@ class StagingWriter:
             raise ValueError(f"committed_lsn must not be negative, got {lsn}")
         previous = self.state.committed_lsn
         new_lsn = max(lsn, previous)
-        if not self._groups and not self._truncates and not self._messages and new_lsn == previous:
+        if (not self._groups and not self._truncates and not self._messages and not self._pending_files
+                and snapshot is None and new_lsn == previous):
             return None
         number = self.state.commit + 1
         created: list[Path] = []
@@ -366,7 +449,7 @@ class StagingWriter:
         log_final: Path | None = None
         step = "writing the Parquet files"
         try:
-            files = []
+            files = list(self._pending_files)
             for (table, version), g in self._groups.items():
                 sv = g.schema
                 data = self._encode_parquet(pa.Table.from_batches([store_batch(b) for b in g.batches]))
@@ -403,6 +486,7 @@ class StagingWriter:
                 **({"source": self.source.to_json()} if self.source is not None else {}),
                 "files": files, "truncates": list(self._truncates), "messages": messages,
                 "relations": [sv.to_json() for sv in self._new_versions],
+                **({"snapshot": snapshot} if snapshot is not None else {}),
             }
             step = "writing the log entry"
             raw = (json.dumps(entry, indent=1, ensure_ascii=False) + "\n").encode("utf-8", "surrogateescape")

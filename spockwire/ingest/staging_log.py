@@ -244,6 +244,7 @@ class StagingState:
     commit: int = 0
     protocol: str | None = None
     source: StagingSource | None = None
+    snapshots: list[dict[str, Any]] = field(default_factory=list)   # the "snapshot" records, in commit order
     removed: list[Path] = field(default_factory=list)
 
     @property
@@ -286,6 +287,8 @@ class StagingState:
                 lsn = int(m["last_nontransactional_lsn"])
                 if self.nontransactional_high_water is None or lsn > self.nontransactional_high_water:
                     self.nontransactional_high_water = lsn
+        if entry.get("snapshot"):
+            self.snapshots.append(dict(entry["snapshot"], commit=number))
         self.committed_lsn = max(self.committed_lsn, int(entry["committed_lsn"]))
         self.commit = number
         self.protocol = entry.get("protocol", self.protocol)

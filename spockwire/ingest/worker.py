@@ -71,6 +71,8 @@ class IngestConfig:
     impl: str | None = None               # "c" | "python"; default: the one `import spockwire` selected
     transport: str = "replication"        # "replication" (low latency) | "sql" (catch-up throughput)
     heartbeat_interval: float | None = None  # write a heartbeat message this often (servers that write nothing)
+    snapshot: str | None = None           # "initial" | "never"; None: "initial" when this run creates the slot
+    snapshot_workers: int = 1             # connections reading the snapshot (tables and block ranges)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -89,6 +91,7 @@ class Metrics:
         self.started = time.time()
         self.reconnects = 0
         self.errors_total = 0
+        self.snapshot: Any = None          # SnapshotProgress while / after an initial snapshot
 
     def record_commit(self, entry: dict[str, Any]) -> None:
         with self.lock:
@@ -121,6 +124,18 @@ class Metrics:
                 ("spockwire_lag_bytes", "gauge", "Server WAL position minus the acknowledged LSN.", self.lag_bytes),
                 ("spockwire_uptime_seconds", "gauge", "Seconds since the worker started.", time.time() - self.started),
             ]
+            snap = self.snapshot
+            if snap is not None:
+                eta = snap.eta_seconds()
+                gauges += [
+                    ("spockwire_snapshot_rows_total", "counter", "Snapshot rows read.", snap.rows),
+                    ("spockwire_snapshot_rows_estimated", "gauge", "Rows of the snapshot's tables by pg_class "
+                     "estimates.", snap.estimated_rows),
+                    ("spockwire_snapshot_tables_done", "gauge", "Snapshot tables read completely.", snap.tables_done),
+                    ("spockwire_snapshot_tables_total", "gauge", "Tables the snapshot reads.", snap.tables_total),
+                    ("spockwire_snapshot_eta_seconds", "gauge", "Estimated seconds until the snapshot is read "
+                     "(-1: unknown).", -1 if eta is None else round(eta, 1)),
+                ]
             for name, kind, help_text, value in gauges:
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
             return "\n".join(lines) + "\n"
@@ -222,6 +237,48 @@ class ProgressLine:
     def _filter(self, record: logging.LogRecord) -> bool:
         self.clear()
         return True
+
+
+class _Stopped(Exception):
+    """The worker was asked to stop while it read a snapshot."""
+
+
+def _write_durably(path: Path, text: str) -> None:
+    from .staging_log import _fsync_dir, _write_durable
+
+    tmp = path.parent / f".{path.name}.tmp"
+    _write_durable(tmp, text.encode())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _remove_durably(path: Path) -> None:
+    from .staging_log import _fsync_dir
+
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    _fsync_dir(path.parent)
+
+
+def _drop_when_inactive(dsn: str, slot: str, drop_slot: Any, slot_info: Any, timeout: float = 60.0) -> None:
+    """Drop `slot` once no connection uses it (the walsender of a killed worker ends when the server notices)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = slot_info(dsn, slot)
+        if info is None:
+            return
+        if not info.active:
+            try:
+                drop_slot(dsn, slot)
+                return
+            except Exception as exc:  # noqa: BLE001 - it became active again in between: retry until the deadline
+                if time.monotonic() > deadline:
+                    raise IngestError(f"cannot drop slot {slot!r} of an unfinished snapshot: {exc}") from exc
+        elif time.monotonic() > deadline:
+            raise IngestError(f"slot {slot!r} of an unfinished snapshot is still in use (pid {info.active_pid})")
+        time.sleep(0.1)
 
 
 def _isatty(out: TextIO) -> bool:
@@ -327,6 +384,14 @@ class IngestWorker:
         writer = StagingWriter(cfg.out, protocol, compression=cfg.compression, max_rows=cfg.flush_rows,
                                max_bytes=cfg.flush_bytes, max_age=cfg.flush_seconds, source=source)
         self.writer = writer
+        try:
+            self._initial_snapshot(writer)
+        except BaseException:
+            writer.close()
+            raise
+        if self._stop.is_set():
+            writer.close()
+            return 0
         resume = writer.committed_lsn
         log.info(json.dumps({"event": "start", "slot": cfg.slot, "plugin": cfg.plugin, "out": cfg.out,
                              # null: nothing staged yet, the stream starts at the slot's confirmed position
@@ -381,6 +446,97 @@ class IngestWorker:
                 writer.close()
                 if self.type_catalog is not None:
                     self.type_catalog.close()
+
+    # ------------------------------------------------------------------ initial snapshot
+    def _snapshot_wanted(self) -> bool:
+        cfg = self.config
+        if cfg.snapshot not in (None, "initial", "never"):
+            raise IngestError(f"snapshot must be 'initial' or 'never', got {cfg.snapshot!r}")
+        return cfg.snapshot == "initial" or (cfg.snapshot is None and cfg.create_slot)
+
+    def _initial_snapshot(self, writer: StagingWriter) -> None:
+        """Create the slot with an exported snapshot and stage every replicated table's rows at its consistent
+        point, unless the folder already holds a snapshot (or a stream staged without one).
+
+        Crash safety (docs/staging.md, "Snapshot rows"): the snapshot's files are published by one staging
+        commit. A marker written before the slot is created says a snapshot is under way; a worker that finds the
+        marker and no snapshot in the log drops the slot (nothing was ever streamed from it or acknowledged) and
+        starts again with a new slot and a new snapshot: the exported snapshot died with the crashed worker's
+        connection, and the old slot's consistent point cannot be matched by any other snapshot.
+        """
+        cfg = self.config
+        if not self._snapshot_wanted():
+            return
+        from ..connection.slots import drop_slot, slot_info
+        from ..snapshot.initial import (SnapshotError, SnapshotProgress, create_slot_with_snapshot,
+                                        replicated_tables, stage_initial_snapshot)
+
+        marker = Path(cfg.out) / "_spockwire" / "snapshot-pending.json"
+        if writer.state.snapshots:
+            _remove_durably(marker)
+            return
+        if writer.committed_lsn:
+            if cfg.snapshot == "initial":
+                raise IngestError(f"staging folder {cfg.out} holds changes streamed without an initial snapshot; "
+                                  "a snapshot now would not match them (use a new folder, or --snapshot never)")
+            return
+        existing = slot_info(cfg.dsn, cfg.slot)
+        if marker.exists():
+            try:
+                pending = json.loads(marker.read_text())
+            except (OSError, ValueError):
+                pending = {}
+            if pending.get("slot") not in (None, cfg.slot):
+                raise IngestError(f"staging folder {cfg.out} holds an unfinished snapshot of slot "
+                                  f"{pending.get('slot')!r}, not {cfg.slot!r}")
+            if existing is not None:
+                log.info(json.dumps({"event": "snapshot_discarded", "slot": cfg.slot,
+                                     "reason": "an earlier snapshot did not finish; its slot is dropped and "
+                                               "created again with a new snapshot"}))
+                _drop_when_inactive(cfg.dsn, cfg.slot, drop_slot, slot_info)
+                existing = None
+        if existing is not None:
+            if cfg.snapshot == "initial":
+                raise IngestError(f"replication slot {cfg.slot!r} already exists: an initial snapshot needs a "
+                                  "slot created with it (drop the slot, or use --snapshot never)")
+            return
+        _write_durably(marker, json.dumps({"slot": cfg.slot, "plugin": cfg.plugin,
+                                           "started_at": time.time()}) + "\n")
+        progress = SnapshotProgress()
+        self.metrics.snapshot = progress
+
+        def on_progress(p: Any) -> None:
+            if self._stop.is_set():
+                raise _Stopped()
+            if self.progress_line is not None:
+                self.progress_line.update(p.line())
+
+        try:
+            with create_slot_with_snapshot(cfg.dsn, cfg.slot, cfg.plugin, two_phase=cfg.two_phase,
+                                           connect_kwargs=cfg.extra.get("connect_kwargs")) as exported:
+                tables = replicated_tables(cfg.dsn, cfg.plugin, publication=cfg.publication,
+                                           replication_sets=cfg.replication_sets, snapshot=exported.name,
+                                           connect_kwargs=cfg.extra.get("connect_kwargs"))
+                log.info(json.dumps({"event": "snapshot_start", "slot": cfg.slot,
+                                     "consistent_point": exported.consistent_point_text,
+                                     "tables": [t.name for t in tables],
+                                     "estimated_rows": sum(max(t.estimated_rows, 0) for t in tables)}))
+                entry = stage_initial_snapshot(writer, cfg.dsn, exported, tables, workers=cfg.snapshot_workers,
+                                               types=cfg.types, progress=progress, on_progress=on_progress,
+                                               connect_kwargs=cfg.extra.get("connect_kwargs"))
+        except _Stopped:
+            log.info(json.dumps({"event": "snapshot_stopped", "slot": cfg.slot}))
+            return
+        except SnapshotError as exc:
+            raise IngestError(str(exc)) from exc
+        if entry is not None:
+            self.metrics.record_commit(entry)
+        _remove_durably(marker)
+        if self.progress_line is not None:
+            self.progress_line.update(progress.line(), final=True)
+        log.info(json.dumps({"event": "snapshot_done", "commit": entry["commit"] if entry else None,
+                             "consistent_point": entry["committed_lsn_text"] if entry else None,
+                             "tables": progress.tables_done, "rows": progress.rows}))
 
     def _messages_received(self) -> int:
         """Messages the stream has received so far (0 for a stream that does not count them)."""
