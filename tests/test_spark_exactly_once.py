@@ -1,10 +1,11 @@
 """Exactly-once under kill -9 of the Spark driver: the pipeline (`python -m spockwire.spark.job`: the spockwire
-source, one slot, foreachBatch + apply_changes into a Delta table per source table) runs as a child process in a
-process group of its own, while writers keep changing the source tables; the whole group (the Python driver, its
-JVM, Spark's Python workers) is killed with SIGKILL at random moments, some right after a micro-batch reached the
-Delta tables (before Spark's checkpoint records it), and the same command is started again from the checkpoint.
-At the end every Delta table must equal its source table exactly (the oracle is the source tables, read with
-psycopg2)."""
+source starting with the initial snapshot, one slot, foreachBatch + apply_changes into a Delta table per source
+table) runs as a child process in a process group of its own, while writers keep changing the source tables. The
+group (the Python driver and its JVM) is killed with SIGKILL at random moments -- during the snapshot, which then
+starts over, and during streaming; some right after a micro-batch reached the Delta tables, before Spark's
+checkpoint records it -- every process of the driver must be gone, and the same command is started again from the
+checkpoint. At the end every Delta table must equal its source table exactly (the oracle is the source tables,
+read with psycopg2)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.pg, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 KILLS = 10
+SNAPSHOT_KILLS = 3       # the first kills land during the snapshot (which starts over each time)
 TABLES = {"public.orders": ("id",), "public.accounts": ("id",)}
 DDL = """
 CREATE TABLE orders (id int PRIMARY KEY, qty int, price numeric(12,2), note text, tags text[], placed timestamptz);
@@ -69,14 +71,14 @@ def _writer(db, rng: random.Random, stop: threading.Event, counter: list[int]) -
                                 " ON CONFLICT (id) DO UPDATE SET owner = 'again'", (next_id, next_id + 300))
             conn.commit()
             counter[0] += 1
-            time.sleep(rng.uniform(0.0, 0.03))
+            time.sleep(rng.uniform(0.02, 0.08))
     finally:
         conn.close()
 
 
-def _group_alive(pgid: int) -> list[int]:
-    """Processes of the process group `pgid` still alive (zombies excluded)."""
-    alive = []
+def _processes() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, process group, state) of every process (zombies included)."""
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -85,9 +87,26 @@ def _group_alive(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(entry))
-    return alive
+        found[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+    return found
+
+
+def _descendants(pid: int) -> set[int]:
+    procs = _processes()
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        for child, (ppid, _pgid, _state) in procs.items():
+            if ppid == parent and child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pids: set[int], pgid: int) -> list[int]:
+    """Of `pids` and the members of process group `pgid`, those still running (zombies excluded)."""
+    return sorted(p for p, (_ppid, group, state) in _processes().items()
+                  if (p in pids or group == pgid) and state != "Z")
 
 
 class Job:
@@ -96,7 +115,8 @@ class Job:
     def __init__(self, db, work: Path, extra: list[str]) -> None:
         cmd = [sys.executable, "-m", "spockwire.spark.job", "--dsn", db.dsn, "--slot", f"{db.name}_s"[:63],
                "--publication", "pub", "--target", str(work / "delta"), "--checkpoint", str(work / "ck"),
-               "--master", "local[1]", "--max-changes-per-batch", "400"]
+               "--master", "local[1]", "--max-changes-per-batch", "400", "--starting-position", "snapshot",
+               "--option", "snapshotChunkPages=8", "--option", "snapshotChunksPerBatch=3"]
         for table, keys in TABLES.items():
             cmd += ["--table", f"{table}={','.join(keys)}"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -125,13 +145,16 @@ class Job:
         return False
 
     def kill_group(self) -> None:
+        """SIGKILL to the driver's process group (the Python driver and its JVM); Spark's Python worker daemons
+        (which put themselves in groups of their own) must follow their JVM by themselves."""
+        family = _descendants(self.proc.pid)
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(30)
-        deadline = time.monotonic() + 20
-        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30
+        while _alive(family, self.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        left = _group_alive(self.proc.pid)
-        assert not left, f"processes of the killed driver's group still alive: {left}"
+        left = _alive(family, self.proc.pid)
+        assert not left, f"processes of the killed driver still alive: {left}"
         self.reader.join(10)
         self.log.close()
 
@@ -167,7 +190,6 @@ def _delta(path: Path, names: list[str]) -> dict:
 def test_kill_9_the_driver_at_random_moments_then_delta_equals_source(pg_db, tmp_path):
     rng = random.Random(int(os.environ.get("SPOCKWIRE_KILL_SEED", "14")))
     pg_db.execute(DDL)
-    pg_db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (f"{pg_db.name}_s"[:63],))
     pg_db.execute("INSERT INTO orders SELECT g, g % 50, g * 1.5, CASE WHEN g % 10 = 0 THEN repeat('t', 3000) END, "
                   "ARRAY['i'], now() FROM generate_series(1, 3000) g")
     pg_db.execute("INSERT INTO accounts SELECT g, 'owner ' || g, g * 2.25, DATE '2020-01-01' + g "
@@ -183,16 +205,25 @@ def test_kill_9_the_driver_at_random_moments_then_delta_equals_source(pg_db, tmp
             assert job.wait_for("started", 300), (tmp_path / "job.log").read_text()[-3000:]
             # every run applies at least one micro-batch before it dies, so the campaign moves on
             assert job.wait_for("batch", 300), (tmp_path / "job.log").read_text()[-3000:]
-            if i % 2:
-                # right after the next micro-batch reached the Delta tables: before or while Spark records it
-                job.wait_for("batch", 60, after=len(job.lines))
-                time.sleep(rng.uniform(0.0, 0.2))
-                moment = "right after a batch was applied"
+            if i < SNAPSHOT_KILLS:
+                first = [line for line in job.lines if "batch" in line][0]
+                assert first["snapshot_rows"] > 0, first
+                time.sleep(rng.uniform(0.0, 1.5))
+                moment = "during the snapshot"
             else:
-                time.sleep(rng.uniform(0.0, 4.0))
-                moment = "at a random moment"
+                # streaming: once the snapshot is through (a batch of changes only)
+                while not any(sum(line.get("rows", {}).values()) and not line["snapshot_rows"] for line in job.lines):
+                    assert job.wait_for("batch", 300, after=len(job.lines)), (tmp_path / "job.log").read_text()[-3000:]
+                if i % 2:
+                    # right after the next micro-batch reached the Delta tables: before or while Spark records it
+                    job.wait_for("batch", 60, after=len(job.lines))
+                    time.sleep(rng.uniform(0.0, 0.2))
+                    moment = "right after a batch was applied"
+                else:
+                    time.sleep(rng.uniform(0.0, 4.0))
+                    moment = "at a random moment while streaming"
             job.kill_group()
-            kills.append((moment, sum("batch" in line for line in job.lines)))
+            kills.append((moment, [line.get("snapshot_rows") for line in job.lines if "batch" in line]))
     finally:
         stop.set()
         writer.join()
@@ -202,7 +233,7 @@ def test_kill_9_the_driver_at_random_moments_then_delta_equals_source(pg_db, tmp
     assert final.proc.wait(400) == 0, (tmp_path / "job.log").read_text()[-3000:]
     final.reader.join(10)
     assert any("caught_up" in line for line in final.lines)
-    assert len(kills) == KILLS and sum(b for _, b in kills) > 0, kills
+    assert len(kills) == KILLS and sum(m == "during the snapshot" for m, _ in kills) == SNAPSHOT_KILLS, kills
     assert commits[0] > 100, commits
     for table in TABLES:
         source, names = _source(pg_db, table)

@@ -154,17 +154,25 @@ def run_spark(cfg: argparse.Namespace, out: TextIO) -> int:
         lock = threading.Lock()
         totals = {t: 0 for t in TABLES}
         batches: list[BatchReport] = []
-        first_batch: list[float] = []
+        marks: dict[str, float] = {}
+        snapshot_rows = [0]
 
         def on_batch(b: BatchReport) -> None:
             with lock:
-                if not first_batch:
-                    first_batch.append(time.monotonic() - b.seconds)
+                now = time.monotonic()
                 batches.append(b)
                 for t, n in b.rows.items():
                     totals[t] += n
+                if b.snapshot_rows:
+                    snapshot_rows[0] += b.snapshot_rows
+                    marks.setdefault("snapshot_start", now - b.seconds)
+                    marks["snapshot_end"] = now
+                elif sum(b.rows.values()):
+                    marks.setdefault("changes_start", now - b.seconds)
+                    marks["changes_end"] = now
                 lag = max(flush_lsn(dsn) - (b.end_lsn or 0), 0)
-                out.write(f"  batch {b.batch_id:>3}: {sum(b.rows.values()):>7,} changes ("
+                kind = f"snapshot rows {b.snapshot_rows:,}, " if b.snapshot_rows else ""
+                out.write(f"  batch {b.batch_id:>3}: {sum(b.rows.values()):>7,} rows ({kind}"
                           + ", ".join(f"{t.split('.')[1]} {n:,}" for t, n in b.rows.items() if n)
                           + f") applied in {b.seconds:.1f}s; lag {human_bytes(lag)}\n")
                 out.flush()
@@ -196,12 +204,15 @@ def run_spark(cfg: argparse.Namespace, out: TextIO) -> int:
         caught_up_s = time.monotonic() - t_done
         slot_lsn = pg.query("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = "
                             "'demo_slot'", dbname=db)[0][0]
-        changes = sum(totals.values())
-        streaming_s = time.monotonic() - (first_batch[0] if first_batch else t_done)
-        out.write(f"changes: {changes:,} rows in {len(batches)} micro-batches, {changes / max(streaming_s, 1e-9):,.0f} "
-                  f"rows/s applied to Delta over {streaming_s:.1f}s of streaming; caught up {caught_up_s:.1f}s "
-                  f"after the last write (lag then 0 bytes at {format_lsn(target)}); slot confirmed at "
-                  f"{format_lsn(int(slot_lsn))}\n")
+        changes = sum(totals.values()) - snapshot_rows[0]
+        if snapshot_rows[0]:
+            took = marks["snapshot_end"] - marks["snapshot_start"]
+            out.write(f"snapshot: {snapshot_rows[0]:,} rows in {took:.1f}s ({snapshot_rows[0] / max(took, 1e-9):,.0f} "
+                      "rows/s, read by Spark tasks under the slot's exported snapshot and applied to Delta)\n")
+        took = marks.get("changes_end", 0.0) - marks.get("changes_start", 0.0)
+        out.write(f"changes: {changes:,} rows in {len(batches)} micro-batches, {changes / max(took, 1e-9):,.0f} "
+                  f"rows/s applied to Delta; caught up {caught_up_s:.1f}s after the last write (lag then 0 bytes: "
+                  f"applied up to {format_lsn(target)}); slot confirmed at {format_lsn(int(slot_lsn))}\n")
         failures = 0
         out.write(f"  {'table':<18} {'changes':>8} {'source rows':>11} {'delta rows':>10}  check\n")
         for table, keys in TABLES.items():

@@ -53,6 +53,7 @@ class BatchReport:
     rows: dict[str, int]
     seconds: float
     end_lsn: int | None = None       # the last commit LSN among its changes
+    snapshot_rows: int = 0           # rows of the initial snapshot among them
 
 
 def target_path(target: str, table: str) -> str:
@@ -83,6 +84,8 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.sql.adaptive.enabled", "false")
              .config("spark.sql.streaming.pollingDelay", "10ms")
+             # a Python process the JVM starts may take long to connect back on a busy machine (the default is 15 s)
+             .config("spark.python.authenticate.socketTimeout", "120s")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     import spockwire.spark
@@ -117,8 +120,11 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
         t0 = time.monotonic()
         batch = df.localCheckpoint(eager=True)
         timings = {"read": time.monotonic() - t0}
-        found = batch.groupBy("_table").agg(F.count(F.lit(1)).alias("n"), F.max("_commit_lsn").alias("lsn")).collect()
+        snapshot_row = (F.col("_change_type") == "insert") & F.col("_xid").isNull()
+        found = batch.groupBy("_table").agg(F.count(F.lit(1)).alias("n"), F.max("_commit_lsn").alias("lsn"),
+                                            F.count(F.when(snapshot_row, 1)).alias("snap")).collect()
         counts = {r["_table"]: r["n"] for r in found}
+        snapshot_rows = sum(r["snap"] for r in found)
         last = max((r["lsn"] for r in found if r["lsn"] is not None), default=None)
 
         def one(table: str) -> None:
@@ -140,7 +146,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
             print("timings", {k: round(v, 2) for k, v in timings.items()}, file=sys.stderr, flush=True)
         if on_batch is not None:
             on_batch(BatchReport(batch_id, {t: int(counts.get(t, 0)) for t in cfg.tables}, time.monotonic() - t0,
-                                 last))
+                                 last, int(snapshot_rows)))
 
     return run
 
@@ -211,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--checkpoint", required=True, help="the streaming query's checkpoint folder")
     p.add_argument("--starting-position", default=None, help="the source's startingPosition (snapshot)")
     p.add_argument("--max-changes-per-batch", type=int, default=None)
+    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="any other option of the spockwire source (snapshotChunkPages=64, ...); repeatable")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--until-caught-up", action="store_true",
                    help="stop once every change committed before the job started is applied")
@@ -219,13 +227,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = JobConfig(dsn=args.dsn, slot=args.slot, publication=[s for s in args.publication.split(",") if s],
                     tables=dict(_parse_table(t) for t in args.table), target=args.target,
                     checkpoint=args.checkpoint, starting_position=args.starting_position,
-                    max_changes_per_batch=args.max_changes_per_batch)
+                    max_changes_per_batch=args.max_changes_per_batch,
+                    extra_options=dict(o.split("=", 1) for o in args.option))
     spark = spark_session(args.master, app="spockwire-job")
     lock = threading.Lock()
 
     def report(b: BatchReport) -> None:
         with lock:
-            print(json.dumps({"batch": b.batch_id, "rows": b.rows, "seconds": round(b.seconds, 3)}), flush=True)
+            print(json.dumps({"batch": b.batch_id, "rows": b.rows, "snapshot_rows": b.snapshot_rows,
+                              "seconds": round(b.seconds, 3)}), flush=True)
 
     target = flush_lsn(cfg.dsn) if args.until_caught_up else None
     query = start(spark, cfg, report)
