@@ -1,16 +1,20 @@
-"""`apply_changes` on a real local Spark: in memory, Parquet, and Delta (through delta-rs here)."""
+"""`apply_changes` on a real local Spark: SCD 1 and SCD 2 against a plain-Python replay of the same changes
+(tests/apply_oracle.py), re-applied and out-of-order batches, key changes, deletes, truncates, unchanged TOAST
+values, an added column; in memory, Parquet, and Delta (through delta-rs here)."""
 from __future__ import annotations
 
 import datetime as dt
 
 import pytest
 
-from spockwire.spark.apply import apply_changes, has_delta_spark
+from spockwire.spark.apply import STATE_DIR, apply_changes, has_delta_spark, scd2_columns
+from tests.apply_oracle import COLUMNS, replay_scd1, replay_scd2, workload
 from tests.spark_session import spark_session
 
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
 SCHEMA = ("_change_type string, _commit_lsn long, _commit_ts timestamp, _xid long, _seq long, _origin string, "
           "_unchanged_toast array<string>, id int, name string, doc string")
+FIELDS = ["_change_type", "_commit_lsn", "_commit_ts", "_xid", "_seq", "_origin", "_unchanged_toast", *COLUMNS]
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +28,26 @@ def changes(spark, rows):
                                  SCHEMA)
 
 
+def frame(spark, rows: list[dict]):
+    return spark.createDataFrame([tuple(r[f] for f in FIELDS) for r in rows], SCHEMA)
+
+
 def table(df):
     return sorted(tuple(r) for r in df.select("id", "name", "doc").collect())
 
 
 def target(spark, rows):
     return spark.createDataFrame(rows, "id int, name string, doc string")
+
+
+def delta_rows(path, scd=1):
+    import deltalake
+
+    rows = deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()
+    if scd == 1:
+        return {r["id"]: tuple(r[c] for c in COLUMNS) for r in rows}
+    start, end = scd2_columns()
+    return {(*[r[c] for c in COLUMNS], *[r[c] for c in start], *[r[c] for c in end]) for r in rows}
 
 
 EVENTS = [
@@ -44,20 +62,20 @@ EVENTS = [
     ("delete", 700, 0, 5, None, None, None),
     ("insert", 800, 0, 5, "five again", "d5b", None),               # delete then insert again
 ]
+AFTER_EVENTS = [(1, "one!", "D1"), (2, "two!", None), (5, "five again", "d5b"), (40, "forty", "d4")]
 
 
-def test_apply_in_memory_keeps_unchanged_toast_and_real_nulls(spark):
-    start = target(spark, [(1, "one", "D1"), (2, "two", "D2"), (3, "three", "D3")])
-    result = apply_changes(changes(spark, EVENTS), start, format="memory", keys=["id"])
-    assert table(result) == [(1, "one!", "D1"), (2, "two!", None), (5, "five again", "d5b"), (40, "forty", "d4")]
-
-
-def test_key_change_takes_unchanged_toast_from_the_target_row(spark):
-    start = target(spark, [(7, "seven", "big"), (8, "eight", "other")])
-    moved = [("update_preimage", 100, 0, 7, None, None, None), ("update_postimage", 100, 1, 70, "x", None, ["doc"]),
-             ("update_preimage", 200, 0, 70, None, None, None), ("update_postimage", 200, 1, 700, "y", None, ["doc"])]
-    result = apply_changes(changes(spark, moved), start, format="memory", keys=["id"])
-    assert table(result) == [(8, "eight", "other"), (700, "y", "big")]
+def test_memory_keeps_unchanged_toast_real_nulls_and_key_change_chains(spark):
+    start = target(spark, [(1, "one", "D1"), (2, "two", "D2"), (3, "three", "D3"), (7, "seven", "big")])
+    moved = [("update_preimage", 900, 0, 7, None, None, None), ("update_postimage", 900, 1, 70, "x", None, ["doc"]),
+             ("update_preimage", 950, 0, 70, None, None, None), ("update_postimage", 950, 1, 700, "y", None, ["doc"])]
+    result = apply_changes(changes(spark, EVENTS + moved), start, format="memory", keys=["id"])
+    assert table(result) == sorted(AFTER_EVENTS + [(700, "y", "big")])
+    # the target keeps each key's sequence: the same changes again change nothing
+    assert sorted(map(tuple, result.select("id", "_commit_lsn", "_seq").collect())) == \
+        [(1, 300, 1), (2, 200, 0), (5, 800, 0), (40, 500, 1), (700, 950, 1)]
+    again = apply_changes(changes(spark, EVENTS + moved), result, format="memory", keys=["id"])
+    assert table(again) == table(result)
 
 
 def test_truncate_drops_the_target_and_earlier_changes(spark):
@@ -67,41 +85,120 @@ def test_truncate_drops_the_target_and_earlier_changes(spark):
     assert table(apply_changes(changes(spark, rows), start, format="memory", keys=["id"])) == [(3, "3", "d3")]
 
 
-def test_keys_are_required(spark):
+def test_keys_and_scd_type_are_checked(spark):
     with pytest.raises(ValueError, match="key columns"):
         apply_changes(changes(spark, EVENTS), None, format="memory")
+    with pytest.raises(ValueError, match="stored_as_scd_type must be 1 or 2"):
+        apply_changes(changes(spark, EVENTS), None, format="memory", keys=["id"], stored_as_scd_type=3)
+    with pytest.raises(ValueError, match="sequence_by columns"):
+        apply_changes(changes(spark, EVENTS), None, format="memory", keys=["id"], sequence_by=["nope"])
 
 
-def test_apply_to_parquet_twice_is_idempotent(spark, tmp_path):
+def test_scd1_delta_equals_replay_with_retried_batches(spark, tmp_path):
+    """Every kind of change, unchanged TOAST values (also across key changes and batches), truncates; each
+    micro-batch applied twice, as Spark does when it retries a batch after a failure."""
+    txs = workload(7, 28)
+    batches = [sum(txs[i:i + 7], []) for i in range(0, len(txs), 7)]
+    assert {r["_change_type"] for b in batches for r in b} == \
+        {"insert", "update_preimage", "update_postimage", "delete", "truncate"}
+    path = str(tmp_path / "t")
+    seen: list[dict] = []
+    for batch in batches:
+        df = frame(spark, batch)
+        apply_changes(df, path, format="delta", keys=["id"], engine="delta-rs")
+        seen += batch
+        assert delta_rows(path) == replay_scd1(seen)
+        again = apply_changes(df, path, format="delta", keys=["id"], engine="delta-rs")
+        assert again.rows_written == 0
+        assert delta_rows(path) == replay_scd1(seen)
+
+
+def test_scd1_and_scd2_out_of_order_batches(spark, tmp_path):
+    """Batches applied in another order than their sequence (a later batch holding older changes) give the
+    table of the in-order replay: the target keeps each key's last sequence, tombstones and truncates."""
+    txs = workload(11, 24, toast=False)
+    batches = [sum(txs[i:i + 6], []) for i in range(0, len(txs), 6)]
+    everything = sum(batches, [])
+    assert any(r["_change_type"] == "truncate" for r in everything)
+    order = [2, 0, 3, 1]
+    one, two = str(tmp_path / "scd1"), str(tmp_path / "scd2")
+    for i in order:
+        df = frame(spark, batches[i])
+        apply_changes(df, one, format="delta", keys=["id"], engine="delta-rs")
+        apply_changes(df, two, format="delta", keys=["id"], engine="delta-rs", stored_as_scd_type=2)
+    assert delta_rows(one) == replay_scd1(everything)
+    assert delta_rows(two, scd=2) == replay_scd2(everything)
+
+
+def test_scd2_history_in_memory_and_parquet(spark, tmp_path):
+    """SCD 2: every version with its validity; deletes and truncates close the current version, a key change
+    closes the old key and opens the new one, unchanged TOAST values come from the previous version. In memory
+    (the result fed back as the target) and in Parquet, each batch applied twice."""
+    txs = workload(3, 21)
+    batches = [sum(txs[i:i + 7], []) for i in range(0, len(txs), 7)]
+    start, end = scd2_columns()
+    cols = [*COLUMNS, *start, *end]
+    memory = None
+    path = str(tmp_path / "hist")
+    seen: list[dict] = []
+    for batch in batches:
+        df = frame(spark, batch)
+        seen += batch
+        memory = apply_changes(df, memory, format="memory", keys=["id"], stored_as_scd_type=2)
+        for _ in range(2):
+            apply_changes(df, path, format="parquet", keys=["id"], stored_as_scd_type=2)
+    expected = replay_scd2(seen)
+    assert {tuple(r) for r in memory.select(*cols).collect()} == expected
+    assert {tuple(r) for r in spark.read.parquet(path).select(*cols).collect()} == expected
+    # the current versions are the SCD 1 table
+    current = {r[0]: tuple(r[:3]) for r in expected if r[6] is None}
+    assert current == replay_scd1(seen)
+
+
+def test_parquet_scd1_keeps_state_and_replays(spark, tmp_path):
     path = str(tmp_path / "orders")
     first = changes(spark, [("insert", 10, 0, 1, "one", "D1", None), ("insert", 10, 1, 2, "two", "D2", None),
                             ("insert", 10, 2, 3, "three", "D3", None)])
     apply_changes(first, path, format="parquet", keys=["id"])
     batch = changes(spark, EVENTS)
     apply_changes(batch, path, format="parquet", keys=["id"])
-    expected = [(1, "one!", "D1"), (2, "two!", None), (5, "five again", "d5b"), (40, "forty", "d4")]
-    assert table(spark.read.parquet(path)) == expected
+    assert table(spark.read.parquet(path)) == AFTER_EVENTS
     apply_changes(batch, path, format="parquet", keys=["id"])   # a replayed micro-batch changes nothing
-    assert table(spark.read.parquet(path)) == expected
+    assert table(spark.read.parquet(path)) == AFTER_EVENTS
+    # the delete of key 3 (sequence 400) is remembered: an older insert of it, arriving late, stays deleted
+    apply_changes(changes(spark, [("insert", 350, 0, 3, "late", "x", None)]), path, format="parquet", keys=["id"])
+    assert table(spark.read.parquet(path)) == AFTER_EVENTS
+    assert (tmp_path / "orders" / STATE_DIR).is_dir()
 
 
-def test_apply_to_delta_through_delta_rs(spark, tmp_path):
+def test_delta_added_column_and_reads_only_touched_keys(spark, tmp_path):
+    """A column added upstream appears in the Delta table (older rows NULL); a batch reads only the files whose
+    statistics may hold its keys, and only those keys' rows."""
     import deltalake
-    path = str(tmp_path / "orders_delta")
-    first = changes(spark, [("insert", 10, 0, 1, "one", "D1", None), ("insert", 10, 1, 2, "two", "D2", None),
-                            ("insert", 10, 2, 3, "three", "D3", None)])
-    apply_changes(first, path, format="delta", keys=["id"], engine="delta-rs")
-    apply_changes(changes(spark, EVENTS), path, format="delta", keys=["id"], engine="delta-rs")
-    got = deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()
-    assert sorted((r["id"], r["name"], r["doc"]) for r in got) == \
-        [(1, "one!", "D1"), (2, "two!", None), (5, "five again", "d5b"), (40, "forty", "d4")]
-    assert deltalake.DeltaTable(path).version() == 1
-    # the same table read back through Spark's own reader of the Parquet data files is not needed: delta-rs is
-    # the writer here; a truncate rewrites the table in one commit
-    apply_changes(changes(spark, [("truncate", 900, 0, None, None, None, None),
-                                  ("insert", 900, 1, 9, "nine", "d9", None)]),
-                  path, format="delta", keys=["id"], engine="delta-rs")
-    assert deltalake.DeltaTable(path).to_pyarrow_table().to_pylist() == [{"id": 9, "name": "nine", "doc": "d9"}]
+
+    path = str(tmp_path / "wide")
+    for f in range(8):   # 8 files of 50 keys each
+        rows = [("insert", 100 + f, i, f * 50 + i, f"n{f * 50 + i}", "big", None) for i in range(50)]
+        apply_changes(changes(spark, rows), path, format="delta", keys=["id"], engine="delta-rs")
+    files = len(deltalake.DeltaTable(path).file_uris())
+    schema = SCHEMA + ", note string"
+    batch = spark.createDataFrame(
+        [("update_postimage", 500, 0, T0, 1, None, ["doc"], 3, "three", None, "hello"),
+         ("insert", 500, 1, T0, 1, None, None, 1000, "new", "d", "fresh"),
+         ("delete", 500, 2, T0, 1, None, None, 7, None, None, None)],
+        "_change_type string, _commit_lsn long, _seq long, _commit_ts timestamp, _xid long, _origin string, "
+        "_unchanged_toast array<string>, id int, name string, doc string, note string").select(
+            *[c.split()[0] for c in schema.split(", ")])
+    metrics = apply_changes(batch, path, format="delta", keys=["id"], engine="delta-rs")
+    assert metrics.files_in_table == files >= 8
+    assert metrics.files_read == 1          # keys 3, 7 and 1000: only the first file may hold any of them
+    assert metrics.stored_rows_read == 2    # the rows of keys 3 and 7
+    assert metrics.keys_touched == 3
+    got = {r["id"]: r for r in deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()}
+    assert len(got) == 400
+    assert (got[3]["name"], got[3]["doc"], got[3]["note"]) == ("three", "big", "hello")
+    assert (got[1000]["note"], got[1000]["_commit_lsn"]) == ("fresh", 500)
+    assert got[4]["note"] is None and 7 not in got
 
 
 def test_delta_spark_engine(spark, tmp_path):
@@ -116,8 +213,8 @@ def test_delta_spark_engine(spark, tmp_path):
             apply_changes(changes(spark, EVENTS), str(path), format="delta", keys=["id"], engine="spark")
         assert not path.exists()
         return
-    start = target(spark, [(1, "one", "D1"), (2, "two", "D2"), (3, "three", "D3")])
-    start.write.format("delta").save(str(path))
+    start = changes(spark, [("insert", 10, i, i + 1, n, d, None)
+                            for i, (n, d) in enumerate([("one", "D1"), ("two", "D2"), ("three", "D3")])])
+    apply_changes(start, str(path), format="delta", keys=["id"], engine="spark")
     apply_changes(changes(spark, EVENTS), str(path), format="delta", keys=["id"], engine="spark")
-    assert table(spark.read.format("delta").load(str(path))) == \
-        [(1, "one!", "D1"), (2, "two!", None), (5, "five again", "d5b"), (40, "forty", "d4")]
+    assert table(spark.read.format("delta").load(str(path))) == AFTER_EVENTS

@@ -47,8 +47,8 @@ from ..model import Relation
 from . import schema as S
 from ..values.catalog import parse_column_types
 from .snapshot import is_snapshot_offset
-from .slot import IDLE_ADVANCE_BYTES, SlotSpec, _connect, current_flush_lsn, ensure_slot, make_decoder, plan_end, \
-    read_range, slot_position, advance_slot
+from .slot import IDLE_ADVANCE_BYTES, SlotSpec, _catalog, _connect, current_flush_lsn, decoder_types_supported, \
+    ensure_slot, plan_end, read_range, slot_position, advance_slot
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python streaming sources
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -195,19 +195,17 @@ class SpockwireDataSource(DataSource):
     def schema(self) -> Any:
         spec = self._spec()
         tables, multi = _tables(self.options)
-        catalog = None
-        if spec.types != "raw":
-            from .slot import _catalog
-            catalog = _catalog(spec.dsn)
+        catalog = _catalog(spec.dsn) if spec.types != "raw" else None
+        # typed values as the readers' decoder will have them (a pglogical/spock stream names no types: without
+        # a catalog its columns stay raw)
+        typed = spec.types != "raw" and decoder_types_supported() and \
+            (spec.protocol == "pgoutput" or catalog is not None)
         found: list[tuple[Relation, pa.Schema]] = []
         with _connect(spec.dsn) as conn, conn.cursor() as cur:
             for table in tables:
                 relation = S.read_table_relation(cur, table, spec.protocol)
-                arrow = S.probe_arrow_schema(relation, spec.protocol,
-                                             lambda p: make_decoder(p, spec.types, catalog, spec.column_types,
-                                                                    spec.on_unrepresentable))
-                if spec.binary:
-                    arrow = _raw_as_binary(arrow, relation, catalog)
+                arrow = S.table_arrow_schema(relation, catalog, typed=typed, binary=spec.binary,
+                                             column_types=spec.column_types)
                 found.append((relation, arrow))
         return S.spark_schema(found, multi_table=multi)
 
@@ -216,30 +214,6 @@ class SpockwireDataSource(DataSource):
 
     def streamReader(self, schema: Any) -> "SpockwireStreamReader":
         return SpockwireStreamReader(self._spec(), schema, self.options)
-
-
-def _raw_as_binary(arrow: pa.Schema, relation: Relation, catalog: Any = None) -> pa.Schema:
-    """With binary=true, untyped columns arrive as the types' send format: binary, not string (types the
-    decoders render to text - every builtin type, and composites and user ranges through `catalog` - stay
-    string)."""
-    try:
-        from ..values.catalog import column_specs
-    except ImportError:  # pragma: no cover
-        column_specs = None
-    fields = list(arrow)
-    offset = len(fields) - len(relation.columns)
-    specs = None
-    if column_specs is not None:
-        try:
-            specs = column_specs(relation, {}, catalog, True)
-        except Exception:  # noqa: BLE001 - fall back to treating every string column as raw
-            specs = None
-    for i, column in enumerate(relation.columns):
-        f = fields[offset + i]
-        raw = specs is None or specs[i].is_raw
-        if raw and (pa.types.is_string(f.type) or pa.types.is_null(f.type)):
-            fields[offset + i] = pa.field(f.name, pa.binary(), f.nullable)
-    return pa.schema(fields, metadata=arrow.metadata)
 
 
 class SpockwireBatchReader(DataSourceReader):

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from ..frames import RECORD_HEADER_SIZE, encode_frame, parse_file_header
 from . import schema as S
-from .slot import make_decoder, select_events
+from .slot import decoder_types_supported, make_decoder, select_events
 
 __all__ = ["Chunk", "plan_chunks", "decode_frame_file", "decode_chunk"]
 
@@ -250,7 +250,7 @@ def decode_frame_file(spark: Any, path: str, table: str, *, chunk_bytes: int = 3
     header, chunks, scan = plan_chunks(path, chunk_bytes)
     protocol = header["protocol"]
     relation = _relation_of(protocol, scan.described, scan.startup, table, types, path)
-    arrow = S.probe_arrow_schema(relation, protocol, lambda p: make_decoder(p, types))
+    arrow = S.table_arrow_schema(relation, None, typed=types != "raw" and decoder_types_supported())
     out_schema = S.spark_schema([(relation, arrow)])
     target = S.target_arrow_schema(out_schema)
 

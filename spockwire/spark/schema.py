@@ -1,8 +1,10 @@
 """Spark schemas for decoded changes, and the conversion of decoder Arrow batches into them.
 
-The decoder decides the Arrow type of each column (raw string/binary, or typed values: int64, decimal128,
-timestamp[us, UTC], list<...>, ...). This module never hard-codes those types: it maps whatever Arrow schema the
-decoder produces to the nearest Spark type, and converts every batch to exactly that schema.
+The values catalog (spockwire.values.catalog) decides the Arrow type of each column (raw string/binary, or typed
+values: int64, decimal128, timestamp[us, UTC], list<...>, ...); the decoder builds its batches from the same
+plan. This module never hard-codes those types: it maps the Arrow schema to the nearest Spark type, and converts
+every batch the readers decode to exactly that schema. In the package's one-way flow (data source -> readers ->
+this module -> apply) it imports no other module of the package.
 
 Spark has no unsigned integers, no Arrow dictionary columns and no month-day-nano intervals:
 
@@ -22,7 +24,6 @@ Spark has no unsigned integers, no Arrow dictionary columns and no month-day-nan
 """
 from __future__ import annotations
 
-import struct
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import pyarrow as pa
@@ -36,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "CHANGE_COLUMNS", "TABLE_COLUMN", "TRUNCATE", "KEY_METADATA", "spark_type", "spark_fields", "change_schema",
-    "spark_schema", "target_arrow_schema", "conform_batch", "probe_arrow_schema", "read_table_relation",
+    "spark_schema", "target_arrow_schema", "conform_batch", "table_arrow_schema", "read_table_relation",
     "table_struct_name",
 ]
 
@@ -269,68 +270,15 @@ def conform_batch(batch: pa.RecordBatch, target: pa.Schema, *,
 # ---------------------------------------------------------------------------------------------------------------
 # the decoder's schema for a table, before any row arrived
 
-_U8 = struct.Struct(">B")
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-_I32 = struct.Struct(">i")
-_U64 = struct.Struct(">Q")
-_I64 = struct.Struct(">q")
+def table_arrow_schema(relation: Relation, catalog: Any = None, *, typed: bool = True, binary: bool = False,
+                       column_types: Any = None) -> pa.Schema:
+    """The Arrow schema the decoder gives `relation`'s rows: the values catalog's types
+    (``spockwire.values.catalog.arrow_schema``, the one mapping of PostgreSQL types to Arrow types), with the
+    decoder's options (`typed`: typed values or raw; `binary`: raw columns of a binary stream are binary;
+    `column_types`: per-column overrides)."""
+    from ..values.catalog import arrow_schema
 
-
-def _cstr(text: str) -> bytes:
-    return text.encode("utf-8") + b"\0"
-
-
-def _probe_messages(protocol: str, relation: Relation) -> list[bytes]:
-    """BEGIN, RELATION, one all-NULL INSERT and COMMIT in `protocol`'s framing (spock: proto 4 layout)."""
-    ncols = len(relation.columns)
-    final_lsn, end_lsn, ts, xid = 0x100, 0x108, 0, 1
-    if protocol == "pgoutput":
-        begin = b"B" + _U64.pack(final_lsn) + _I64.pack(ts) + _U32.pack(xid)
-        rel = bytearray(b"R" + _U32.pack(relation.relid) + _cstr(relation.namespace) + _cstr(relation.name))
-        rel += (relation.replica_identity or "d").encode()[:1] + _U16.pack(ncols)
-        for c in relation.columns:
-            rel += _U8.pack(1 if c.is_key else 0) + _cstr(c.name) + _U32.pack(c.type_oid or 25)
-            rel += _I32.pack(-1 if c.type_modifier is None else c.type_modifier)
-        insert = b"I" + _U32.pack(relation.relid) + b"N" + _U16.pack(ncols) + b"n" * ncols
-        commit = b"C\0" + _U64.pack(final_lsn) + _U64.pack(end_lsn) + _I64.pack(ts)
-        return [begin, bytes(rel), insert, commit]
-    begin = b"B\0" + _U64.pack(final_lsn) + _I64.pack(ts) + _U32.pack(xid)
-    rel = bytearray(b"R\0" + _U32.pack(relation.relid))
-    for part in (relation.namespace, relation.name):
-        raw = _cstr(part)
-        rel += _U8.pack(len(raw)) + raw
-    rel += b"A" + _U16.pack(ncols)
-    for c in relation.columns:
-        raw = _cstr(c.name)
-        rel += b"C" + _U8.pack(1 if c.is_key else 0) + b"N" + _U16.pack(len(raw)) + raw
-        if protocol == "spock":
-            rel += _U32.pack(c.type_oid or 25) + _I32.pack(-1 if c.type_modifier is None else c.type_modifier)
-    insert = b"I\0" + _U32.pack(relation.relid) + b"N" + b"T" + _U16.pack(ncols) + b"n" * ncols
-    commit = b"C\0" + _U64.pack(final_lsn) + _U64.pack(end_lsn) + _I64.pack(ts)
-    messages = [begin]
-    if protocol == "spock":
-        messages.append(b"O\0" + _U64.pack(0) + _U16.pack(0))
-        messages.append(b"L\0" + _I64.pack(0))
-        commit += _U64.pack(end_lsn)  # proto 4: the trailing remote insert LSN
-    return messages + [bytes(rel), insert, commit]
-
-
-def probe_arrow_schema(relation: Relation, protocol: str, make_decoder: Callable[[str], Any]) -> pa.Schema:
-    """The Arrow schema the decoder gives `relation`'s rows, found by decoding one synthetic all-NULL insert.
-
-    `make_decoder(protocol)` must build the decoder exactly as the readers do (same typed-values options), so
-    the schema is the one the real batches will have. For spock a proto-4 layout is used: the prefix of proto 5
-    changes the framing, not the types.
-    """
-    dec = make_decoder(protocol)
-    for payload in _probe_messages(protocol, relation):
-        dec.feed(payload)
-    for event in dec.drain():
-        if hasattr(event, "to_arrow"):
-            schema = event.to_arrow().schema
-            return schema
-    raise RuntimeError(f"the decoder produced no batch for the schema probe of {relation.qualified_name}")
+    return arrow_schema(relation, catalog, typed=typed, binary=binary, column_types=column_types)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ from ..model import Relation
 
 __all__ = [
     "ColumnSpec", "column_specs", "TypeInfo", "TypeCatalog", "StaticTypeCatalog", "PostgresTypeCatalog",
-    "BUILTIN_TYPES", "KIND_NAMES", "TypeCatalogError",
+    "BUILTIN_TYPES", "KIND_NAMES", "TypeCatalogError", "arrow_field_type", "arrow_schema",
 ]
 
 # value kinds (the Cython decoder uses the same numbers)
@@ -534,3 +534,24 @@ def _declared_specs(relation: Relation, types: Mapping[int, tuple[str, str]], ca
         raise TypeCatalogError(f"the type catalog gave {len(pairs)} column types for {relation.qualified_name}, "
                                f"which has {n} replicated columns")
     return tuple(_spec_for(oid, typmod, types, catalog, numeric == "text") for oid, typmod in pairs)
+
+
+def arrow_field_type(spec: ColumnSpec, binary: bool = False) -> pa.DataType:
+    """The Arrow type of a column decoded with `spec`. RAW and OTHER columns hold what arrives: string from a
+    text stream, binary from a binary one (`binary`)."""
+    if spec.arrow_type is not None:
+        return spec.arrow_type
+    return pa.binary() if binary else pa.string()
+
+
+def arrow_schema(relation: Relation, catalog: TypeCatalog | None = None, *, typed: bool = True,
+                 binary: bool = False, numeric: str = "decimal", column_types: Mapping[str, str] | None = None,
+                 types: Mapping[int, tuple[str, str]] | None = None) -> pa.Schema:
+    """The Arrow schema of the decoder's batches of `relation` (change columns, then the table's columns), as
+    the decoder built with the same options types them before any row arrives: from the type OIDs and
+    modifiers (or `catalog`), exactly as `column_specs` plans the decoding."""
+    from ..export.arrow import change_fields
+
+    specs = column_specs(relation, types or {}, catalog, typed, numeric, column_types)
+    fields = [pa.field(c.name, arrow_field_type(spec, binary)) for c, spec in zip(relation.columns, specs)]
+    return pa.schema(change_fields() + fields)
