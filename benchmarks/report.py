@@ -31,14 +31,15 @@ def render(data: dict) -> str:
     groups: dict[str, list[dict]] = defaultdict(list)
     peers = [b for b in data["benchmarks"] if "role" in b.get("extra_info", {})]
     e2e = [b for b in data["benchmarks"] if _is_e2e(b)]
+    snapshot = [b for b in data["benchmarks"] if "snapshot_reader" in b.get("extra_info", {})]
     for bench in data["benchmarks"]:
-        if "role" in bench.get("extra_info", {}) or _is_e2e(bench):
+        if "role" in bench.get("extra_info", {}) or _is_e2e(bench) or bench in snapshot:
             continue
         groups[bench.get("group") or bench["name"]].append(bench)
     lines = ["# Benchmarks", "",
              f"Machine: {_machine(data.get('machine_info', {}))}. Run: {data.get('datetime', '')}.", ""]
     lines += _setup_lines(data, peers + e2e)
-    lines += _peer_sections(peers) + _e2e_section(e2e)
+    lines += _peer_sections(peers) + _e2e_section(e2e) + _snapshot_section(snapshot)
     if groups:
         lines += ["## Synthetic decode workloads", "",
                   "Each table is one workload measured in one run; `ratio` is the row's rows/s divided by the "
@@ -210,6 +211,23 @@ def _e2e_section(benches: list[dict]) -> list[str]:
         lines.append(f"| {label} | {rps:,.0f} | {mps:,.0f} | {'' if cpu is None else f'{cpu:.2f}'} | {ratio} |")
     lines.append("")
     return lines
+
+
+def _snapshot_section(benches: list[dict]) -> list[str]:
+    """bench_snapshot.py: whole-table reads, as ratios to the raw COPY transfer and to ADBC in the same run."""
+    if not benches:
+        return []
+    lines = [f"## {benches[0].get('group') or 'snapshot read'}", "",
+             "Each reader's best of rounds run in rotating order in one run; `vs raw COPY` is its rows/s divided "
+             "by the rows/s of moving the same `COPY ... (FORMAT binary)` bytes into the process undecoded.", "",
+             "| reader | rows/s | best time (s) | vs raw COPY | vs ADBC |", "|---|---:|---:|---:|---:|"]
+    for b in sorted(benches, key=lambda b: -b["extra_info"].get("rows_per_s", 0)):
+        e = b["extra_info"]
+        raw = e.get("ratio_to_raw_copy")
+        adbc = e.get("ratio_to_adbc")
+        lines.append(f"| {e['snapshot_reader']} | {e['rows_per_s']:,.0f} | {e['seconds']:.3f} | "
+                     f"{_fmt_ratio(raw) if raw else ''} | {_fmt_ratio(adbc) if adbc else ''} |")
+    return lines + [""]
 
 
 def main() -> None:

@@ -26,6 +26,10 @@ Input layout (so the fuzzer mutates the configuration along with the bytes):
                       (native: no startup message) | 3 pgoutput two-phase b..P + K (native: like 1)
             bit 5     on_unrepresentable="error" (else "text": a value its column's type cannot hold switches the
                       column to text under a new relation version)
+            bit 6     entry point "copy" instead of byte 0's: the rest is binary COPY data (`COPY ... TO STDOUT
+                      (FORMAT binary)`) of the preamble's relation number (byte 0 bits 0-1) mod 3, decoded by
+                      CopyBinaryDecoder; byte 0 bits 4-5 and byte 1 bits 0-1 and 5 choose its options as above,
+                      bits 3-4 the size of the pieces fed: 1, 3 or 17 bytes, or all at once
     rest    the fuzzed bytes
 
 Run it under the sanitizer build (fuzz/README.md):
@@ -53,6 +57,7 @@ if str(ROOT) not in sys.path:
 
 PROTOCOLS = ("pgoutput", "pglogical", "spock", "spock")
 ENTRIES = ("message", "messages", "frames", "partial")
+COPY_PIECES = (1, 3, 17, None)
 BATCH_ROWS = (None, 1, 2, 5)
 SPOCK_VARIANTS = ((5, "v5"), (4, "v4"), (None, "v5"), (None, "v4"))  # (proto_version, startup message)
 
@@ -115,6 +120,10 @@ def parse_input(data: bytes) -> Case:
         kwargs["on_unrepresentable"] = "error"
     if BATCH_ROWS[b1 & 3] is not None:
         kwargs["batch_rows"] = BATCH_ROWS[b1 & 3]
+    if b1 & 0x40:
+        kwargs.pop("proto_version", None)
+        kwargs["type_catalog"] = None
+        return Case(protocol, kwargs, "copy", None, None, (b1 >> 3) & 3, bool(b1 & 4), bytes(data[2:]))
     return Case(protocol, kwargs, ENTRIES[(b0 >> 2) & 3], spock_version, startup, (b1 >> 3) & 3,
                 bool(b1 & 4), bytes(data[2:]))
 
@@ -356,10 +365,73 @@ def state_data(dec) -> dict:
             "remote_insert_lsn": getattr(dec, "remote_insert_lsn", None)}
 
 
+def copy_relation(case: Case):
+    """The Relation a "copy" case reads: one of the preamble's tables, with its column types."""
+    from spockwire.model import Column, Relation
+
+    relid, ns, name, cols = RELATIONS[PROTOCOLS.index(case.protocol) % 3]
+    return Relation(relid, ns, name, tuple(Column(c[0], c[1], c[2], c[3]) for c in cols), None, 1)
+
+
+def make_copy_input(relation_index: int, body: bytes, *, raw: bool = False, numeric_text: bool = False,
+                    batch_rows: int = 0, piece: int = 3, strict: bool = False) -> bytes:
+    """A "copy" input (fuzz/seeds.py and the tests): binary COPY data of RELATIONS[relation_index]."""
+    b0 = relation_index | (0x10 if raw else 0) | (0x20 if numeric_text else 0)
+    b1 = batch_rows | piece << 3 | (0x20 if strict else 0) | 0x40
+    return bytes([b0, b1]) + body
+
+
+def run_copy(module, case: Case, guard: bool) -> dict:
+    """Feed a "copy" case to one implementation's CopyBinaryDecoder."""
+    from spockwire.errors import ProtocolError
+
+    dec = module.CopyBinaryDecoder(copy_relation(case), **case.kwargs)
+    result: dict[str, Any] = {"error": None}
+    batches: list = []
+    piece = COPY_PIECES[case.preamble] or max(len(case.rest), 1)
+    try:
+        try:
+            for at in range(0, len(case.rest), piece):
+                data = case.rest[at:at + piece]
+                g = Guarded(data) if guard else None
+                try:
+                    dec.feed(g.view if g is not None else data)
+                finally:
+                    if g is not None:
+                        g.close()
+                if case.drain_each:
+                    batches.extend(dec.drain())
+            batches.extend(dec.finish())
+        except ProtocolError as exc:
+            result["error"] = error_data(exc)
+        batches.extend(dec.drain())
+        out = []
+        for record in batches:
+            record.validate(full=True)
+            out.append({"rows": record.num_rows, "schema": str(record.schema), "columns": columns_data(record)})
+        # how rows are cut into batches may differ: the rows, in order, must not
+        result["rows"] = sum(r["rows"] for r in out)
+        result["columns"] = [[name for name, _v in o["columns"]] for o in out[:1]]
+        result["values"] = [list(zip(*[v for _n, v in o["columns"]])) for o in out]
+        result["values"] = [row for chunk in result["values"] for row in chunk]
+        result["schemas"] = sorted({o["schema"] for o in out})
+        result["offset"] = dec.offset
+        result["done"] = dec.done
+    except Exception as exc:
+        import traceback
+
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+        raise Finding(f"{module.IMPLEMENTATION}: {type(exc).__name__}: {exc} (at {where})") from exc
+    return result
+
+
 def run(module, case: Case, guard: bool) -> dict:
     """Feed the case to one implementation; ProtocolError is an outcome, any other exception a Finding."""
     from spockwire.errors import ProtocolError
 
+    if case.entry == "copy":
+        return run_copy(module, case, guard)
     dec = module.Decoder(case.protocol, **case.kwargs)
     trace: list = []
     events: list = []

@@ -323,8 +323,41 @@ def expanding_seeds(corpus: Corpus) -> None:
                 batch_rows=batch_rows))
 
 
+COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+
+
+def copy_data(rows: list, extension: bytes = b"") -> bytes:
+    """Binary COPY data (`COPY ... TO STDOUT (FORMAT binary)`) of `rows` (lists of field bytes, None = NULL)."""
+    out = COPY_SIGNATURE + struct.pack(">ii", 0, len(extension)) + extension
+    for row in rows:
+        out += struct.pack(">h", len(row))
+        for field in row:
+            out += struct.pack(">i", -1) if field is None else struct.pack(">i", len(field)) + field
+    return out + struct.pack(">h", -1)
+
+
+def copy_seeds(corpus: Corpus) -> None:
+    """The binary values of each preamble table as binary COPY data (CopyBinaryDecoder, the "copy" entry): valid
+    rows, NULL rows, a header extension, the expanding numeric, and each cut short."""
+    for index, relid in enumerate((0x101, 0x102, 0x103)):
+        rows = BINARY_ROWS[relid]
+        ncols = len(rows[0])
+        nulls = [None] * ncols
+        good = copy_data(rows[:2] + [nulls], extension=b"ext" if index == 1 else b"")
+        for piece in range(4):
+            corpus.add(f"copy-{relid:x}", F.make_copy_input(index, good, piece=piece, batch_rows=piece & 3))
+        corpus.add(f"copy-{relid:x}-all", F.make_copy_input(index, copy_data(rows + [nulls] * 3), piece=3))
+        corpus.add(f"copy-{relid:x}-strict", F.make_copy_input(index, copy_data(rows), strict=True, piece=1))
+        corpus.add(f"copy-{relid:x}-raw", F.make_copy_input(index, good, raw=True, numeric_text=True, piece=2))
+        corpus.add(f"copy-{relid:x}-cut", F.make_copy_input(index, good[:len(good) * 2 // 3], piece=0))
+    big = list(BINARY_ROWS[0x103][0])
+    big[7] = HUGE_NUMERIC
+    corpus.add("copy-expanding", F.make_copy_input(2, copy_data([big] * 30), numeric_text=True, piece=3))
+
+
 def write(out: Path) -> int:
     corpus = Corpus(out)
+    copy_seeds(corpus)
     message_seeds(corpus)
     expanding_seeds(corpus)
     golden_seeds(corpus)

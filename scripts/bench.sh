@@ -7,13 +7,15 @@
 # benchmarks/bench_*.py with pytest-benchmark into out/bench.json, then benchmarks/report.py writes BENCHMARKS.md.
 # bench_connection.py is skipped because bench_e2e.py runs its tests on its own slot, next to the no-op callback.
 #
-# Needs: the packages of scripts/setup-machine.sh, plus `pip install pypgoutput orjson` for the Python peers.
+# Needs: the packages of scripts/setup-machine.sh (they include the table reader's peers of bench_snapshot.py:
+# adbc-driver-postgresql, adbc-driver-manager, connectorx), plus `pip install pypgoutput orjson` for the Python peers.
 # The Node peer runs when `node` and `npm` exist: the npm package is installed into out/node once.
 # Environment:
 #   PYTHON=python3                 interpreter
 #   SPOCKWIRE_BENCH_NODE=0         do not install or run the Node peer
 #   SPOCKWIRE_BENCH_SCALE=1        multiplies the captured workloads' row counts (0.05 for a quick look)
 #   SPOCKWIRE_BENCH_ROWS=1000000   rows of the end-to-end workload
+#   SPOCKWIRE_BENCH_SNAPSHOT_ROWS=1000000   rows of the table bench_snapshot.py reads (read_table vs ADBC, connectorx)
 #   SPOCKWIRE_BENCH_OUT=BENCHMARKS.md
 set -euo pipefail
 cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."

@@ -38,6 +38,10 @@ PIP_PACKAGES=(
     hypothesis
     pytest
     pytest-benchmark
+    # the table reader's peers in benchmarks/bench_snapshot.py (ADBC's PostgreSQL driver, connectorx)
+    adbc-driver-postgresql
+    adbc-driver-manager
+    connectorx
     pytest-timeout
     atheris
     pandas

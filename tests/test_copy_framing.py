@@ -167,3 +167,38 @@ def test_a_length_past_the_end_allocates_nothing() -> None:
     for name in ("c", "python"):
         err = failure(load_impl(name), data)
         assert isinstance(err, TruncatedMessage) and err.needed == 0x7FFFFFF0 and err.remaining == 0
+
+
+def test_fuzz_harness_copy_seeds_agree(tmp_path) -> None:
+    """The fuzz harness's "copy" entry on every COPY seed, in-process (the sanitizer run is test_fuzz_short.py):
+    both implementations give the same rows, schemas, errors and offsets, whatever size the pieces fed."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    fuzz = Path(__file__).resolve().parents[1] / "fuzz"
+    sys.path.insert(0, str(fuzz))
+    try:
+        spec = importlib.util.spec_from_file_location("fuzz_decoder", fuzz / "fuzz_decoder.py")
+        harness = importlib.util.module_from_spec(spec)
+        sys.modules["fuzz_decoder"] = harness
+        spec.loader.exec_module(harness)
+        seeds_spec = importlib.util.spec_from_file_location("fuzz_seeds", fuzz / "seeds.py")
+        seeds = importlib.util.module_from_spec(seeds_spec)
+        seeds_spec.loader.exec_module(seeds)
+        corpus = seeds.Corpus(tmp_path)
+        seeds.copy_seeds(corpus)
+        files = sorted(tmp_path.iterdir())
+        assert len(files) >= 20
+        outcomes = set()
+        for path in files:
+            data = path.read_bytes()
+            harness.check(data)          # raises a Finding when the implementations disagree
+            case = harness.parse_input(data)
+            assert case.entry == "copy"
+            result = harness.run(load_impl("python"), case, guard=False)
+            outcomes.add("error" if result["error"] else "rows")
+        assert outcomes == {"error", "rows"}
+    finally:
+        sys.path.remove(str(fuzz))
+        sys.modules.pop("fuzz_decoder", None)

@@ -79,6 +79,45 @@ def test_every_type_through_copy_equals_the_streams_binary_decode(pg_db, impl) -
             assert same_column(table.column(name), streamed.column(name)), name
 
 
+def test_the_full_type_table_through_copy_equals_the_streams_binary_decode(pg_db, impl) -> None:
+    """Every case of the type mapping table (tests/test_typed_values.py: every builtin type and its array, edge
+    values, NULLs) in one wide table: COPY and the binary stream give the same Arrow types and values."""
+    from spockwire.values.catalog import PostgresTypeCatalog
+    from spockwire.wire import load_implementation
+    from tests.test_typed_values import CASES, SCHEMA as TV_SCHEMA, _insert_sql
+
+    db = pg_db
+    db.execute(TV_SCHEMA)
+    for case in CASES:
+        db.execute(f"CREATE TABLE t_{case.name} (id int PRIMARY KEY, v {case.sqltype})")
+        db.execute(_insert_sql(f"t_{case.name}", case.values))
+    db.execute("CREATE TABLE t_wide (id int PRIMARY KEY, " + ", ".join(f"c_{c.name} {c.sqltype}" for c in CASES) + ")")
+    db.execute("CREATE PUBLICATION pub_wide FOR TABLE t_wide")
+    db.execute("SELECT pg_create_logical_replication_slot('copy_wide', 'pgoutput')")
+    rows = max(len(c.values) for c in CASES) + 1
+    db.execute("INSERT INTO t_wide SELECT g.id, " + ", ".join(f"t_{c.name}.v" for c in CASES)
+               + f" FROM generate_series(1, {rows}) g(id) "
+               + " ".join(f"LEFT JOIN t_{c.name} ON t_{c.name}.id = g.id" for c in CASES))
+    frames = db.query("SELECT lsn - '0/0', data FROM pg_logical_slot_get_binary_changes('copy_wide', NULL, NULL, "
+                      "'proto_version', '1', 'publication_names', 'pub_wide', 'binary', 'true')")
+    db.execute("SELECT pg_drop_replication_slot('copy_wide')")
+    catalog = PostgresTypeCatalog(db.dsn)
+    try:
+        dec = load_implementation().Decoder("pgoutput", type_catalog=catalog)
+        for lsn, payload in frames:
+            dec.feed(bytes(payload), int(lsn))
+        streamed = pa.Table.from_batches([ev.to_arrow() for ev in dec.drain() if hasattr(ev, "to_arrow")])
+    finally:
+        catalog.close()
+    names = ["id"] + [f"c_{c.name}" for c in CASES]
+    streamed = streamed.select(names).sort_by("id")
+    copied = spockwire.read_table(db.dsn, "t_wide").sort_by("id")
+    assert copied.num_rows == streamed.num_rows == rows
+    assert copied.schema == streamed.schema
+    for name in names:
+        assert same_column(copied.column(name), streamed.column(name)), name
+
+
 # ---------------------------------------------------------------------------------------------- values
 MIXED = ("CREATE TABLE mixed (a bigint, b int, c text, d numeric(12,2), e timestamptz, f float8, g bool, "
          "h bytea, i jsonb)")   # no primary key
@@ -223,3 +262,31 @@ def test_batches_are_bounded_and_the_iterator_stops_early(pg_db, impl) -> None:
     it.close()    # cancels the COPYs and closes the connections
     assert pg_db.query("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                        "AND query LIKE 'COPY%%' AND pid <> pg_backend_pid()")[0][0] == 0
+
+
+def test_a_value_the_arrow_type_cannot_hold_turns_the_column_to_text(pg_db, impl) -> None:
+    db = pg_db
+    db.execute("CREATE TABLE m (id int, price numeric(6,2), at timestamp)")
+    db.execute("INSERT INTO m SELECT i, i / 4.0, timestamp '2024-01-01' + i * interval '1 day' "
+               "FROM generate_series(1, 300) i")
+    db.execute("INSERT INTO m VALUES (301, 'NaN', 'infinity'), (302, -1.5, NULL)")
+    batches = list(spockwire.iter_table_batches(db.dsn, "m", batch_rows=100))
+    assert batches[0].schema.field("price").type == pa.decimal128(6, 2)
+    assert batches[-1].schema.field("price").type == pa.string()      # from the NaN row on, as the stream does
+    table = spockwire.read_table(db.dsn, "m", batch_rows=100)          # one schema: read again with text
+    assert table.schema.field("price").type == pa.string()
+    assert table.schema.field("at").type == pa.timestamp("us")         # infinity fits (int64 max)
+    got = sorted(zip(table.column("id").to_pylist(), table.column("price").to_pylist()))
+    assert got == rows_of(db, "SELECT id, price::text FROM m ORDER BY id")
+    with pytest.raises(spockwire.ProtocolError, match="NaN or infinite value"):
+        spockwire.read_table(db.dsn, "m", on_unrepresentable="error")
+
+
+def test_a_server_error_in_the_middle_of_a_copy_is_raised(pg_db, impl, monkeypatch) -> None:
+    monkeypatch.setattr(reader_module, "MIN_CHUNK_PAGES", 2)
+    pg_db.execute("CREATE TABLE d (a int, pad text)")
+    pg_db.execute("INSERT INTO d SELECT i, repeat('x', 200) FROM generate_series(1, 5000) i")
+    for workers in (1, 2):
+        with pytest.raises(spockwire.SpockwireError, match="division by zero"):
+            spockwire.read_table(pg_db.dsn, "d", workers=workers, where="1 / (a - 4000) <> 7")
+    assert spockwire.read_table(pg_db.dsn, "d", workers=2).num_rows == 5000

@@ -34,11 +34,13 @@ __all__ = ["read_table", "iter_table_batches", "TableReader", "ReadProgress", "T
            "DEFAULT_PIECE_BYTES", "MIN_CHUNK_PAGES"]
 
 #: bytes of COPY data handed from libpq to the decoder per call
-DEFAULT_PIECE_BYTES = 1 << 20
+DEFAULT_PIECE_BYTES = 1 << 18
 #: smallest block range a leaf is cut into when several workers read it (8 MB with 8 kB blocks)
 MIN_CHUNK_PAGES = 1024
 #: ctid ranges per worker a large leaf is cut into (so that workers finish close together)
 CHUNKS_PER_WORKER = 4
+#: pieces of COPY data received ahead of the decoder, per connection
+PREFETCH_PIECES = 16
 
 
 class SnapshotReadError(SpockwireError):
@@ -302,28 +304,78 @@ class TableReader:
                           for c, s in zip(self.relation.columns, specs)])
 
     # ------------------------------------------------------------------ reading
+    def _pieces(self, conn: _Conn, query: str, stop: threading.Event | None) -> Iterator[bytes]:
+        """The COPY data of `query` in pieces, fetched by a thread of its own: libpq keeps receiving (the pump
+        releases the GIL) while the caller decodes the previous piece. At most PREFETCH_PIECES wait."""
+        if conn.pump is None:
+            conn.pump = self._pumps.CopyDataPump(conn.conn.pgconn_ptr, max_batch_bytes=self.piece_bytes)
+        pump = conn.pump
+        pieces: queue.Queue = queue.Queue(maxsize=PREFETCH_PIECES)
+        halt = threading.Event()
+        end = object()
+
+        def put(item: Any) -> bool:
+            while not halt.is_set() and not (stop is not None and stop.is_set()):
+                try:
+                    pieces.put(item, timeout=0.2)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def fetch() -> None:
+            try:
+                pump.start(query)
+                while True:
+                    data = pump.read(0.5)
+                    if data and not put(data):
+                        break
+                    if pump.finished:
+                        put(end)
+                        return
+                pump.cancel(2.0)   # the reader stopped early: end the COPY, leave the connection usable
+            except BaseException as exc:  # noqa: BLE001 - raised in the reading thread
+                put(exc)
+
+        fetcher = threading.Thread(target=fetch, name="spockwire-copy-fetch", daemon=True)
+        fetcher.start()
+        try:
+            while True:
+                try:
+                    item = pieces.get(timeout=0.2)
+                except queue.Empty:
+                    if stop is not None and stop.is_set():
+                        return
+                    if not fetcher.is_alive() and pieces.empty():
+                        raise SnapshotReadError("the COPY reader thread ended without a result")
+                    continue
+                if item is end:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            halt.set()
+            while fetcher.is_alive():
+                try:
+                    pieces.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            fetcher.join()
+
     def _read_chunk(self, conn: _Conn, chunk: TableChunk, column_types: Mapping[str, str] | None,
                     stop: threading.Event | None = None) -> Iterator[tuple[pa.RecordBatch | None, int]]:
         """(batch, COPY bytes since the last item) pairs of one chunk; a final (None, bytes) ends it."""
         dec = self._decoder(column_types)
-        if conn.pump is None:
-            conn.pump = self._pumps.CopyDataPump(conn.conn.pgconn_ptr, max_batch_bytes=self.piece_bytes)
-        pump = conn.pump
-        pump.start(self.query(chunk))
         nbytes = 0
-        while True:
-            if stop is not None and stop.is_set():
-                pump.cancel(2.0)
-                return
-            data = pump.read(1.0)
-            if data:
-                nbytes += len(data)
-                dec.feed(data)
-                for batch in dec.drain():
-                    yield batch, nbytes
-                    nbytes = 0
-            if pump.finished:
-                break
+        for data in self._pieces(conn, self.query(chunk), stop):
+            nbytes += len(data)
+            dec.feed(data)
+            for batch in dec.drain():
+                yield batch, nbytes
+                nbytes = 0
+        if stop is not None and stop.is_set():
+            return
         for batch in dec.finish():
             yield batch, nbytes
             nbytes = 0

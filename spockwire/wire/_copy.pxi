@@ -7,6 +7,8 @@
 # calls: the bytes of an incomplete row wait (copied once) for the next call. Every offset in an error counts
 # from the first byte of the COPY data, so the same bytes give the same error however they were cut.
 
+from libc.stdlib cimport calloc
+
 cdef enum:
     COPY_HEADER = 0
     COPY_ROWS = 1
@@ -58,6 +60,9 @@ cdef class CopyBinaryDecoder:
     cdef readonly str on_unrepresentable
     cdef readonly object type_catalog
     cdef readonly unsigned long long rows
+    cdef Py_ssize_t row_pos               # _parse: offset of the next row in the piece being decoded
+    cdef int64_t mark_bytes               # value bytes of the batch before the row being decoded
+    cdef Py_ssize_t* data_hint            # per column: data bytes of the last batch (reserved for the next)
 
     def __init__(self, relation, *, str types="typed", type_catalog=None, str numeric="decimal",
                  str on_unrepresentable="text", column_types=None, Py_ssize_t batch_rows=DEFAULT_COPY_BATCH_ROWS,
@@ -80,6 +85,8 @@ cdef class CopyBinaryDecoder:
     def __dealloc__(self):
         self._free_cols()
         buf_free(&self.carry)
+        free(self.data_hint)
+        self.data_hint = NULL
 
     cdef void _free_cols(self) noexcept:
         cdef Py_ssize_t i
@@ -92,6 +99,10 @@ cdef class CopyBinaryDecoder:
     cdef int _alloc(self) except -1:
         cdef Py_ssize_t i
         self._free_cols()
+        if self.data_hint == NULL:
+            self.data_hint = <Py_ssize_t*>calloc(max(self.ncols, 1), sizeof(Py_ssize_t))
+            if self.data_hint == NULL:
+                raise MemoryError()
         self.cols = <ColBuf*>malloc(max(self.ncols, 1) * sizeof(ColBuf))
         if self.cols == NULL:
             raise MemoryError()
@@ -104,15 +115,21 @@ cdef class CopyBinaryDecoder:
         return 0
 
     cdef int _reserve(self, Py_ssize_t rows) except -1:
+        """Room for `rows` rows. A batch's first reservation takes all its rows at once (up to 65536) and, for a
+        variable-length column, as many data bytes as the previous batch used: no regrowth, no copies (at most
+        about 64 MB of fixed-width slots for very wide tables)."""
         cdef Py_ssize_t i, cap = self.cap_rows * 2
+        cdef bint first = self.cap_rows == 0
         if cap < rows:
             cap = rows
-        if cap < 1024:
-            cap = 1024
+        if first:
+            cap = max(rows, min(self.batch_rows, 65536, max(1024, (1 << 22) // max(self.ncols, 1))))
         if cap > self.batch_rows:
             cap = max(self.batch_rows, rows)
         for i in range(self.ncols):
             col_reserve(&self.cols[i], cap)
+            if first and self.data_hint[i] > self.cols[i].data.cap and is_varlen(self.cols[i].kind):
+                buf_grow(&self.cols[i].data, min(self.data_hint[i] + (self.data_hint[i] >> 3), OFFSET_LIMIT))
         self.cap_rows = cap
         return 0
 
@@ -182,42 +199,50 @@ cdef class CopyBinaryDecoder:
 
     cdef Py_ssize_t _parse(self, const char* p, Py_ssize_t n, bint eof) except -1:
         """Decode whole rows from p[0:n] (which starts at stream offset self.offset); the bytes used."""
-        cdef Py_ssize_t pos = 0, r
-        cdef int64_t mark_bytes
+        cdef Py_ssize_t pos = 0
         if self.state == COPY_HEADER:
             pos = self._header(p, n, eof)
             if pos == 0:
                 return 0
+        self.row_pos = pos
         while self.state == COPY_ROWS:
-            mark_bytes = self.nbytes
+            self.mark_bytes = self.nbytes
             try:
-                r = self._row(p, n, pos, eof)
+                if self._rows(p, n, eof):
+                    break
             except _BatchFull:
                 # the row's values would take a column past Arrow's 32-bit offsets with the rows already here:
                 # those rows close as a batch and the row is decoded again, alone
-                self.nbytes = mark_bytes
+                self.nbytes = self.mark_bytes
                 self._close_batch()
-                continue
             except _Unrepresentable as u:
                 # a valid value its column's Arrow type cannot hold: the rows before close as a batch and the
                 # column keeps PostgreSQL's text from this row on (as the stream decoder does)
-                self.nbytes = mark_bytes
+                self.nbytes = self.mark_bytes
                 self._close_batch()
                 self.specs = self.specs[:u.column] + (text_column_spec(self.relation, u.column, {},
                                                                        self.type_catalog),) + self.specs[u.column + 1:]
                 self._alloc()
-                continue
-            if r < 0:
-                self.nbytes = mark_bytes
-                break
-            pos = r
-            self.rows += 1
-            if self.nrows >= self.batch_rows or self.nbytes >= self.batch_bytes:
-                self._close_batch()
+        pos = self.row_pos
         if self.state == COPY_DONE and pos < n:
             raise copy_error(self.offset + pos, "data after the end-of-data trailer")
         self.offset += pos
         return pos
+
+    cdef int _rows(self, const char* p, Py_ssize_t n, bint eof) except -1:
+        """Rows from p[self.row_pos:] until the trailer (0) or an incomplete row (1); self.row_pos follows."""
+        cdef Py_ssize_t r
+        while self.state == COPY_ROWS:
+            self.mark_bytes = self.nbytes
+            r = self._row(p, n, self.row_pos, eof)
+            if r < 0:
+                self.nbytes = self.mark_bytes
+                return 1
+            self.row_pos = r
+            self.rows += 1
+            if self.nrows >= self.batch_rows or self.nbytes >= self.batch_bytes:
+                self._close_batch()
+        return 0
 
     cdef Py_ssize_t _header(self, const char* p, Py_ssize_t n, bint eof) except -1:
         """The file header: its length, or 0 while it is incomplete."""
@@ -331,6 +356,9 @@ cdef class CopyBinaryDecoder:
         cdef Py_ssize_t i, n = self.nrows
         if n == 0:
             return 0
+        for i in range(self.ncols):
+            if is_varlen(self.cols[i].kind) and self.cols[i].offsets.data != NULL:
+                self.data_hint[i] = (<int32_t*>self.cols[i].offsets.data)[n]
         arrays = [storage_array(&self.cols[i], self.specs[i], n) for i in range(self.ncols)]
         self.ready.append(pa.RecordBatch.from_arrays(arrays, names=list(self.names)))
         self._alloc()
