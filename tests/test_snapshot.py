@@ -74,54 +74,62 @@ class Writers:
         conn = psycopg2.connect(self.dsn)
         conn.autocommit = True
         cur = conn.cursor()
-        next_id = base
+        ids = [base]                             # this thread's next key (each thread has its own key range)
         try:
             while not self.stop_event.is_set():
-                op = rng.random()
-                table = rng.choice(self.keyed)
-                if self.keyless and rng.random() < 0.25:
-                    k = rng.choice(self.keyless)
-                    if op < 0.5:
-                        cur.execute(f"INSERT INTO {k} VALUES (%s, %s)", (rng.randrange(50), f"w{seed}"))
-                    elif op < 0.75:
-                        cur.execute(f"UPDATE {k} SET b = b || '+' WHERE ctid = (SELECT ctid FROM {k} "
-                                    f"WHERE a = %s LIMIT 1)", (rng.randrange(50),))
-                    else:
-                        cur.execute(f"DELETE FROM {k} WHERE ctid = (SELECT ctid FROM {k} WHERE a = %s LIMIT 1)",
-                                    (rng.randrange(50),))
-                elif op < 0.35:
-                    next_id += 1
-                    cur.execute(f"INSERT INTO {table} (id, v, n, big) VALUES (%s, %s, %s, %s)",
-                                (next_id, f"ins {next_id}", next_id % 1000, "T" * 3000 if next_id % 7 == 0 else None))
-                elif op < 0.6:
-                    cur.execute(f"UPDATE {table} SET v = v || '.', n = n + 1 WHERE id = "
-                                f"(SELECT id FROM {table} WHERE id >= %s ORDER BY id LIMIT 1)", (rng.randrange(base),))
-                elif op < 0.75:
-                    cur.execute(f"DELETE FROM {table} WHERE id = (SELECT id FROM {table} WHERE id >= %s ORDER BY id "
-                                f"LIMIT 1)", (rng.randrange(base),))
-                elif op < 0.9:
-                    next_id += 1
-                    cur.execute(f"UPDATE {table} SET id = %s WHERE id = (SELECT id FROM {table} WHERE id >= %s "
-                                f"AND id < %s ORDER BY id LIMIT 1)", (next_id, rng.randrange(base), base))
-                elif op < 0.97:
-                    cur.execute("BEGIN")
-                    for _ in range(3):
-                        next_id += 1
-                        cur.execute(f"INSERT INTO {table} (id, v, n) VALUES (%s, 'in tx', 1)", (next_id,))
-                    cur.execute(f"UPDATE {table} SET n = -n WHERE id %% 97 = %s", (rng.randrange(97),))
-                    cur.execute("COMMIT")
-                else:                                                   # a large transaction
-                    cur.execute("BEGIN")
-                    cur.execute(f"INSERT INTO {table} (id, v, n) SELECT g, 'bulk', g %% 10 FROM "
-                                f"generate_series(%s, %s) g", (next_id + 1, next_id + 3000))
-                    next_id += 3000
-                    cur.execute(f"UPDATE {table} SET v = 'bulk!' WHERE id %% 13 = %s", (rng.randrange(13),))
-                    cur.execute("COMMIT")
-                self.ops += 1
+                try:
+                    self._step(cur, rng, seed, base, ids)
+                    self.ops += 1
+                except (psycopg2.errors.DeadlockDetected, psycopg2.errors.SerializationFailure):
+                    cur.execute("ROLLBACK")      # two large updates crossed: the server chose this one
         except BaseException as exc:  # noqa: BLE001 - reported by stop()
             self.errors.append(exc)
         finally:
             conn.close()
+
+    def _step(self, cur: Any, rng: random.Random, seed: int, base: int, ids: list[int]) -> None:
+        next_id = ids[0]
+        op = rng.random()
+        table = rng.choice(self.keyed)
+        if self.keyless and rng.random() < 0.25:
+            k = rng.choice(self.keyless)
+            if op < 0.5:
+                cur.execute(f"INSERT INTO {k} VALUES (%s, %s)", (rng.randrange(50), f"w{seed}"))
+            elif op < 0.75:
+                cur.execute(f"UPDATE {k} SET b = b || '+' WHERE ctid = (SELECT ctid FROM {k} "
+                            f"WHERE a = %s LIMIT 1)", (rng.randrange(50),))
+            else:
+                cur.execute(f"DELETE FROM {k} WHERE ctid = (SELECT ctid FROM {k} WHERE a = %s LIMIT 1)",
+                            (rng.randrange(50),))
+        elif op < 0.35:
+            next_id += 1
+            cur.execute(f"INSERT INTO {table} (id, v, n, big) VALUES (%s, %s, %s, %s)",
+                        (next_id, f"ins {next_id}", next_id % 1000, "T" * 3000 if next_id % 7 == 0 else None))
+        elif op < 0.6:
+            cur.execute(f"UPDATE {table} SET v = v || '.', n = n + 1 WHERE id = "
+                        f"(SELECT id FROM {table} WHERE id >= %s ORDER BY id LIMIT 1)", (rng.randrange(base),))
+        elif op < 0.75:
+            cur.execute(f"DELETE FROM {table} WHERE id = (SELECT id FROM {table} WHERE id >= %s ORDER BY id "
+                        f"LIMIT 1)", (rng.randrange(base),))
+        elif op < 0.9:
+            next_id += 1
+            cur.execute(f"UPDATE {table} SET id = %s WHERE id = (SELECT id FROM {table} WHERE id >= %s "
+                        f"AND id < %s ORDER BY id LIMIT 1)", (next_id, rng.randrange(base), base))
+        elif op < 0.97:
+            cur.execute("BEGIN")
+            for _ in range(3):
+                next_id += 1
+                cur.execute(f"INSERT INTO {table} (id, v, n) VALUES (%s, 'in tx', 1)", (next_id,))
+            cur.execute(f"UPDATE {table} SET n = -n WHERE id %% 97 = %s", (rng.randrange(97),))
+            cur.execute("COMMIT")
+        else:                                                   # a large transaction
+            cur.execute("BEGIN")
+            cur.execute(f"INSERT INTO {table} (id, v, n) SELECT g, 'bulk', g %% 10 FROM "
+                        f"generate_series(%s, %s) g", (next_id + 1, next_id + 3000))
+            next_id += 3000
+            cur.execute(f"UPDATE {table} SET v = 'bulk!' WHERE id %% 13 = %s", (rng.randrange(13),))
+            cur.execute("COMMIT")
+        ids[0] = next_id
 
 
 def staged_rows(out: Path, table: str) -> list[dict[str, Any]]:
@@ -240,9 +248,10 @@ def test_snapshot_then_stream_equals_source_with_writers_running(pg_db, tmp_path
     config = IngestConfig(dsn=db.dsn, slot=f"{db.name}_s", out=str(out), publication=["pub"], create_slot=True,
                           idle_exit=2.0, flush_seconds=0.2, progress=False,
                           impl="c" if impl.__name__.endswith("_decoder") else "python")
+    db.execute("ANALYZE")                                   # pg_class estimates for the progress figures
     with Writers(db.dsn, ["items"], ["bag"]) as writers:
         time.sleep(0.3)
-        run_worker(config, writers=writers)
+        worker = run_worker(config, writers=writers)
     assert writers.ops > 50
     state = StagingState.load(out)
     (snap,) = state.snapshots
@@ -263,6 +272,11 @@ def test_snapshot_then_stream_equals_source_with_writers_running(pg_db, tmp_path
     confirmed = db.query("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s",
                          (config.slot,))[0][0]
     assert int(confirmed) >= state.committed_lsn
+    metrics = dict(line.rsplit(" ", 1) for line in worker.metrics.render().splitlines()
+                   if line.startswith("spockwire_snapshot"))
+    assert int(metrics["spockwire_snapshot_rows_total"]) == sum(snap["tables"].values())
+    assert metrics["spockwire_snapshot_tables_done"] == metrics["spockwire_snapshot_tables_total"] == "3"
+    assert int(metrics["spockwire_snapshot_rows_estimated"]) == 32000      # 30000 + 2000 + 0 after ANALYZE
 
 
 @pytest.mark.parametrize("via_root", [True, False], ids=["via_root", "leaves"])
@@ -345,26 +359,38 @@ def _ingest_cmd(dsn: str, slot: str, out: Path, *extra: str) -> list[str]:
             "--out", str(out), "--create-slot", "--flush-seconds", "0.2", "--log-format", "json", *extra]
 
 
+def _events(stderr: str) -> list[str]:
+    """The "event" names of the worker's JSON log records (--log-format json)."""
+    names = []
+    for line in stderr.splitlines():
+        try:
+            msg = json.loads(line)["msg"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(msg, dict) and "event" in msg:
+            names.append(msg["event"])
+    return names
+
+
 @pytest.mark.parametrize("impl_name", ["c", "python"])
 def test_kill9_during_the_snapshot_then_restart_equals_source(pg_db, tmp_path, impl_name):
-    """The worker is killed while it reads the snapshot (after one table's file is written, before the commit
-    that publishes them): nothing of the snapshot is visible, the restart drops the slot, creates it again with a
-    new snapshot, and the result equals the source."""
+    """The worker is killed while it reads the snapshot: after the first table's file is written, while it reads
+    the second (a larger table), before the commit that publishes them. Nothing of the snapshot is visible; the
+    restart drops the slot, creates it again with a new snapshot, and the result equals the source."""
     db = pg_db
-    for name in ("first", "second"):
-        create_keyed(db, name, 60000)
+    create_keyed(db, "first", 20000)
+    create_keyed(db, "second", 300000)
     db.execute("CREATE PUBLICATION pub FOR ALL TABLES")
     out = tmp_path / "staging"
     slot = f"{db.name}_s"
-    with Writers(db.dsn, ["first", "second"]) as writers:
+    with Writers(db.dsn, ["first"]) as writers:
         proc = subprocess.Popen(_ingest_cmd(db.dsn, slot, out, "--impl", impl_name, "--idle-exit", "60"),
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        # kill once the first table's snapshot file is on disk (no log entry names it yet)
         deadline = time.monotonic() + 60
-        while not list(out.glob("public.first/v1/part-*.parquet")):
+        while not list(out.glob("public.first/v*/part-*.parquet")):
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline, "no snapshot file written in time"
-            time.sleep(0.01)
+            time.sleep(0.005)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         state = StagingState.load(out)
@@ -383,8 +409,7 @@ def test_kill9_during_the_snapshot_then_restart_equals_source(pg_db, tmp_path, i
         time.sleep(1.0)
     _, err = done.communicate(timeout=300)
     assert done.returncode == 0, err.decode()[-3000:]
-    events = [json.loads(line[line.index("{"):]) for line in err.decode().splitlines() if '"event"' in line]
-    assert any(e.get("event") == "snapshot_discarded" for e in events)
+    assert "snapshot_discarded" in _events(err.decode())
     state = StagingState.open(out)
     (snap,) = state.snapshots
     assert snap["consistent_point_text"] != first_point[0][0]
@@ -394,3 +419,104 @@ def test_kill9_during_the_snapshot_then_restart_equals_source(pg_db, tmp_path, i
     assert on_disk == named, "the interrupted snapshot's files were removed"
     for table in ("first", "second"):
         assert replay(out, [f"public.{table}"], KEYED_COLUMNS) == source(db, table, KEYED_COLUMNS)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# tables added to the publication while the worker streams
+
+def test_tables_added_to_the_publication_while_ingest_runs(pg_db, tmp_path, impl):
+    """`late` is added to the publication while writers change it (its first streamed change starts its
+    snapshot); `idle` is added without any change (the periodic check of the publication finds it); `quiet` is
+    added later and requested with `spockwire snapshot --staging OUT --table public.quiet --wait`. All end equal to
+    the source, as does the table replicated from the start."""
+    db = pg_db
+    create_keyed(db, "items", 10000)
+    create_keyed(db, "late", 20000)
+    create_keyed(db, "idle", 1000)
+    create_keyed(db, "quiet", 3000)
+    db.execute("CREATE PUBLICATION pub FOR TABLE items")
+    out = tmp_path / "staging"
+    config = IngestConfig(dsn=db.dsn, slot=f"{db.name}_s", out=str(out), publication=["pub"], create_slot=True,
+                          idle_exit=2.0, flush_seconds=0.2, progress=False, snapshot_check_interval=1.0,
+                          impl="c" if impl.__name__.endswith("_decoder") else "python")
+    worker = IngestWorker(config)
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+
+    def snapshotted() -> dict[str, dict]:
+        return {t: r for r in worker.writer.state.snapshots for t in r["tables"]}
+
+    with Writers(db.dsn, ["items", "late"]) as writers:
+        thread.start()
+        _wait(lambda: worker.writer is not None and len(worker.writer.state.snapshots) == 1, thread)
+        time.sleep(0.5)
+        db.execute("ALTER PUBLICATION pub ADD TABLE late, idle")
+        _wait(lambda: {"public.late", "public.idle"} <= set(snapshotted()), thread)
+        worker.incremental.check_interval = 0           # from here on only the request finds `quiet`
+        db.execute("ALTER PUBLICATION pub ADD TABLE quiet")
+        asked = subprocess.run([sys.executable, "-m", "spockwire", "snapshot", "--staging", str(out), "--table",
+                                "public.quiet", "--wait", "--timeout", "120"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=180)
+        assert asked.returncode == 0, asked.stderr
+        assert "public.quiet: 3,000 rows staged as snapshot rows" in asked.stdout
+        time.sleep(1.0)
+    thread.join(timeout=300)
+    assert result == [0]
+    records = snapshotted()
+    assert records["public.items"]["kind"] == "initial"
+    for table in ("late", "idle", "quiet"):
+        assert records[f"public.{table}"]["kind"] == "incremental"
+        assert records[f"public.{table}"]["consistent_point"] > records["public.items"]["consistent_point"]
+    assert records["public.idle"]["tables"]["public.idle"] == 1000
+    late = records["public.late"]
+    rows = staged_rows(out, "public.late")
+    assert any(r["_xid"] is not None and r["_commit_lsn"] > late["consistent_point"] for r in rows), \
+        "no change of the late table was streamed after its snapshot"
+    assert all(r["_commit_lsn"] >= late["consistent_point"] for r in rows)
+    for table in ("items", "late", "idle", "quiet"):
+        assert replay(out, [f"public.{table}"], KEYED_COLUMNS) == source(db, table, KEYED_COLUMNS)
+    assert not db.query("SELECT 1 FROM pg_replication_slots WHERE slot_name LIKE %s", (f"{config.slot}_snap%",))
+
+
+def _wait(condition: Any, thread: threading.Thread, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert thread.is_alive(), "the worker ended early"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the library flow: create the slot with a snapshot, read it, then stream
+
+def test_library_create_slot_read_snapshot_then_stream(pg_db, tmp_path, impl):
+    """What an embedding application does without the ingest worker: snapshot rows as ChangeBatch events from
+    `iter_snapshot_changes`, then `spockwire.connect` from the consistent point; both go into a StagingWriter,
+    and the replay equals the source."""
+    import spockwire
+    from spockwire.ingest import StagingWriter
+    from spockwire.snapshot.initial import create_slot_with_snapshot, iter_snapshot_changes
+
+    db = pg_db
+    create_keyed(db, "items", 20000)
+    db.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    out = tmp_path / "staging"
+    slot = f"{db.name}_s"
+    with StagingWriter(out, "pgoutput") as writer:
+        with Writers(db.dsn, ["items"]) as writers:
+            time.sleep(0.2)
+            with create_slot_with_snapshot(db.dsn, slot, "pgoutput") as exported:
+                assert exported.open
+                batches = list(iter_snapshot_changes(db.dsn, exported, publication="pub"))
+            assert not exported.open
+            time.sleep(0.5)
+        assert {b.relation.qualified_name for b in batches} == {"public.items"}
+        assert all(r["_xid"] is None for b in batches for r in b.to_arrow().select(["_xid"]).to_pylist())
+        writer.add_all(batches)
+        writer.commit(exported.consistent_point)
+        with spockwire.connect(db.dsn, slot=slot, publication="pub", start_lsn=exported.consistent_point,
+                               decoder_factory=lambda protocol: impl.Decoder(protocol)) as stream:
+            for event in stream.events(idle_timeout=2.0):
+                writer.add(event)
+            writer.commit(stream.delivered_lsn)
+    assert replay(out, ["public.items"], KEYED_COLUMNS) == source(db, "items", KEYED_COLUMNS)

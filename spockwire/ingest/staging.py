@@ -507,6 +507,9 @@ class StagingWriter:
                 f"committed (the log still ends at commit {number - 1}, committed_lsn "
                 f"{format_lsn(previous)})") from exc
         self.state._apply(entry)
+        if snapshot is not None:
+            for table in snapshot.get("tables", {}):
+                self._hwm[table] = _max_key(self._hwm.get(table), self.state.high_water[table])
         self._reset_buffer()
         return entry
 

@@ -35,6 +35,9 @@ __all__ = [
     "MESSAGES_SCHEMA", "part_name", "log_name", "format_lsn",
 ]
 
+#: `_seq` of a table's first snapshot row (row i: SNAPSHOT_SEQ_BASE + i), below every streamed change's `_seq`.
+SNAPSHOT_SEQ_BASE = -(1 << 63)
+
 #: Version of the log entry format ("format" in every entry). Readers refuse entries with a higher number.
 FORMAT_VERSION = 1
 
@@ -288,7 +291,13 @@ class StagingState:
                 if self.nontransactional_high_water is None or lsn > self.nontransactional_high_water:
                     self.nontransactional_high_water = lsn
         if entry.get("snapshot"):
-            self.snapshots.append(dict(entry["snapshot"], commit=number))
+            record = entry["snapshot"]
+            self.snapshots.append(dict(record, commit=number))
+            # a table's snapshot covers every change before its consistent point, also when it had no row
+            point = int(record["consistent_point"])
+            for table, rows in record.get("tables", {}).items():
+                key = (point, SNAPSHOT_SEQ_BASE + max(int(rows), 1) - 1)
+                self.high_water[table] = _max_key(self.high_water.get(table), key)
         self.committed_lsn = max(self.committed_lsn, int(entry["committed_lsn"]))
         self.commit = number
         self.protocol = entry.get("protocol", self.protocol)

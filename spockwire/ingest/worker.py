@@ -73,6 +73,7 @@ class IngestConfig:
     heartbeat_interval: float | None = None  # write a heartbeat message this often (servers that write nothing)
     snapshot: str | None = None           # "initial" | "never"; None: "initial" when this run creates the slot
     snapshot_workers: int = 1             # connections reading the snapshot (tables and block ranges)
+    snapshot_check_interval: float = 10.0  # look for tables added to the publication this often (0: never)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -306,6 +307,7 @@ class IngestWorker:
         self.stream: Any = None
         self.writer: StagingWriter | None = None
         self.type_catalog: Any = None
+        self.incremental: Any = None
 
     def stop(self, *_: Any) -> None:
         """Ask the worker to finish: it flushes, acknowledges what it wrote and returns from `run()`."""
@@ -399,6 +401,12 @@ class IngestWorker:
         stream = self._open_stream(resume)
         self.stream = stream
         self._start_position(resume)
+        incremental = None
+        if writer.state.snapshots and cfg.snapshot != "never":
+            from ..snapshot.incremental import IncrementalSnapshots
+
+            # tables that join later get a snapshot of their own (docs/staging.md, "Snapshot rows")
+            incremental = self.incremental = IncrementalSnapshots(self, cfg.snapshot_check_interval)
         started = time.monotonic()
         last_activity = time.monotonic()
         received = self._messages_received()
@@ -415,12 +423,16 @@ class IngestWorker:
                 if events or received != before or reconnects != was:
                     last_activity = now
                 for event in events:
+                    if incremental is not None:
+                        incremental.before(event)
                     writer.add(event)
                     if isinstance(event, ChangeBatch):
                         rows_seen += event.num_rows
                     if writer.buffered_bytes >= cfg.flush_bytes or writer.buffered_rows >= cfg.flush_rows:
                         # inside a large drain: write what is buffered, keep the log's LSN where it was
                         self._commit(writer.committed_lsn)
+                if incremental is not None:
+                    incremental.poll()
                 with self.metrics.lock:
                     self.metrics.events_total += len(events)
                     self.metrics.reconnects = getattr(stream, "reconnects", 0)

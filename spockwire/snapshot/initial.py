@@ -25,17 +25,17 @@ import pyarrow as pa
 from ..connection.session import pinned_kwargs
 from ..connection.slots import SLOT_PLUGIN, format_lsn, parse_lsn
 from ..errors import SpockwireError
-from ..model import Column, Relation
+from ..model import ChangeBatch, Column, Relation
 
 __all__ = ["ExportedSnapshot", "SnapshotError", "SnapshotTable", "create_slot_with_snapshot", "replicated_tables",
-           "snapshot_batch", "stage_initial_snapshot", "iter_snapshot_rows", "SNAPSHOT_SEQ_BASE", "SnapshotProgress"]
+           "snapshot_batch", "stage_initial_snapshot", "iter_snapshot_rows", "iter_snapshot_changes", "snapshot_rows", "snapshot_time", "SNAPSHOT_SEQ_BASE", "SnapshotProgress"]
 
 log = logging.getLogger("spockwire.snapshot")
 
-#: `_seq` of a table's first snapshot row; row i has SNAPSHOT_SEQ_BASE + i. Every snapshot row sorts before every
-#: change the stream delivers at the consistent point (a transaction's `_seq` starts at 0), so no transaction can
-#: share a (`_commit_lsn`, `_seq`) with a snapshot row, whatever WAL follows the slot's consistent point.
-SNAPSHOT_SEQ_BASE = -(1 << 63)
+# `_seq` of a table's first snapshot row; row i has SNAPSHOT_SEQ_BASE + i (-2^63 + i). Every snapshot row sorts
+# before every change the stream delivers at the consistent point (a transaction's `_seq` starts at 0), so no
+# transaction can share a (`_commit_lsn`, `_seq`) with a snapshot row, whatever WAL follows the consistent point.
+from ..ingest.staging_log import SNAPSHOT_SEQ_BASE  # noqa: E402
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -88,6 +88,7 @@ def _quote_ident(name: str) -> str:
 
 
 def create_slot_with_snapshot(dsn: str, slot: str, plugin: str = "pgoutput", *, two_phase: bool = False,
+                              temporary: bool = False,
                               connect_kwargs: dict[str, Any] | None = None) -> ExportedSnapshot:
     """Create logical slot `slot` over a replication connection with an exported snapshot and return it with
     that connection held open.
@@ -95,6 +96,8 @@ def create_slot_with_snapshot(dsn: str, slot: str, plugin: str = "pgoutput", *, 
     PostgreSQL 15 and later take ``CREATE_REPLICATION_SLOT name LOGICAL plugin (SNAPSHOT 'export')``, older
     servers ``... LOGICAL plugin EXPORT_SNAPSHOT``. Nothing else may run on the connection until the snapshot has
     been read (a command on it ends the export): close it then. An existing slot of that name is an error.
+    A `temporary` slot is dropped by the server when the connection ends (what table snapshots of a running
+    stream use: only the pair (consistent point, snapshot) matters).
     """
     import psycopg2
     from psycopg2.extras import LogicalReplicationConnection
@@ -113,11 +116,13 @@ def create_slot_with_snapshot(dsn: str, slot: str, plugin: str = "pgoutput", *, 
         version = conn.server_version
         if version >= 150000:
             opts = ["SNAPSHOT 'export'"] + (["TWO_PHASE"] if two_phase else [])
-            command = f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL {library} ({', '.join(opts)})"
+            command = (f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} {'TEMPORARY ' if temporary else ''}LOGICAL "
+                       f"{library} ({', '.join(opts)})")
         else:
             if two_phase:
                 raise SnapshotError("two_phase slots with an exported snapshot need PostgreSQL 15 or later")
-            command = f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL {library} EXPORT_SNAPSHOT"
+            command = (f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} {'TEMPORARY ' if temporary else ''}LOGICAL "
+                       f"{library} EXPORT_SNAPSHOT")
         cur = conn.cursor()
         cur.execute(command)
         row = cur.fetchone()
@@ -231,14 +236,15 @@ def _leaves(cur: Any, oid: int) -> list[int]:
 
 
 def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None, replication_sets: Any = None,
-                      snapshot: str | None = None, connect_kwargs: dict[str, Any] | None = None
-                      ) -> list[SnapshotTable]:
+                      snapshot: str | None = None, connect_kwargs: dict[str, Any] | None = None,
+                      skip: Iterable[str] = ()) -> list[SnapshotTable]:
     """Every table the stream of these settings replicates, with the relation it arrives as.
 
     pgoutput: ``pg_publication_tables`` of the publications, which already honours ``publish_via_partition_root``
     (the root is listed and its leaf partitions are read as its rows; otherwise each leaf is listed itself).
     pglogical / spock: the tables of the replication sets (``<schema>.replication_set_table``). Tables without a
-    primary key are included. With `snapshot`, the catalogs are read as the exported snapshot sees them.
+    primary key are included. With `snapshot`, the catalogs are read as the exported snapshot sees them. Tables
+    named in `skip` ("schema.table") are left out before their columns are read.
     """
     import psycopg2
 
@@ -267,6 +273,11 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
                 sets = list(_names(replication_sets)) or ["default"]
                 cur.execute(_SET_TABLES.format(schema=schema), (sets,))
             oids = sorted(int(r[0]) for r in cur.fetchall())
+            skip = set(skip)
+            if skip and oids:
+                cur.execute("SELECT c.oid::bigint, n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n "
+                            "ON n.oid = c.relnamespace WHERE c.oid = ANY(%s)", (oids,))
+                oids = sorted(oid for oid, name in cur.fetchall() if name not in skip)
             tables = []
             for oid in oids:
                 rel = _relation_of(cur, oid, protocol)
@@ -288,6 +299,12 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
 
 # ---------------------------------------------------------------------------------------------------- snapshot rows
 
+def _inserts(n: int) -> pa.Array:
+    """A string array of `n` times "insert", built from its buffers (no Python object per row)."""
+    offsets = np.arange(0, 6 * (n + 1), 6, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b"insert" * n)])
+
+
 def _micros(ts: _dt.datetime) -> int:
     delta = ts - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
     return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
@@ -299,7 +316,7 @@ def snapshot_batch(relation: Relation, values: pa.RecordBatch, first_row: int, c
     from ..export.arrow import change_fields
     n = values.num_rows
     change = [
-        pa.array(np.full(n, "insert", dtype=object), pa.string()),
+        _inserts(n),
         pa.array(np.full(n, commit_lsn, dtype=np.uint64), pa.uint64()),
         pa.array(np.full(n, _micros(commit_ts), dtype=np.int64), pa.int64()).cast(_TS),
         pa.nulls(n, pa.uint32()),
@@ -416,3 +433,28 @@ def stage_initial_snapshot(writer: Any, dsn: str, exported: ExportedSnapshot, ta
             "snapshot_ts": commit_ts.isoformat(), "tables": counts}
     entry = writer.commit(exported.consistent_point, snapshot=meta)
     return entry
+
+
+def iter_snapshot_changes(dsn: str, exported: ExportedSnapshot, tables: Sequence[SnapshotTable] | None = None, *,
+                          publication: Any = None, replication_sets: Any = None, workers: int = 1,
+                          types: str = "typed", connect_kwargs: dict[str, Any] | None = None
+                          ) -> Iterator[ChangeBatch]:
+    """Every snapshot row of `tables` (default: every table the slot's stream replicates, listed with
+    `publication` / `replication_sets`) as `ChangeBatch` events, the same kind the stream's decoder drains, so a
+    consumer handles snapshot and changes alike:
+
+        with create_slot_with_snapshot(dsn, "lake", "pgoutput") as exported:
+            for batch in iter_snapshot_changes(dsn, exported, publication="pub"):
+                consume(batch)                       # insert rows at the consistent point, _xid null
+        stream = spockwire.connect(dsn, slot="lake", publication="pub", start_lsn=exported.consistent_point)
+
+    The exported snapshot must still be open (iterate before leaving the `with` block)."""
+    if tables is None:
+        tables = replicated_tables(dsn, exported.plugin, publication=publication, replication_sets=replication_sets,
+                                   snapshot=exported.name, connect_kwargs=connect_kwargs)
+    commit_ts = snapshot_time(dsn, exported.name, connect_kwargs)
+    for table in tables:
+        batches = iter_snapshot_rows(dsn, table, exported.name, workers=workers, types=types,
+                                     connect_kwargs=connect_kwargs)
+        for rb in snapshot_rows(batches, table.relation, exported.consistent_point, commit_ts):
+            yield ChangeBatch(table.relation, rb)
