@@ -1,11 +1,11 @@
 """Exactly-once under kill -9 of the Spark driver: the pipeline (`python -m spockwire.spark.job`: the spockwire
-source starting with the initial snapshot, one slot, foreachBatch + apply_changes into a Delta table per source
-table) runs as a child process in a process group of its own, while writers keep changing the source tables. The
+source starting with the initial snapshot, one slot, foreachBatch + apply_changes into an SCD 1 and an SCD 2
+Delta table per source table) runs as a child process in a process group of its own, while writers keep changing the source tables. The
 group (the Python driver and its JVM) is killed with SIGKILL at random moments -- during the snapshot, which then
 starts over, and during streaming; some right after a micro-batch reached the Delta tables, before Spark's
 checkpoint records it -- every process of the driver must be gone, and the same command is started again from the
-checkpoint. At the end every Delta table must equal its source table exactly (the oracle is the source tables,
-read with psycopg2)."""
+checkpoint. At the end every SCD 1 table, and the current rows of every SCD 2 table, must equal the source table
+exactly (the oracle is the source tables, read with psycopg2)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -116,7 +116,7 @@ class Job:
         cmd = [sys.executable, "-m", "spockwire.spark.job", "--dsn", db.dsn, "--slot", f"{db.name}_s"[:63],
                "--publication", "pub", "--target", str(work / "delta"), "--checkpoint", str(work / "ck"),
                "--master", "local[1]", "--max-changes-per-batch", "400", "--starting-position", "snapshot",
-               "--option", "snapshotChunkPages=8", "--option", "snapshotChunksPerBatch=3"]
+               "--option", "snapshotChunkPages=8", "--option", "snapshotChunksPerBatch=3", "--history"]
         for table, keys in TABLES.items():
             cmd += ["--table", f"{table}={','.join(keys)}"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -178,10 +178,12 @@ def _source(db, table: str) -> dict:
         conn.close()
 
 
-def _delta(path: Path, names: list[str]) -> dict:
+def _delta(path: Path, names: list[str], current_only: bool = False) -> dict:
     from deltalake import DeltaTable
 
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    if current_only:    # SCD 2: the open-ended versions
+        rows = [r for r in rows if r["_end_commit_lsn"] is None]
     out = {r[names[0]]: tuple(_norm(r[n]) for n in names) for r in rows}
     assert len(out) == len(rows), "a key is in the Delta table twice"
     return out
@@ -237,6 +239,7 @@ def test_kill_9_the_driver_at_random_moments_then_delta_equals_source(pg_db, tmp
     assert commits[0] > 100, commits
     for table in TABLES:
         source, names = _source(pg_db, table)
-        delta = _delta(tmp_path / "delta" / table, names)
-        assert len(delta) == len(source)
-        assert delta == source, (table, sorted(set(delta.items()) ^ set(source.items()))[:5])
+        for suffix in ("", "_history"):
+            delta = _delta(tmp_path / "delta" / (table + suffix), names, current_only=bool(suffix))
+            assert len(delta) == len(source), table + suffix
+            assert delta == source, (table + suffix, sorted(set(delta.items()) ^ set(source.items()))[:5])

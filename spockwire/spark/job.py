@@ -43,6 +43,7 @@ class JobConfig:
     trigger_seconds: float = 0.5
     create_slot: bool = False
     extra_options: Mapping[str, str] = field(default_factory=dict)
+    history: bool = False                         # also an SCD 2 table per source table (<table>_history)
 
 
 @dataclass
@@ -56,10 +57,11 @@ class BatchReport:
     snapshot_rows: int = 0           # rows of the initial snapshot among them
 
 
-def target_path(target: str, table: str) -> str:
-    """The Delta table of a source table: ``<target>/<schema>.<table>``."""
+def target_path(target: str, table: str, history: bool = False) -> str:
+    """The Delta table of a source table: ``<target>/<schema>.<table>`` (SCD 1), ``<target>/<schema>.<table>_history``
+    (SCD 2)."""
     name = table if "." in table else f"public.{table}"
-    return os.path.join(target, name)
+    return os.path.join(target, name + ("_history" if history else ""))
 
 
 def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", impl: str | None = None) -> Any:
@@ -127,20 +129,21 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
         snapshot_rows = sum(r["snap"] for r in found)
         last = max((r["lsn"] for r in found if r["lsn"] is not None), default=None)
 
-        def one(table: str) -> None:
-            path = target_path(cfg.target, table)
+        def one(table: str, history: bool) -> None:
+            path = target_path(cfg.target, table, history)
             if not counts.get(table) and os.path.exists(os.path.join(path, "_delta_log")):
                 return
             t1 = time.monotonic()
             keys = cfg.tables[table]
-            apply_changes(select_table(batch, table), path, format="delta",
-                          keys=list(keys) if keys else None)
-            timings[table] = time.monotonic() - t1
+            apply_changes(select_table(batch, table), path, format="delta", keys=list(keys) if keys else None,
+                          stored_as_scd_type=2 if history else 1)
+            timings[table + ("_history" if history else "")] = time.monotonic() - t1
 
         # the tables are independent: their Spark jobs run side by side (the driver's planning and the
         # delta-rs commits overlap the executors' work)
-        with ThreadPoolExecutor(max_workers=min(4, len(cfg.tables))) as pool:
-            for done in [pool.submit(one, t) for t in cfg.tables]:
+        work = [(t, h) for t in cfg.tables for h in ((False, True) if cfg.history else (False,))]
+        with ThreadPoolExecutor(max_workers=min(4, len(work))) as pool:
+            for done in [pool.submit(one, t, h) for t, h in work]:
                 done.result()
         if os.environ.get("SPOCKWIRE_JOB_TIMINGS"):
             print("timings", {k: round(v, 2) for k, v in timings.items()}, file=sys.stderr, flush=True)
@@ -219,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-changes-per-batch", type=int, default=None)
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="any other option of the spockwire source (snapshotChunkPages=64, ...); repeatable")
+    p.add_argument("--history", action="store_true",
+                   help="also keep an SCD 2 table per source table (<target>/<schema>.<table>_history)")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--until-caught-up", action="store_true",
                    help="stop once every change committed before the job started is applied")
@@ -228,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     tables=dict(_parse_table(t) for t in args.table), target=args.target,
                     checkpoint=args.checkpoint, starting_position=args.starting_position,
                     max_changes_per_batch=args.max_changes_per_batch,
-                    extra_options=dict(o.split("=", 1) for o in args.option))
+                    extra_options=dict(o.split("=", 1) for o in args.option), history=args.history)
     spark = spark_session(args.master, app="spockwire-job")
     lock = threading.Lock()
 
