@@ -153,6 +153,7 @@ def run_spark(cfg: argparse.Namespace, out: TextIO) -> int:
                         max_changes_per_batch=50_000)
         lock = threading.Lock()
         totals = {t: 0 for t in TABLES}
+        snapshot_totals = {t: 0 for t in TABLES}
         batches: list[BatchReport] = []
         marks: dict[str, float] = {}
         snapshot_rows = [0]
@@ -163,6 +164,8 @@ def run_spark(cfg: argparse.Namespace, out: TextIO) -> int:
                 batches.append(b)
                 for t, n in b.rows.items():
                     totals[t] += n
+                for t, n in b.snapshot_by_table.items():
+                    snapshot_totals[t] += n
                 if b.snapshot_rows:
                     snapshot_rows[0] += b.snapshot_rows
                     marks.setdefault("snapshot_start", now - b.seconds)
@@ -180,6 +183,14 @@ def run_spark(cfg: argparse.Namespace, out: TextIO) -> int:
         query = start(spark, job, on_batch)
         out.write(f"streaming query started: checkpoint {job.checkpoint}, Delta tables in {job.target}\n")
         out.flush()
+        # the writes start once the query planned its first micro-batch (the slot and its snapshot exist)
+        deadline = time.monotonic() + 600
+        while not os.path.exists(os.path.join(job.checkpoint, "offsets", "0")):
+            if query.exception() is not None:
+                raise CliError(f"the streaming query failed: {query.exception()}")
+            if time.monotonic() > deadline:
+                raise CliError("the streaming query planned no micro-batch within 600 s")
+            time.sleep(0.05)
         conn = pg.connect(db)
         conn.autocommit = True
         t_writes = time.monotonic()
@@ -214,11 +225,12 @@ def run_spark(cfg: argparse.Namespace, out: TextIO) -> int:
                   f"rows/s applied to Delta; caught up {caught_up_s:.1f}s after the last write (lag then 0 bytes: "
                   f"applied up to {format_lsn(target)}); slot confirmed at {format_lsn(int(slot_lsn))}\n")
         failures = 0
-        out.write(f"  {'table':<18} {'changes':>8} {'source rows':>11} {'delta rows':>10}  check\n")
+        out.write(f"  {'table':<18} {'snapshot':>8} {'changes':>8} {'source rows':>11} {'delta rows':>10}  check\n")
         for table, keys in TABLES.items():
             n_source, n_delta, same = _check(pg, db, table, keys, target_path(job.target, table))
             failures += not same
-            out.write(f"  {table:<18} {totals[table]:>8,} {n_source:>11,} {n_delta:>10,}  "
+            out.write(f"  {table:<18} {snapshot_totals[table]:>8,} {totals[table] - snapshot_totals[table]:>8,} "
+                      f"{n_source:>11,} {n_delta:>10,}  "
                       f"{'Delta table equals the source table' if same else 'MISMATCH'}\n")
         spark.stop()
     if failures:

@@ -55,6 +55,7 @@ class BatchReport:
     seconds: float
     end_lsn: int | None = None       # the last commit LSN among its changes
     snapshot_rows: int = 0           # rows of the initial snapshot among them
+    snapshot_by_table: dict[str, int] = field(default_factory=dict)
 
 
 def target_path(target: str, table: str, history: bool = False) -> str:
@@ -126,7 +127,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
         found = batch.groupBy("_table").agg(F.count(F.lit(1)).alias("n"), F.max("_commit_lsn").alias("lsn"),
                                             F.count(F.when(snapshot_row, 1)).alias("snap")).collect()
         counts = {r["_table"]: r["n"] for r in found}
-        snapshot_rows = sum(r["snap"] for r in found)
+        snapshot_rows = {r["_table"]: int(r["snap"]) for r in found}
         last = max((r["lsn"] for r in found if r["lsn"] is not None), default=None)
 
         def one(table: str, history: bool) -> None:
@@ -149,7 +150,8 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
             print("timings", {k: round(v, 2) for k, v in timings.items()}, file=sys.stderr, flush=True)
         if on_batch is not None:
             on_batch(BatchReport(batch_id, {t: int(counts.get(t, 0)) for t in cfg.tables}, time.monotonic() - t0,
-                                 last, int(snapshot_rows)))
+                                 last, sum(snapshot_rows.values()),
+                                 {t: snapshot_rows.get(t, 0) for t in cfg.tables}))
 
     return run
 
