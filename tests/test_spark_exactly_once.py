@@ -1,11 +1,11 @@
 """Exactly-once under kill -9 of the Spark driver: the pipeline (`python -m spockwire.spark.job`: the spockwire
 source starting with the initial snapshot, one slot, foreachBatch + apply_changes into an SCD 1 and an SCD 2
-Delta table per source table) runs as a child process in a process group of its own, while writers keep changing the source tables. The
-group (the Python driver and its JVM) is killed with SIGKILL at random moments -- during the snapshot, which then
-starts over, and during streaming; some right after a micro-batch reached the Delta tables, before Spark's
-checkpoint records it -- every process of the driver must be gone, and the same command is started again from the
-checkpoint. At the end every SCD 1 table, and the current rows of every SCD 2 table, must equal the source table
-exactly (the oracle is the source tables, read with psycopg2)."""
+Delta table per source table) runs as a child process in a process group of its own, while writers keep changing
+the source tables. The group (the Python driver and its JVM) is killed with SIGKILL at random moments -- during the
+snapshot, which then starts over, and during streaming; some right after a micro-batch reached the Delta tables,
+before Spark's checkpoint records it -- every process of the driver must be gone, and the same command is started
+again from the checkpoint. At the end every SCD 1 table, and the current rows of every SCD 2 table, must equal the
+source table exactly (the oracle is the source tables, read with psycopg2)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -68,7 +68,7 @@ def _writer(db, rng: random.Random, stop: threading.Event, counter: list[int]) -
                                 (rng.randint(-500, 500), rng.randint(1, 3000)))
                 else:
                     cur.execute("INSERT INTO accounts SELECT g, 'late', 0, current_date FROM generate_series(%s, %s) g"
-                                " ON CONFLICT (id) DO UPDATE SET owner = 'again'", (next_id, next_id + 300))
+                                " ON CONFLICT (id) DO UPDATE SET owner = 'again'", (next_id, next_id + 50))
             conn.commit()
             counter[0] += 1
             time.sleep(rng.uniform(0.02, 0.08))
@@ -116,7 +116,7 @@ class Job:
         cmd = [sys.executable, "-m", "spockwire.spark.job", "--dsn", db.dsn, "--slot", f"{db.name}_s"[:63],
                "--publication", "pub", "--target", str(work / "delta"), "--checkpoint", str(work / "ck"),
                "--master", "local[1]", "--max-changes-per-batch", "400", "--starting-position", "snapshot",
-               "--option", "snapshotChunkPages=16", "--option", "snapshotChunksPerBatch=3", "--history"]
+               "--option", "snapshotChunkPages=24", "--option", "snapshotChunksPerBatch=3", "--history"]
         for table, keys in TABLES.items():
             cmd += ["--table", f"{table}={','.join(keys)}"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -189,6 +189,7 @@ def _delta(path: Path, names: list[str], current_only: bool = False) -> dict:
     return out
 
 
+@pytest.mark.timeout(1800)   # eleven Spark starts: a few minutes on a quiet machine, far more on a busy one
 def test_kill_9_the_driver_at_random_moments_then_delta_equals_source(pg_db, tmp_path):
     rng = random.Random(int(os.environ.get("SPOCKWIRE_KILL_SEED", "14")))
     pg_db.execute(DDL)

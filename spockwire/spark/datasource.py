@@ -29,7 +29,7 @@ Options (all strings, as Spark passes them):
 | maxWalBytesPerBatch | streaming: at most this many bytes of WAL per micro-batch |
 | idleAdvanceBytes | streaming: move the slot over this much WAL without output for the tables (default 64 MiB) |
 | startingLsn / endingLsn | batch reads: the range (default: the slot's position / the server's flush LSN) |
-| startingPosition | streaming: ``slot`` (default: from the slot's position) or ``snapshot`` (create the slot with an exported snapshot, read the tables' rows, then the changes) |
+| startingPosition | streaming: ``slot`` (default, the slot's position) or ``snapshot`` (rows first: snapshot.py) |
 | snapshotChunkPages | snapshot: table pages per Spark task (default 4096) |
 | snapshotChunksPerBatch | snapshot: tasks per micro-batch (default 8) |
 | pluginOption.NAME | any extra output-plugin option, passed as is |
