@@ -40,6 +40,8 @@ def spark_session() -> Any:
                         .config("spark.sql.session.timeZone", "UTC")
                         .config("spark.driver.memory", "1g")
                         .config("spark.sql.streaming.pollingDelay", "10ms")
+                        # a Python process the JVM starts may take long to connect back on a busy machine (the default is 15 s)
+                        .config("spark.python.authenticate.socketTimeout", "120s")
                         # tiny test data: adaptive re-planning only adds jobs
                         .config("spark.sql.adaptive.enabled", "false")
                         .getOrCreate())

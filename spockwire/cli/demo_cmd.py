@@ -31,7 +31,10 @@ HELP = "run the whole pipeline on a throwaway local PostgreSQL: workload, ingest
 
 OUT = Setting("out", "staging folder to write (default: a new temporary folder)", metavar="DIR", short="-o")
 ROWS = Setting("rows", "rows of the large streamed transaction", type=positive_int, default=100_000, metavar="N")
-SETTINGS = (*COMMON_SETTINGS, OUT, ROWS)
+SPARK = Setting("spark", "the Spark pipeline (local Spark, the spockwire source, apply_changes into Delta tables); "
+                "--no-spark: the ingest worker into Parquet staging instead", is_flag=True, default=True)
+MASTER = Setting("master", "Spark master of the Spark pipeline", default="local[2]", metavar="URL")
+SETTINGS = (*COMMON_SETTINGS, OUT, ROWS, SPARK, MASTER)
 
 SCHEMA = """
 CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL, email text, balance numeric(12,2),
@@ -109,6 +112,10 @@ def find_server() -> tuple[Path, str]:
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     cfg = resolve(args, NAME)
+    if cfg.spark:
+        from .demo_spark import run_spark
+
+        return run_spark(cfg, out)
     try:
         import psycopg2  # noqa: F401 - the demo's client
 

@@ -29,6 +29,9 @@ Options (all strings, as Spark passes them):
 | maxWalBytesPerBatch | streaming: at most this many bytes of WAL per micro-batch |
 | idleAdvanceBytes | streaming: move the slot over this much WAL without output for the tables (default 64 MiB) |
 | startingLsn / endingLsn | batch reads: the range (default: the slot's position / the server's flush LSN) |
+| startingPosition | streaming: ``slot`` (default, the slot's position) or ``snapshot`` (rows first: snapshot.py) |
+| snapshotChunkPages | snapshot: table pages per Spark task (default 4096) |
+| snapshotChunksPerBatch | snapshot: tasks per micro-batch (default 8) |
 | pluginOption.NAME | any extra output-plugin option, passed as is |
 """
 from __future__ import annotations
@@ -43,6 +46,7 @@ from ..connection.slots import format_lsn, parse_lsn
 from ..model import Relation
 from . import schema as S
 from ..values.catalog import parse_column_types
+from .snapshot import is_snapshot_offset
 from .slot import IDLE_ADVANCE_BYTES, SlotSpec, _catalog, _connect, current_flush_lsn, decoder_types_supported, \
     ensure_slot, plan_end, read_range, slot_position, advance_slot
 
@@ -54,7 +58,10 @@ except ImportError:  # pragma: no cover - Spark 4.0 / 4.1
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         pass
 
-__all__ = ["SpockwireDataSource", "LsnRange", "options_to_spec"]
+__all__ = ["SpockwireDataSource", "LsnRange", "options_to_spec", "STARTING_POSITIONS"]
+
+#: values of the streaming option startingPosition
+STARTING_POSITIONS = ("slot", "snapshot")
 
 
 def _flag(value: Any, default: bool = False) -> bool:
@@ -160,6 +167,21 @@ def _read(spec: SlotSpec, layout_args: tuple, start: int, end: int) -> Iterator[
         yield layout.convert(table, batch)
 
 
+def _table_columns(layout: _Layout, table: str) -> list[str]:
+    """The table's columns in the query's schema (what a snapshot task reads)."""
+    if layout.multi:
+        return [f.name for f in layout.struct_types[table]]
+    return [f.name for f in layout.target if f.name not in S.CHANGE_COLUMNS]
+
+
+def _read_snapshot(spec: SlotSpec, layout_args: tuple, chunk: Any) -> Iterator[pa.RecordBatch]:
+    from .snapshot import read_chunk
+
+    layout = _Layout(*layout_args)
+    for table, batch in read_chunk(spec, chunk, _table_columns(layout, chunk.table)):
+        yield layout.convert(table, batch)
+
+
 class SpockwireDataSource(DataSource):
     """``spark.read/readStream.format("spockwire")``: changes of one slot for one or more tables."""
 
@@ -230,6 +252,15 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         idle = opts.get("idleadvancebytes")
         self.idle_advance = int(idle) if idle not in (None, "") else IDLE_ADVANCE_BYTES
         self.starting = parse_lsn(opts["startinglsn"]) if opts.get("startinglsn") else None
+        position = str(opts.get("startingposition") or "slot").lower()
+        if position not in STARTING_POSITIONS:
+            raise ValueError(f"startingPosition must be one of {', '.join(STARTING_POSITIONS)}, not {position!r}")
+        self.snapshot = None
+        if position == "snapshot":
+            from .snapshot import CHUNK_PAGES, CHUNKS_PER_BATCH, SnapshotDriver
+
+            self.snapshot = SnapshotDriver(spec, tables, int(opts.get("snapshotchunkpages") or CHUNK_PAGES),
+                                           int(opts.get("snapshotchunksperbatch") or CHUNKS_PER_BATCH))
         self._until: int | None = None
         self._known_start: int | None = None
 
@@ -239,6 +270,10 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return {"lsn": format_lsn(lsn)}
 
     def initialOffset(self) -> dict:
+        if self.snapshot is not None:
+            from .snapshot import initial_offset
+
+            return initial_offset()
         if self.create_slot:
             confirmed = ensure_slot(self.spec)
         else:
@@ -267,6 +302,10 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         Spark calls this only once every earlier batch is committed in the checkpoint, so the slot may move to
         `start` first. Without `start` (Spark before 4.2) the slot's own position is used.
         """
+        if self.snapshot is not None and start is not None and is_snapshot_offset(start):
+            if not self.snapshot.complete(start):
+                return self.snapshot.next_offset(start)
+            self.snapshot.close()        # read: the slot's changes follow from its consistent point
         if start is not None:
             begin = parse_lsn(start["lsn"])
         elif self._known_start is not None:
@@ -286,16 +325,26 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self._offset(plan.end)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        if is_snapshot_offset(end):
+            if self.snapshot is None:
+                raise ValueError("this checkpoint holds a snapshot: run the query with startingPosition=snapshot")
+            return self.snapshot.partitions(end)
         lo, hi = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
         if hi <= lo:
             return []
         return [LsnRange(lo, hi)]
 
-    def read(self, partition: LsnRange) -> Iterator[pa.RecordBatch]:
-        yield from _read(self.spec, self.layout_args, partition.start, partition.end)
+    def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, LsnRange):
+            yield from _read(self.spec, self.layout_args, partition.start, partition.end)
+        else:
+            yield from _read_snapshot(self.spec, self.layout_args, partition)
 
     def commit(self, end: dict) -> None:
+        if is_snapshot_offset(end):
+            return           # the slot stays at its consistent point until the snapshot is read
         advance_slot(self.spec, parse_lsn(end["lsn"]))
 
     def stop(self) -> None:
-        pass
+        if self.snapshot is not None:
+            self.snapshot.close()

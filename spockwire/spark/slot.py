@@ -151,6 +151,26 @@ def slot_position(cur: Any, slot: str) -> tuple[int, str] | None:
     return parse_lsn(row[0]), row[1]
 
 
+#: how long a reader waits for a slot another backend still holds (the backend of a killed driver keeps it until
+#: the server notices the client is gone)
+SLOT_BUSY_WAIT = 120.0
+
+
+def _wait_released(cur: Any, spec: SlotSpec, timeout: float | None = None) -> None:
+    """Wait until no backend holds the slot: after a driver was killed mid-read, its server backend keeps the slot
+    active until it notices the client is gone (at its next write to the socket). Raises the server's own error
+    (by acquiring the slot) when it stays held."""
+    import time
+
+    deadline = time.monotonic() + (SLOT_BUSY_WAIT if timeout is None else timeout)
+    while time.monotonic() < deadline:
+        cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (spec.slot,))
+        row = cur.fetchone()
+        if row is None or row[0] is None:
+            return
+        time.sleep(0.1)
+
+
 def _require_slot(cur: Any, spec: SlotSpec) -> int:
     pos = slot_position(cur, spec.slot)
     if pos is None:
@@ -187,6 +207,7 @@ def advance_slot(spec: SlotSpec, lsn: int) -> int:
 def _advance(cur: Any, spec: SlotSpec, lsn: int) -> int:
     confirmed = _require_slot(cur, spec)
     if lsn > confirmed:
+        _wait_released(cur, spec)
         cur.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
                     (spec.slot, format_lsn(lsn)))
         confirmed = parse_lsn(cur.fetchone()[0])
@@ -237,6 +258,7 @@ def plan_end(spec: SlotSpec, start: int, *, max_messages: int | None = None, max
             return Plan(start, flush, 0)
         wanted = max(1, int(max_messages)) if max_messages else 1
         opts = spec.plugin_options(conn.server_version, conn.get_parameter_status("server_encoding"))
+        _wait_released(cur, spec)
         cur.execute(_peek_sql(spec, "count(*), max(lsn)::text"),
                     (spec.slot, format_lsn(upto), wanted, _variadic(opts)))
         count, last = cur.fetchone()
@@ -320,6 +342,7 @@ def read_range(spec: SlotSpec, start: int, end: int, tables: Sequence[str] | Non
                     f"{format_lsn(start)} of the range to read: the changes in between are no longer available "
                     "(was the slot advanced by another consumer, or the checkpoint restored from an older copy?)")
             opts = spec.plugin_options(conn.server_version, conn.get_parameter_status("server_encoding"))
+            _wait_released(cur, spec)
         with conn.cursor(name="spockwire_peek") as cur:
             cur.itersize = fetch_rows
             cur.execute(_peek_sql(spec, "(lsn - '0/0'::pg_lsn)::int8, data"),
