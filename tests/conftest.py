@@ -15,7 +15,9 @@ pytest_plugins = ["tests.pg_fixtures"]
 #   spark  starts a local SparkSession (tests/test_spark*.py and tests using the `spark` fixture)
 #   fuzz   needs the sanitizer build (clang, atheris): uses the `sanitized` fixture of tests/test_fuzz_short.py
 #   slow   heavy (millions of rows, kill -9 campaigns): marked in the test module
-#   lint   the workflow linters over the source tree's .github/workflows (tests/test_workflows.py)
+#   lint   checks of the source tree: the workflow linters over .github/workflows (tests/test_workflows.py),
+#          figures quoted from BENCHMARKS.md (test_doc_figures.py), the constants the C kernels share with the
+#          twin (test_kernel_constants.py)
 #   fast   none of the above: golden vectors, malformed input, round trips, differential, both implementations;
 #          what the wheel builds run (pyproject.toml, [tool.cibuildwheel] test-command)
 TIER_MARKERS = ("pg", "spark", "fuzz", "slow", "lint")

@@ -4,12 +4,16 @@
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+# the source tree's documents: a check of the checkout, not of an installed wheel
+pytestmark = pytest.mark.lint
+
+ROOT = Path(os.environ.get("SPOCKWIRE_SOURCE_DIR") or Path(__file__).resolve().parents[1])
 START, END = "<!-- figures: BENCHMARKS.md -->", "<!-- /figures -->"
 #: a figure: a number with thousands separators or decimals, or a ratio ("4.99x", "16x"); plain integers without
 #: either ("7 columns") are prose, not figures

@@ -8,14 +8,20 @@ one alone.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+
+import pytest
 
 from spockwire import model
 from spockwire.values import _convert_py, catalog, failures
 from spockwire.wire import _decoder_py
 
-WIRE = Path(__file__).resolve().parents[1] / "spockwire" / "wire"
+# the C sources are not in a wheel: a check of the checkout (the twin's modules are the installed ones)
+pytestmark = pytest.mark.lint
+
+WIRE = Path(os.environ.get("SPOCKWIRE_SOURCE_DIR") or Path(__file__).resolve().parents[1]) / "spockwire" / "wire"
 
 
 def _header_defines() -> dict[str, int]:
