@@ -18,15 +18,6 @@ from .common import CliError, format_lsn, human_bytes
 
 TABLES = {"public.customers": ("id",), "public.orders": ("id",), "public.events": ("id",)}
 
-SCHEMA = """
-CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL, email text, balance numeric(12,2),
-                        profile jsonb, updated_at timestamptz);
-CREATE TABLE orders (id bigint PRIMARY KEY, customer_id int, total numeric(12,2), placed_at timestamptz,
-                     tags text[], note text);
-ALTER TABLE orders ALTER COLUMN note SET STORAGE EXTERNAL;
-CREATE TABLE events (id bigserial PRIMARY KEY, kind text, payload jsonb);
-CREATE PUBLICATION demo_pub FOR ALL TABLES;
-"""
 
 # the rows the tables hold before the pipeline starts
 INITIAL = [
@@ -120,7 +111,7 @@ def run_spark(cfg: argparse.Namespace, out: TextIO) -> int:
         raise CliError(f"the Spark pipeline needs pyspark and deltalake (pip install spockwire[spark]), or run "
                        f"`spockwire demo --no-spark`: {exc}") from None
     from ..spark.job import BatchReport, JobConfig, flush_lsn, spark_session, start, target_path, wait_caught_up
-    from .demo_cmd import find_server
+    from .demo_cmd import SCHEMA, find_server
 
     bindir, server = find_server()
     work = cfg.out or tempfile.mkdtemp(prefix="spockwire-demo-")
