@@ -125,34 +125,12 @@ def test_spock_internal_type_table(sdb, impl):
     assert internal == {c.name for c in cases if c.sqltype.split("(")[0] in INTERNAL_TYPES and not c.array
                         and (has_xml or c.sqltype != "xml")}, internal
     conn = sdb.connect()
-    expected: dict[str, list] = {}
     try:
         with conn.cursor() as cur:
-            cur.execute("SET TimeZone = 'UTC'")
-            import psycopg2.extras
-            psycopg2.extras.register_uuid(conn_or_curs=cur)
-            for case in cases:
-                cur.execute(f"SELECT id, {TV._expected_sql(case, cur)} FROM t_{case.name} ORDER BY id")
-                expected[case.name] = cur.fetchall()
+            expected = TV.server_expected(cur, cases)
     finally:
         conn.close()
-    by_table: dict[str, list] = {}
-    arrays: dict[str, Any] = {}
-    for ev in events:
-        if hasattr(ev, "to_arrow"):
-            by_table.setdefault(ev.relation.name, []).extend(ev.to_pylist())
-            arrays[ev.relation.name] = ev.to_arrow().column("v").type
-    assert set(by_table) == {f"t_{c.name}" for c in cases}
-    for case in cases:
-        where = f"internal {case.name}"
-        rows = by_table[f"t_{case.name}"]
-        if case.arrow is None:
-            assert arrays[f"t_{case.name}"] == TV.pa.string(), where
-            got = [r["v"] for r in sorted(rows, key=lambda r: r["id"])]
-            assert got == [e[2] for e in expected[case.name]], where
-            continue
-        assert arrays[f"t_{case.name}"] == case.arrow, where
-        TV.assert_matches_server(case, rows, expected[case.name], where)
+    TV.assert_events_match_server(events, cases, expected, "internal")
 
 
 @pytest.mark.parametrize("method", ["pglz"])

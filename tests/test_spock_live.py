@@ -212,35 +212,13 @@ def test_spock_type_table_text_and_binary(sdb, impl):
         with spock_connect(sdb, impl, slot=slot, binary=binary, reconnect=False) as stream:
             decoded[binary] = collect(stream, lambda evs: row_count(evs) >= total)
     conn = sdb.connect()
-    expected: dict[str, list] = {}
     try:
         with conn.cursor() as cur:
-            cur.execute("SET TimeZone = 'UTC'")
-            import psycopg2.extras
-            psycopg2.extras.register_uuid(conn_or_curs=cur)
-            for case in TV.CASES:
-                cur.execute(f"SELECT id, {TV._expected_sql(case, cur)} FROM t_{case.name} ORDER BY id")
-                expected[case.name] = cur.fetchall()
+            expected = TV.server_expected(cur, TV.CASES)
     finally:
         conn.close()
     for binary, events in decoded.items():
-        by_table: dict[str, list] = {}
-        arrays: dict[str, Any] = {}
-        for ev in events:
-            if hasattr(ev, "to_arrow"):
-                by_table.setdefault(ev.relation.name, []).extend(ev.to_pylist())
-                arrays[ev.relation.name] = ev.to_arrow().column("v").type
-        assert set(by_table) == {f"t_{c.name}" for c in TV.CASES}
-        for case in TV.CASES:
-            where = f"{'binary' if binary else 'text'} {case.name}"
-            rows = by_table[f"t_{case.name}"]
-            if case.arrow is None:   # OTHER: the output function's text in both formats
-                assert arrays[f"t_{case.name}"] == TV.pa.string(), where
-                got = [r["v"] for r in sorted(rows, key=lambda r: r["id"])]
-                assert got == [e[2] for e in expected[case.name]], where
-                continue
-            assert arrays[f"t_{case.name}"] == case.arrow, where
-            TV.assert_matches_server(case, rows, expected[case.name], where)
+        TV.assert_events_match_server(events, TV.CASES, expected, "binary" if binary else "text")
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from spockwire.model import ChangeBatch, Column, Relation
 from spockwire.values import PostgresTypeCatalog
 from tests.conftest import load_impl
 from tests.pg_fixtures import PgDatabase
-from tests.test_typed_values import CASES, SCHEMA, _expected_sql, _insert_sql, assert_matches_server, \
+from tests.test_typed_values import CASES, SCHEMA, _insert_sql, assert_matches_server, server_expected, \
     assert_same_array
 
 CHANGE = ("_change_type", "_commit_lsn", "_seq")
@@ -101,12 +101,7 @@ def source(pg_cluster, tmp_path_factory) -> Source:
                 cur.execute("SELECT lsn - '0/0', data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
                             "VARIADIC %s::text[])", (f"st_ref_{fmt}", opts))
                 src.frames[fmt] = [(int(lsn), bytes(data)) for lsn, data in cur.fetchall()]
-            cur.execute("SET TimeZone = 'UTC'")
-            import psycopg2.extras
-            psycopg2.extras.register_uuid(conn_or_curs=cur)
-            for case in CASES:
-                cur.execute(f"SELECT id, {_expected_sql(case, cur)} FROM t_{case.name} ORDER BY id")
-                src.expected[case.name] = cur.fetchall()
+            src.expected.update(server_expected(cur, CASES))
     finally:
         conn.close()
     for impl, fmt in RUNS:

@@ -28,7 +28,7 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 import pytest
@@ -428,12 +428,7 @@ def dataset(request) -> Dataset:
                 data.streams["pgl_internal_fixed"] = ("pglogical", peek("tv_pgl", dict(
                     PGL_INTERNAL, **{"pglogical.replication_set_names": "tv_fixed"})))
                 data.streams["pgl_internal_all"] = ("pglogical", peek("tv_pgl", PGL_INTERNAL))
-            cur.execute("SET TimeZone = 'UTC'")
-            import psycopg2.extras
-            psycopg2.extras.register_uuid(conn_or_curs=cur)
-            for case in CASES:
-                cur.execute(f"SELECT id, {_expected_sql(case, cur)} FROM t_{case.name} ORDER BY id")
-                data.expected[case.name] = cur.fetchall()
+            data.expected.update(server_expected(cur, CASES))
     finally:
         conn.close()
     data.catalog = PostgresTypeCatalog(db.dsn)
@@ -575,6 +570,41 @@ def assert_matches_server(case: Case, rows: list[dict[str, Any]], expected: list
         else:
             assert (value is None) == (text is None), at
             _compare_element(case, value, py, text, at)
+
+
+def server_expected(cur: Any, cases: Sequence[Case]) -> dict[str, list[tuple]]:
+    """Each case table's rows as the server gives them (its Python values and its text, in UTC): the oracle."""
+    import psycopg2.extras
+
+    cur.execute("SET TimeZone = 'UTC'")
+    psycopg2.extras.register_uuid(conn_or_curs=cur)
+    expected = {}
+    for case in cases:
+        cur.execute(f"SELECT id, {_expected_sql(case, cur)} FROM t_{case.name} ORDER BY id")
+        expected[case.name] = cur.fetchall()
+    return expected
+
+
+def assert_events_match_server(events: Sequence[Any], cases: Sequence[Case], expected: dict[str, list[tuple]],
+                               label: str) -> None:
+    """Decoded change batches of the case tables hold exactly the server's values, in the mapped Arrow types."""
+    by_table: dict[str, list] = {}
+    arrays: dict[str, Any] = {}
+    for ev in events:
+        if hasattr(ev, "to_arrow"):
+            by_table.setdefault(ev.relation.name, []).extend(ev.to_pylist())
+            arrays[ev.relation.name] = ev.to_arrow().column("v").type
+    assert set(by_table) == {f"t_{c.name}" for c in cases}
+    for case in cases:
+        where = f"{label} {case.name}"
+        rows = by_table[f"t_{case.name}"]
+        if case.arrow is None:   # OTHER: the output function's text in both formats
+            assert arrays[f"t_{case.name}"] == pa.string(), where
+            got = [r["v"] for r in sorted(rows, key=lambda r: r["id"])]
+            assert got == [e[2] for e in expected[case.name]], where
+            continue
+        assert arrays[f"t_{case.name}"] == case.arrow, where
+        assert_matches_server(case, rows, expected[case.name], where)
 
 
 TYPED = [c for c in CASES if c.arrow is not None]

@@ -212,9 +212,8 @@ cdef class _BatchPump:
         """Forget the connection (call before the psycopg2 connection closes); later calls raise."""
         self.conn = NULL
 
-    cdef int _append_frame(self, const char *lsn_be, const char *payload, uint32_t length) noexcept nogil:
-        """Append one frame record: u32 payload length, the 8 big-endian LSN bytes at `lsn_be`, the payload."""
-        cdef Py_ssize_t need = self.used + FRAME_HEADER + length
+    cdef int _reserve(self, Py_ssize_t need) noexcept nogil:
+        """Make the buffer hold at least `need` bytes (doubling, so appends stay amortised O(1))."""
         cdef Py_ssize_t cap
         cdef char *grown
         if need > self.cap:
@@ -226,6 +225,13 @@ cdef class _BatchPump:
                 return NO_MEMORY
             self.buf = grown
             self.cap = cap
+        return OK
+
+    cdef int _append_frame(self, const char *lsn_be, const char *payload, uint32_t length) noexcept nogil:
+        """Append one frame record: u32 payload length, the 8 big-endian LSN bytes at `lsn_be`, the payload."""
+        cdef Py_ssize_t need = self.used + FRAME_HEADER + length
+        if self._reserve(need) != OK:
+            return NO_MEMORY
         put_u32(self.buf + self.used, length)
         memcpy(self.buf + self.used + 4, lsn_be, 8)
         memcpy(self.buf + self.used + FRAME_HEADER, payload, length)
@@ -812,21 +818,12 @@ cdef class CopyDataPump(CopyPump):
 
     cdef int _row(self, const char *msg, int n) noexcept nogil:
         cdef Py_ssize_t need = self.used + n
-        cdef Py_ssize_t cap
-        cdef char *grown
         self.rows += 1
         if self.rows <= self.skip:   # cancel() drops what still arrives
             self.skipped += 1
             return OK
-        if need > self.cap:
-            cap = self.cap * 2
-            if cap < need:
-                cap = need
-            grown = <char *>realloc(self.buf, cap)
-            if grown == NULL:
-                return NO_MEMORY
-            self.buf = grown
-            self.cap = cap
+        if self._reserve(need) != OK:
+            return NO_MEMORY
         memcpy(self.buf + self.used, msg, n)
         self.used = need
         self.messages += 1

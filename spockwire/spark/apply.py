@@ -677,25 +677,25 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _sql_pos_lt(cols: Sequence[str], pos: tuple, quote: Any = _q) -> str:
-    """SQL: the row's sequence (cols) is before `pos`."""
+def _sql_pos_cmp(cols: Sequence[str], pos: tuple, op: str, quote: Any = _q) -> str:
+    """SQL: the row's sequence (cols) compares with `pos` by `op` ("<" or ">"), lexicographically."""
     expr = None
     for i in range(len(cols) - 1, -1, -1):
-        here = f"{quote(cols[i])} < {_sql_literal(pos[i])}"
+        here = f"{quote(cols[i])} {op} {_sql_literal(pos[i])}"
         if expr is not None:
             here = f"({here} OR ({quote(cols[i])} = {_sql_literal(pos[i])} AND {expr}))"
         expr = here
     return expr or "false"
+
+
+def _sql_pos_lt(cols: Sequence[str], pos: tuple, quote: Any = _q) -> str:
+    """SQL: the row's sequence (cols) is before `pos`."""
+    return _sql_pos_cmp(cols, pos, "<", quote)
 
 
 def _sql_pos_gt(cols: Sequence[str], pos: tuple, quote: Any = _q) -> str:
-    expr = None
-    for i in range(len(cols) - 1, -1, -1):
-        here = f"{quote(cols[i])} > {_sql_literal(pos[i])}"
-        if expr is not None:
-            here = f"({here} OR ({quote(cols[i])} = {_sql_literal(pos[i])} AND {expr}))"
-        expr = here
-    return expr or "false"
+    """SQL: the row's sequence (cols) is after `pos`."""
+    return _sql_pos_cmp(cols, pos, ">", quote)
 
 
 class _Store:
