@@ -27,6 +27,13 @@ static inline int64_t sw_load_i64(const char *p) { return (int64_t)sw_load_u64(p
 static inline int sw_utf8_valid(const unsigned char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
+        /* long ASCII runs (large text values): 32 bytes a step, one test */
+        while (i + 32 <= n) {
+            uint64_t a, b, c, d;
+            memcpy(&a, s + i, 8); memcpy(&b, s + i + 8, 8); memcpy(&c, s + i + 16, 8); memcpy(&d, s + i + 24, 8);
+            if (((a | b | c | d) & 0x8080808080808080ULL) != 0) break;
+            i += 32;
+        }
         if (i + 8 <= n) {
             uint64_t w; memcpy(&w, s + i, 8);
             if ((w & 0x8080808080808080ULL) == 0) { i += 8; continue; }
