@@ -29,6 +29,7 @@ from .staging_log import (FORMAT_VERSION, LOCK_FILE, LOG_DIR, MESSAGES_DIR, MESS
                           table_folder_name)
 from .staging_read import list_tables, read_messages, read_staging
 from .stored_types import store_batch
+from ..wire.views import to_plain
 
 __all__ = [
     "FORMAT_VERSION", "StagingError", "StagedFile", "SchemaVersion", "StagingState", "StagingWriter",
@@ -106,6 +107,7 @@ class _SnapshotFile:
         self.done = False
 
     def write(self, rb: pa.RecordBatch) -> None:
+        rb, _views = to_plain(rb)    # a decoder with strings="view": staged as string / binary like any other
         stored = store_batch(rb.replace_schema_metadata(_file_metadata(self.sv)))
         if self.writer is None:
             self.schema = stored.schema

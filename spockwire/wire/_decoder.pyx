@@ -557,7 +557,8 @@ cdef class Decoder:
 
     cdef int _pin(self, _Builder b) except -1:
         """Where the views of the row being decoded may point (views.py): the builder pins the input being fed,
-        unless that would take it past pin_bytes (a new batch when it has rows, else copies) or MAX_PINS."""
+        unless that would take it past pin_bytes (a new batch when it has rows) or MAX_PINS, or the input alone is
+        larger than pin_bytes (the values are copied then)."""
         global pin_base, pin_end, pin_index
         cdef Py_ssize_t k
         cdef object obj = self.pin_obj
@@ -569,7 +570,7 @@ cdef class Decoder:
                 if b.pins[k] is obj:
                     break
             else:
-                if len(b.pins) >= MAX_PINS:
+                if len(b.pins) >= MAX_PINS or self.pin_len > self.pin_bytes:
                     return 0
                 if b.pinned_bytes + self.pin_len > self.pin_bytes:
                     if b.msg_mark > 0:

@@ -9,8 +9,8 @@ converted from another encoding, a decompressed datum), into a buffer of the bat
 Only immutable input is pinned: ``bytes``, or a read-only ``memoryview`` whose underlying object is ``bytes``; a
 ``bytearray`` (which its owner may overwrite) or anything else is copied. A batch pins at most ``pin_bytes`` bytes
 of input buffers (the buffers' whole sizes) and at most ``MAX_PINS`` buffers: a row message whose input would take
-the batch past ``pin_bytes`` starts a new batch when the batch already has rows (else its values are copied), and
-past ``MAX_PINS`` buffers values are copied.
+the batch past ``pin_bytes`` starts a new batch when the batch already has rows; an input larger than ``pin_bytes``
+on its own is never pinned, nor are inputs past ``MAX_PINS`` buffers (their values are copied).
 """
 from __future__ import annotations
 
