@@ -107,7 +107,6 @@ class _SnapshotFile:
         self.done = False
 
     def write(self, rb: pa.RecordBatch) -> None:
-        rb, _views = to_plain(rb)    # a decoder with strings="view": staged as string / binary like any other
         stored = store_batch(rb.replace_schema_metadata(_file_metadata(self.sv)))
         if self.writer is None:
             self.schema = stored.schema
@@ -316,7 +315,9 @@ class StagingWriter:
         return sum(self.add(e) for e in events)
 
     def _add_batch(self, batch: ChangeBatch) -> int:
-        rb = batch.to_arrow()
+        # a decoder with strings="view": staged as string / binary like any other (and the batch's copy no longer
+        # keeps the decoder's input buffers alive while it waits for the commit)
+        rb, _views = to_plain(batch.to_arrow())
         table = batch.relation.qualified_name
         kept = _drop_staged(rb, self.resume_lsn, self._hwm.get(table))
         self.skipped_rows += rb.num_rows - kept.num_rows
