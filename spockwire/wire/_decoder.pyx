@@ -23,7 +23,7 @@ from ..values.internal import DATUM_CODES, describe_datum_failure
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, released_batch, row_bytes_estimate, spill_item
-from .views import DEFAULT_PIN_BYTES, MAX_PINS, STRINGS_CHOICES, check_strings, pin_source
+from .views import DEFAULT_PIN_BYTES, MAX_PINS, STRINGS_CHOICES, check_strings, filter_batch, pin_source
 
 include "_cursor.pxi"
 include "_buffers.pxi"
@@ -240,7 +240,7 @@ cdef class _Builder:
         if start != 0 or stop != self.nrows:
             batch = batch.slice(start, stop - start)
         if keep is not None:
-            batch = batch.filter(pa.array(keep, pa.bool_()))
+            batch = filter_batch(batch, pa.array(keep, pa.bool_()))
             if batch.num_rows == 0:
                 return None
         for i in range(self.ncols):

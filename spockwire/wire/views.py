@@ -21,7 +21,7 @@ import pyarrow as pa
 from ..values.failures import OFFSET_LIMIT
 
 __all__ = ["STRINGS_CHOICES", "DEFAULT_PIN_BYTES", "MAX_PINS", "check_strings", "pin_source", "views_supported",
-           "plain_type", "to_plain", "from_plain"]
+           "plain_type", "to_plain", "from_plain", "filter_batch"]
 
 STRINGS_CHOICES = ("plain", "view")
 #: input bytes one batch keeps alive at most (the sum of its pinned buffers' sizes)
@@ -88,3 +88,12 @@ def from_plain(batch: pa.RecordBatch, positions: list[int]) -> pa.RecordBatch:
         typ = pa.binary_view() if pa.types.is_binary(field.type) else pa.string_view()
         batch = batch.set_column(i, field.with_type(typ), batch.column(i).cast(typ))
     return batch
+
+
+def filter_batch(batch: pa.RecordBatch, mask: pa.Array) -> pa.RecordBatch:
+    """batch.filter(mask), also for view columns: pyarrow's filter and take kernels have no string_view /
+    binary_view case (pyarrow 26), so those columns are filtered as string / binary and made views again."""
+    plain, positions = to_plain(batch)
+    if not positions:
+        return batch.filter(mask)
+    return from_plain(plain.filter(mask), positions)
