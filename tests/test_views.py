@@ -319,3 +319,40 @@ def test_toast_heavy_table_matches_the_server(impl, pg_db, binary):
         if r["_change_type"] != "insert":
             assert r["title"] == want["title"]
     assert toasted == {"body", "data"}
+
+
+@pytest.mark.parametrize("spill_bytes", [None, 0], ids=["in-memory", "spilled"])
+def test_aborted_subtransaction_rows_are_dropped(impl, tmp_path, spill_bytes):
+    """Dropping the rows of an aborted subtransaction filters the batch (pyarrow has no filter kernel for views)."""
+    rows = _source_rows(10)
+    recs = [W.pgoutput("R", relid=1, namespace="public", name="docs", replident="d", columns=COLS),
+            W.pgoutput("S", xid=40, first_segment=1)]
+    for row in rows:
+        recs.append(W.pgoutput("I", xid=41 if row[0] % 3 == 0 else 40, relid=1, new=_wire(row, binary=True)))
+    recs += [W.pgoutput("E"), W.pgoutput("A", xid=40, subxid=41),
+             W.pgoutput("c", xid=40, commit_lsn=0x500, end_lsn=0x540, commit_ts=0)]
+    kwargs = {} if spill_bytes is None else {"spill_bytes": spill_bytes, "spill_dir": str(tmp_path)}
+    batches = _decode(impl, W.frames([(0x100 + i, r) for i, r in enumerate(recs)]), batch_rows=4, **kwargs)
+    kept = [r for r in rows if r[0] % 3]
+    for b in batches:
+        assert b.schema.field("body").type == pa.string_view()
+    assert _rows(batches) == _expected(kept, toast_updates=False)
+
+
+@pytest.mark.parametrize("length", [32, 64, 40])
+@pytest.mark.parametrize("types", ["typed", "raw"])
+def test_utf8_check_stops_at_the_value_end(impl, length, types):
+    """A text value whose ASCII run ends exactly where a 32-byte step of the UTF-8 check ends, followed in the
+    buffer by a byte that is not UTF-8 (here the first byte of an incomplete next frame header): the check reads
+    nothing past the value (fuzz/regressions/asan-utf8-check-past-ascii-run)."""
+    cols = [W.Col("id", 23, -1, True), W.Col("note", 25)]
+    recs = [W.pgoutput("R", relid=1, namespace="public", name="t", replident="d", columns=cols),
+            W.pgoutput("B", final_lsn=0x900, commit_ts=0, xid=5),
+            W.pgoutput("I", relid=1, new=["1", "a" * length]),
+            W.pgoutput("C", commit_lsn=0x900, end_lsn=0x940, commit_ts=0)]
+    body = W.frames([(0x100 + i, r) for i, r in enumerate(recs[:3])])
+    dec = impl.Decoder("pgoutput", types=types)
+    assert dec.feed_frames(body + b"\x80", partial_ok=True) == len(body)
+    dec.feed(recs[3])
+    (batch,) = [e.to_arrow() for e in dec.drain()]
+    assert batch.column("note").to_pylist() == ["a" * length]

@@ -23,7 +23,7 @@ static inline int32_t sw_load_i32(const char *p) { return (int32_t)sw_load_u32(p
 static inline int64_t sw_load_i64(const char *p) { return (int64_t)sw_load_u64(p); }
 
 /* Strict UTF-8 check (same acceptance as Python's bytes.decode('utf-8')): no overlongs, no surrogates,
-   nothing above U+10FFFF. ASCII runs are skipped eight bytes at a time. */
+   nothing above U+10FFFF. ASCII runs are skipped 32, then eight bytes at a time. */
 static inline int sw_utf8_valid(const unsigned char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
@@ -34,6 +34,7 @@ static inline int sw_utf8_valid(const unsigned char *s, size_t n) {
             if (((a | b | c | d) & 0x8080808080808080ULL) != 0) break;
             i += 32;
         }
+        if (i >= n) break;
         if (i + 8 <= n) {
             uint64_t w; memcpy(&w, s + i, 8);
             if ((w & 0x8080808080808080ULL) == 0) { i += 8; continue; }
