@@ -356,3 +356,24 @@ def test_utf8_check_stops_at_the_value_end(impl, length, types):
     dec.feed(recs[3])
     (batch,) = [e.to_arrow() for e in dec.drain()]
     assert batch.column("note").to_pylist() == ["a" * length]
+
+
+def test_a_fed_slice_pins_its_whole_bytes_object(both_impls):
+    """pin_bytes counts what a batch keeps alive: the whole bytes object behind a memoryview slice. Two small
+    slices of one 3 MB object: with a 1 MB limit it is never pinned (copies, no cut); with 5 MB the first slice
+    pins it and the second (another memoryview, pinned on its own) would take the batch to 6 MB: a cut."""
+    rows = _source_rows(8)
+    records = _records(rows, binary=True, toast_updates=False)
+    first, second = W.frames(records[:5]), W.frames(records[5:])
+    whole = first + b"\0" * (3 << 20) + second
+    results = []
+    for limit in (1 << 20, 5 << 20):
+        for impl in both_impls:
+            dec = impl.Decoder("pgoutput", strings="view", pin_bytes=limit)
+            view = memoryview(whole)
+            dec.feed_frames(view[:len(first)])
+            dec.feed_frames(view[len(whole) - len(second):])
+            batches = [e.to_arrow() for e in dec.drain()]
+            assert _rows(batches) == _expected(rows, toast_updates=False)
+            results.append((limit, impl.IMPLEMENTATION, [b.num_rows for b in batches]))
+    assert [r[2] for r in results] == [[8], [8], [3, 5], [3, 5]]

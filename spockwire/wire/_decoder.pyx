@@ -23,7 +23,8 @@ from ..values.internal import DATUM_CODES, describe_datum_failure
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, released_batch, row_bytes_estimate, spill_item
-from .views import DEFAULT_PIN_BYTES, MAX_PINS, STRINGS_CHOICES, check_strings, filter_batch, pin_source
+from .views import DEFAULT_PIN_BYTES, MAX_PINS, STRINGS_CHOICES, check_strings, filter_batch, \
+    pin_source, pinned_size
 
 include "_cursor.pxi"
 include "_buffers.pxi"
@@ -433,6 +434,7 @@ cdef class Decoder:
     cdef object pin_obj               # the input being fed, when views may point into it (views.pin_source)
     cdef const char* pin_start
     cdef Py_ssize_t pin_len
+    cdef int64_t pin_cost             # bytes pinning it keeps alive (views.pinned_size)
 
     def __init__(self, str protocol="pgoutput", *, proto_version=None, Py_ssize_t batch_rows=DEFAULT_BATCH_ROWS,
                  str types="typed", type_catalog=None, str numeric="decimal",
@@ -553,6 +555,8 @@ cdef class Decoder:
         self.pin_obj = pin_source(obj)
         self.pin_start = <const char*>view.buf
         self.pin_len = view.len
+        if self.pin_obj is not None:
+            self.pin_cost = pinned_size(self.pin_obj)
         return 0
 
     cdef int _pin(self, _Builder b) except -1:
@@ -570,14 +574,14 @@ cdef class Decoder:
                 if b.pins[k] is obj:
                     break
             else:
-                if len(b.pins) >= MAX_PINS or self.pin_len > self.pin_bytes:
+                if len(b.pins) >= MAX_PINS or self.pin_cost > self.pin_bytes:
                     return 0
-                if b.pinned_bytes + self.pin_len > self.pin_bytes:
+                if b.pinned_bytes + self.pin_cost > self.pin_bytes:
                     if b.msg_mark > 0:
                         raise _BatchFull()
                     return 0
                 b.pins.append(obj)
-                b.pinned_bytes += self.pin_len
+                b.pinned_bytes += self.pin_cost
                 k = len(b.pins) - 1
             b.last_pin = obj
             b.last_pin_idx = <int32_t>(k + 1)

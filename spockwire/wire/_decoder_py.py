@@ -23,7 +23,7 @@ from ..values.internal import DATUM_CODES, describe_datum_failure
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
-from .views import DEFAULT_PIN_BYTES, MAX_PINS, check_strings, pin_source
+from .views import DEFAULT_PIN_BYTES, MAX_PINS, check_strings, pin_source, pinned_size
 
 __all__ = ["Decoder", "CopyBinaryDecoder", "IMPLEMENTATION"]
 
@@ -1014,7 +1014,7 @@ class Decoder:
         obj = self._pin
         if obj is None or any(p is obj for p in b.pins) or len(b.pins) >= MAX_PINS:
             return
-        size = memoryview(obj).nbytes
+        size = pinned_size(obj)
         if size > self.pin_bytes:
             return
         if b.pinned_bytes + size > self.pin_bytes:

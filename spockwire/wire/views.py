@@ -8,7 +8,7 @@ converted from another encoding, a decompressed datum), into a buffer of the bat
 
 Only immutable input is pinned: ``bytes``, or a read-only ``memoryview`` whose underlying object is ``bytes``; a
 ``bytearray`` (which its owner may overwrite) or anything else is copied. A batch pins at most ``pin_bytes`` bytes
-of input buffers (the buffers' whole sizes) and at most ``MAX_PINS`` buffers: a row message whose input would take
+of input buffers (the whole sizes of the objects they keep alive: a memoryview's underlying bytes) and at most ``MAX_PINS`` buffers: a row message whose input would take
 the batch past ``pin_bytes`` starts a new batch when the batch already has rows; an input larger than ``pin_bytes``
 on its own is never pinned, nor are inputs past ``MAX_PINS`` buffers (their values are copied).
 """
@@ -21,7 +21,7 @@ import pyarrow as pa
 from ..values.failures import OFFSET_LIMIT
 
 __all__ = ["STRINGS_CHOICES", "DEFAULT_PIN_BYTES", "MAX_PINS", "check_strings", "pin_source", "views_supported",
-           "plain_type", "to_plain", "from_plain", "filter_batch"]
+           "plain_type", "to_plain", "from_plain", "filter_batch", "pinned_size"]
 
 STRINGS_CHOICES = ("plain", "view")
 #: input bytes one batch keeps alive at most (the sum of its pinned buffers' sizes)
@@ -44,6 +44,12 @@ def check_strings(strings: str, pin_bytes: int) -> bool:
     if strings == "view" and not views_supported():
         raise ValueError(f"strings='view' needs pyarrow >= 16 (string_view); pyarrow {pa.__version__} is installed")
     return strings == "view"
+
+
+def pinned_size(buffer: Any) -> int:
+    """The bytes a batch keeps alive by pinning `buffer` (a pin_source): all of the underlying bytes object, also
+    when only a slice of it was fed."""
+    return len(buffer.obj) if type(buffer) is memoryview else len(buffer)
 
 
 def pin_source(buffer: Any) -> Any:
