@@ -46,6 +46,10 @@ CANDIDATES = [
     ("c-typed-text", "spockwire C, typed, text", "text", "spockwire", None),
     ("c-raw-binary", "spockwire C, raw, binary", "binary", "spockwire", None),
     ("c-typed-binary", "spockwire C, typed, binary", "binary", "spockwire", None),
+    ("c-raw-text-view", "spockwire C, raw, text, views", "text", "spockwire", None),
+    ("c-typed-text-view", "spockwire C, typed, text, views", "text", "spockwire", None),
+    ("c-raw-binary-view", "spockwire C, raw, binary, views", "binary", "spockwire", None),
+    ("c-typed-binary-view", "spockwire C, typed, binary, views", "binary", "spockwire", None),
     ("python-typed-text", "spockwire Python, typed, text", "text", "spockwire", None),
     ("pypgoutput-text", "pypgoutput, text", "text", "peer", "pypgoutput"),
     ("wal2json-json", "wal2json + json.loads", "wal2json", "peer", "wal2json+json.loads"),
@@ -82,8 +86,8 @@ NOTES = {
 # ---------------------------------------------------------------------------------------------------------------
 # the decoders under test
 
-def spockwire_decode(module, body: bytes, types: str) -> int:
-    dec = module.Decoder("pgoutput", types=types)
+def spockwire_decode(module, body: bytes, types: str, strings: str = "plain") -> int:
+    dec = module.Decoder("pgoutput", types=types, strings=strings)
     dec.feed_frames(body)
     return sum(event.to_arrow().num_rows for event in dec.drain())
 
@@ -148,6 +152,8 @@ def _version(dist: str) -> str:
 @pytest.mark.parametrize("key", [c[0] for c in CANDIDATES])
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_peers(benchmark, captured_workloads: dict[str, Captured], name: str, key: str) -> None:
+    if name not in captured_workloads:
+        pytest.skip(f"{name} is not in SPOCKWIRE_BENCH_WORKLOADS")
     w = captured_workloads[name]
     _, label, fmt, role, peer = next(c for c in CANDIDATES if c[0] == key)
     benchmark.group = f"decode-only: {name}"
@@ -161,8 +167,9 @@ def test_peers(benchmark, captured_workloads: dict[str, Captured], name: str, ke
 
     if key.startswith("c-"):
         types = key.split("-")[1]
-        rows = benchmark.pedantic(spockwire_decode, args=(_decoder, w.body(fmt), types), rounds=5, iterations=1,
-                                  warmup_rounds=1)
+        strings = "view" if key.endswith("-view") else "plain"
+        rows = benchmark.pedantic(spockwire_decode, args=(_decoder, w.body(fmt), types, strings), rounds=5,
+                                  iterations=1, warmup_rounds=1)
         assert rows == w.output_rows
     elif key == "python-typed-text":
         if name not in PYTHON_TWIN_WORKLOADS:

@@ -354,9 +354,11 @@ def load_or_capture(names: tuple[str, ...] | None = None) -> dict[str, Captured]
 
 @pytest.fixture(scope="session")
 def captured_workloads() -> dict[str, Captured]:
-    """All six workloads (captured once per workload version, then read from out/bench-cache/)."""
+    """All six workloads (captured once per workload version, then read from out/bench-cache/), or those named in
+    SPOCKWIRE_BENCH_WORKLOADS (comma-separated, e.g. ``toast,wide``)."""
+    names = tuple(n for n in os.environ.get("SPOCKWIRE_BENCH_WORKLOADS", "").split(",") if n) or None
     try:
-        return load_or_capture()
+        return load_or_capture(names)
     except Exception as exc:  # PostgresNotFound, ClusterError: say why the peer benchmarks cannot run
         if type(exc).__name__ in ("PostgresNotFound", "ClusterError"):
             pytest.skip(f"cannot capture the benchmark workloads: {exc}")

@@ -30,6 +30,9 @@ Input layout (so the fuzzer mutates the configuration along with the bytes):
                       (FORMAT binary)`) of the preamble's relation number (byte 0 bits 0-1) mod 3, decoded by
                       CopyBinaryDecoder; byte 0 bits 4-5 and byte 1 bits 0-1 and 5 choose its options as above,
                       bits 3-4 the size of the pieces fed: 1, 3 or 17 bytes, or all at once
+            bit 7     strings="view" with pin_bytes=VIEW_PIN_BYTES (else "plain"): string and binary columns as
+                      string_view / binary_view; with that small limit, messages fed one by one are pinned, cut
+                      batches and are copied (spockwire/wire/views.py)
     rest    the fuzzed bytes
 
 Run it under the sanitizer build (fuzz/README.md):
@@ -59,6 +62,7 @@ PROTOCOLS = ("pgoutput", "pglogical", "spock", "spock")
 ENTRIES = ("message", "messages", "frames", "partial")
 COPY_PIECES = (1, 3, 17, None)
 BATCH_ROWS = (None, 1, 2, 5)
+VIEW_PIN_BYTES = 200
 SPOCK_VARIANTS = ((5, "v5"), (4, "v4"), (None, "v5"), (None, "v4"))  # (proto_version, startup message)
 
 # -------------------------------------------------------------------------------------------------------------
@@ -120,6 +124,9 @@ def parse_input(data: bytes) -> Case:
         kwargs["on_unrepresentable"] = "error"
     if BATCH_ROWS[b1 & 3] is not None:
         kwargs["batch_rows"] = BATCH_ROWS[b1 & 3]
+    if b1 & 0x80 and not b1 & 0x40:
+        kwargs["strings"] = "view"
+        kwargs["pin_bytes"] = VIEW_PIN_BYTES
     if b1 & 0x40:
         kwargs.pop("proto_version", None)
         kwargs["type_catalog"] = None
@@ -130,11 +137,11 @@ def parse_input(data: bytes) -> Case:
 
 def make_input(protocol: str, entry: str, body: bytes, *, raw: bool = False, numeric_text: bool = False,
                spock_variant: int = 0, batch_rows: int = 0, drain_each: bool = False, preamble: int = 0,
-               strict: bool = False) -> bytes:
+               strict: bool = False, views: bool = False) -> bytes:
     """The input that parse_input() turns back into these choices (used by fuzz/seeds.py and the tests)."""
     b0 = ({"pgoutput": 0, "pglogical": 1, "spock": 2}[protocol] | ENTRIES.index(entry) << 2
           | (0x10 if raw else 0) | (0x20 if numeric_text else 0) | spock_variant << 6)
-    b1 = batch_rows | (4 if drain_each else 0) | preamble << 3 | (0x20 if strict else 0)
+    b1 = batch_rows | (4 if drain_each else 0) | preamble << 3 | (0x20 if strict else 0) | (0x80 if views else 0)
     return bytes([b0, b1]) + body
 
 

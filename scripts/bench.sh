@@ -16,6 +16,7 @@
 # Environment:
 #   PYTHON=python3                 interpreter
 #   SPOCKWIRE_BENCH_SCALE=1        multiplies the captured workloads' row counts (0.05 for a quick look)
+#   SPOCKWIRE_BENCH_WORKLOADS=     comma-separated decode-only workloads to run (default: all six), e.g. toast,wide
 #   SPOCKWIRE_BENCH_ROWS=1000000   rows of the end-to-end workload
 #   SPOCKWIRE_BENCH_SNAPSHOT_ROWS=1000000   rows of the table bench_snapshot.py reads (read_table vs ADBC, connectorx)
 #   SPOCKWIRE_BENCH_OUT=BENCHMARKS.md

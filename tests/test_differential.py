@@ -157,7 +157,7 @@ def build_input(data, stream: Stream, typed: bool) -> bytes:
         body = bytes(buf)
     return F.make_input(stream.protocol, entry, body, raw=not typed, numeric_text=data.draw(st.booleans()),
                         spock_variant=stream.spock_variant, batch_rows=data.draw(st.integers(0, 3)),
-                        drain_each=data.draw(st.booleans()))
+                        drain_each=data.draw(st.booleans()), views=data.draw(st.booleans()))
 
 
 def check_same(both_impls, fuzz_input: bytes, in_hypothesis: bool = True) -> None:
@@ -203,8 +203,10 @@ def test_unmutated_streams_decode_the_same(both_impls):
             for entry in ("messages", "frames"):
                 body = (F.join_messages([p for _l, p in stream.records]) if entry == "messages"
                         else W.frames(stream.records))
-                check_same(both_impls, F.make_input(stream.protocol, entry, body, raw=not typed,
-                                                    spock_variant=stream.spock_variant), in_hypothesis=False)
+                for views in (False, True):
+                    check_same(both_impls, F.make_input(stream.protocol, entry, body, raw=not typed,
+                                                        spock_variant=stream.spock_variant, views=views),
+                               in_hypothesis=False)
 
 
 # -------------------------------------------------------------------------------------------------------------

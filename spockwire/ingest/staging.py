@@ -29,6 +29,7 @@ from .staging_log import (FORMAT_VERSION, LOCK_FILE, LOG_DIR, MESSAGES_DIR, MESS
                           table_folder_name)
 from .staging_read import list_tables, read_messages, read_staging
 from .stored_types import store_batch
+from ..wire.views import to_plain
 
 __all__ = [
     "FORMAT_VERSION", "StagingError", "StagedFile", "SchemaVersion", "StagingState", "StagingWriter",
@@ -314,7 +315,9 @@ class StagingWriter:
         return sum(self.add(e) for e in events)
 
     def _add_batch(self, batch: ChangeBatch) -> int:
-        rb = batch.to_arrow()
+        # a decoder with strings="view": staged as string / binary like any other (and the batch's copy no longer
+        # keeps the decoder's input buffers alive while it waits for the commit)
+        rb, _views = to_plain(batch.to_arrow())
         table = batch.relation.qualified_name
         kept = _drop_staged(rb, self.resume_lsn, self._hwm.get(table))
         self.skipped_rows += rb.num_rows - kept.num_rows

@@ -54,6 +54,11 @@ _INTERVAL_FIELDS = (("months", pa.int32()), ("days", pa.int32()), ("nanoseconds"
 # ---------------------------------------------------------------------------------------------------------------
 # Arrow -> Spark
 
+def _is_view(t: pa.DataType, kind: str) -> bool:
+    """string_view / binary_view (pyarrow >= 16; the decoder's strings="view")."""
+    return hasattr(pa, "string_view") and t == (pa.string_view() if kind == "string" else pa.binary_view())
+
+
 def spark_type(arrow_type: pa.DataType) -> "DataType":
     """The Spark type a decoder column of `arrow_type` is read as (see the table in the module docstring)."""
     from pyspark.sql import types as T
@@ -77,9 +82,10 @@ def spark_type(arrow_type: pa.DataType) -> "DataType":
         if t.precision <= 38:
             return T.DecimalType(t.precision, t.scale)
         return T.StringType()
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t):
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t) or _is_view(t, "string"):
         return T.StringType()
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) \
+            or _is_view(t, "binary"):
         return T.BinaryType()
     if pa.types.is_timestamp(t):
         return T.TimestampType() if t.tz is not None else T.TimestampNTZType()
@@ -203,6 +209,8 @@ def conform_array(arr: pa.Array, target: pa.DataType, name: str = "?") -> pa.Arr
         return pa.nulls(len(arr), target)
     if pa.types.is_dictionary(src):
         return conform_array(arr.dictionary_decode(), target, name)
+    if _is_view(src, "string") or _is_view(src, "binary"):
+        return conform_array(arr.cast(pa.string() if _is_view(src, "string") else pa.binary()), target, name)
     if src == pa.month_day_nano_interval() and pa.types.is_struct(target):
         return _interval_struct(arr)
     if (pa.types.is_list(src) or pa.types.is_large_list(src)) and pa.types.is_list(target):

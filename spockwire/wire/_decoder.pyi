@@ -31,9 +31,13 @@ class Decoder:
         spill_dir: str | None = None,
         on_unrepresentable: Literal["text", "error"] = "text",
         column_types: Mapping[str, Literal["text", "raw"]] | None = None,
+        strings: Literal["plain", "view"] = "plain",
+        pin_bytes: int = ...,
     ) -> None: ...
     on_unrepresentable: str
     column_types: dict[str, str]
+    strings: str
+    pin_bytes: int
     @property
     def committed_lsn(self) -> int: ...
     @property

@@ -23,6 +23,8 @@ from ..values.internal import DATUM_CODES, describe_datum_failure
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, released_batch, row_bytes_estimate, spill_item
+from .views import DEFAULT_PIN_BYTES, MAX_PINS, STRINGS_CHOICES, check_strings, filter_batch, \
+    pin_source, pinned_size
 
 include "_cursor.pxi"
 include "_buffers.pxi"
@@ -97,12 +99,24 @@ cdef class _Builder:
     cdef int32_t last_origin_idx
     cdef bint any_toast
     cdef object frozen         # pa.RecordBatch of all rows once frozen
+    cdef bint views            # strings="view": the string and binary columns are string_view / binary_view
+    cdef bint has_views        # ... and this relation has such a column
+    cdef list pins             # input buffers the views point into (variadic buffer 1, 2, ...)
+    cdef object last_pin
+    cdef int32_t last_pin_idx
+    cdef int64_t pinned_bytes  # total size of the pinned buffers
 
-    def __cinit__(self, relation, tuple specs):
+    def __cinit__(self, relation, tuple specs, bint views=False):
         cdef Py_ssize_t i
         self.relation = relation
         self.names = relation.column_names
         self.specs = specs
+        self.views = views
+        self.has_views = views and any(is_view_kind(spec.kind) for spec in specs)
+        self.pins = []
+        self.last_pin = None
+        self.last_pin_idx = 0
+        self.pinned_bytes = 0
         self.ncols = len(relation.columns)
         self.cols = NULL             # allocated by the first reservation, once a row has passed its checks
         # a first row must not reserve much more than the relation's own description took on the wire
@@ -141,6 +155,7 @@ cdef class _Builder:
             memset(self.cols, 0, max(self.ncols, 1) * sizeof(ColBuf))
             for i in range(self.ncols):
                 col_init(&self.cols[i], self.specs[i])
+                self.cols[i].view = self.views and is_view_kind(self.cols[i].kind)
         if cap < rows:
             cap = rows
         if cap < self.initial_rows:
@@ -188,7 +203,10 @@ cdef class _Builder:
             return self.frozen
         if self.cap_rows == 0:
             self.reserve_rows(1)
-        values = [build_array(&self.cols[i], self.specs[i], n) for i in range(self.ncols)]
+        pins = [pa.py_buffer(o) for o in self.pins] if self.pins else None
+        values = [build_array(&self.cols[i], self.specs[i], n, pins) for i in range(self.ncols)]
+        self.pins = []
+        self.last_pin = None
         if self.any_toast:
             nidx = (<int32_t*>self.toast_off.data)[n]
             toast_off = pa.Array.from_buffers(pa.int32(), n + 1, [None, own(&self.toast_off, (n + 1) * 4)])
@@ -223,7 +241,7 @@ cdef class _Builder:
         if start != 0 or stop != self.nrows:
             batch = batch.slice(start, stop - start)
         if keep is not None:
-            batch = batch.filter(pa.array(keep, pa.bool_()))
+            batch = filter_batch(batch, pa.array(keep, pa.bool_()))
             if batch.num_rows == 0:
                 return None
         for i in range(self.ncols):
@@ -231,8 +249,8 @@ cdef class _Builder:
             if (self.cols[i].kind == K_RAW or self.cols[i].kind == K_OTHER) and self.cols[i].nontext \
                     and not marks_any(&self.cols[i], start, stop, keep):
                 pos = 7 + i
-                batch = batch.set_column(pos, batch.schema.field(pos).with_type(pa.string()),
-                                         batch.column(pos).cast(pa.string()))
+                text = pa.string_view() if self.cols[i].view else pa.string()
+                batch = batch.set_column(pos, batch.schema.field(pos).with_type(text), batch.column(pos).cast(text))
         return ChangeBatch(self.relation, batch)
 
     cdef dict raw_marks(self, Py_ssize_t start, Py_ssize_t stop):
@@ -410,11 +428,22 @@ cdef class Decoder:
     cdef readonly object type_catalog
     cdef object codec                 # native protocols: the codec of text (startup 'encoding'); None: UTF-8
     cdef int internal_order           # server byte order of 'i' datums: 1 big, 0 little, -1 not announced
+    cdef bint views                   # strings="view"
+    cdef readonly str strings
+    cdef readonly int64_t pin_bytes
+    cdef object pin_obj               # the input being fed, when views may point into it (views.pin_source)
+    cdef const char* pin_start
+    cdef Py_ssize_t pin_len
+    cdef int64_t pin_cost             # bytes pinning it keeps alive (views.pinned_size)
 
     def __init__(self, str protocol="pgoutput", *, proto_version=None, Py_ssize_t batch_rows=DEFAULT_BATCH_ROWS,
                  str types="typed", type_catalog=None, str numeric="decimal",
                  int64_t spill_bytes=DEFAULT_SPILL_BYTES, spill_dir=None, str on_unrepresentable="text",
-                 column_types=None):
+                 column_types=None, str strings="plain", int64_t pin_bytes=DEFAULT_PIN_BYTES):
+        self.views = check_strings(strings, pin_bytes)
+        self.strings = strings
+        self.pin_bytes = pin_bytes
+        self.pin_obj = None
         if on_unrepresentable not in UNREPRESENTABLE_CHOICES:
             raise ValueError(f"on_unrepresentable must be 'text' or 'error', got {on_unrepresentable!r}")
         self.on_unrepresentable = on_unrepresentable
@@ -481,8 +510,11 @@ cdef class Decoder:
         cdef Py_buffer view
         PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
         try:
+            if self.views:
+                self._set_pin(payload, &view)
             self._message(<const char*>view.buf, view.len)
         finally:
+            self.pin_obj = None
             PyBuffer_Release(&view)
 
     def feed_frames(self, buffer, *, bint partial_ok=False):
@@ -492,6 +524,8 @@ cdef class Decoder:
         cdef uint32_t length
         PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
         try:
+            if self.views:
+                self._set_pin(buffer, &view)
             p = <const char*>view.buf
             n = view.len
             while pos < n:
@@ -513,8 +547,48 @@ cdef class Decoder:
                     raise
                 pos += 12 + length
         finally:
+            self.pin_obj = None
             PyBuffer_Release(&view)
         return pos
+
+    cdef int _set_pin(self, object obj, Py_buffer* view) except -1:
+        self.pin_obj = pin_source(obj)
+        self.pin_start = <const char*>view.buf
+        self.pin_len = view.len
+        if self.pin_obj is not None:
+            self.pin_cost = pinned_size(self.pin_obj)
+        return 0
+
+    cdef int _pin(self, _Builder b) except -1:
+        """Where the views of the row being decoded may point (views.py): the builder pins the input being fed,
+        unless that would take it past pin_bytes (a new batch when it has rows) or MAX_PINS, or the input alone is
+        larger than pin_bytes (the values are copied then)."""
+        global pin_base, pin_end, pin_index
+        cdef Py_ssize_t k
+        cdef object obj = self.pin_obj
+        pin_index = 0
+        if obj is None:
+            return 0
+        if b.last_pin is not obj:
+            for k in range(len(b.pins)):
+                if b.pins[k] is obj:
+                    break
+            else:
+                if len(b.pins) >= MAX_PINS or self.pin_cost > self.pin_bytes:
+                    return 0
+                if b.pinned_bytes + self.pin_cost > self.pin_bytes:
+                    if b.msg_mark > 0:
+                        raise _BatchFull()
+                    return 0
+                b.pins.append(obj)
+                b.pinned_bytes += self.pin_cost
+                k = len(b.pins) - 1
+            b.last_pin = obj
+            b.last_pin_idx = <int32_t>(k + 1)
+        pin_index = b.last_pin_idx
+        pin_base = self.pin_start
+        pin_end = self.pin_start + self.pin_len
+        return 0
 
     def drain(self):
         self._flush_shared()
@@ -936,7 +1010,7 @@ cdef class Decoder:
                 self._flush_shared()
                 b = None
             if b is None:
-                b = _Builder(info.relation, info.specs)
+                b = _Builder(info.relation, info.specs, self.views)
                 info.builder = b
                 self.shared.append(b)
         else:
@@ -946,7 +1020,7 @@ cdef class Decoder:
                 self._pend_rows(txn, b, 0, b.nrows)
                 b = None
             if b is None:
-                b = _Builder(info.relation, info.specs)
+                b = _Builder(info.relation, info.specs, self.views)
                 txn.builders[key] = b
         return b
 
@@ -1067,6 +1141,8 @@ cdef class Decoder:
         if c.end - c.pos < natts:
             # every column takes at least its kind byte: refuse before reserving anything for the row
             raise_truncated(c, c.pos, natts, "the tuple's values (at least one byte per column)")
+        if b.has_views:
+            self._pin(b)
         if row + 1 > b.cap_rows:
             b.reserve_rows(row + 1)
         toast_at = (<int32_t*>b.toast_off.data)[row]
@@ -1111,10 +1187,13 @@ cdef class Decoder:
                     pos = off[row]
                     if pos + <Py_ssize_t>n > OFFSET_LIMIT:
                         self._value_failed(c, b, vat, F_TOO_LARGE, kind, p, n, i)
-                    if pos + <Py_ssize_t>n > col.data.cap:
-                        buf_grow(&col.data, pos + n)
-                    if n:
-                        memcpy(col.data.data + pos, p, n)
+                    if col.view:
+                        view_store(col, row, p, n)
+                    else:
+                        if pos + <Py_ssize_t>n > col.data.cap:
+                            buf_grow(&col.data, pos + n)
+                        if n:
+                            memcpy(col.data.data + pos, p, n)
                     off[row + 1] = <int32_t>(pos + n)
                     col.validity.data[byte] |= bit
                     b.nbytes += n

@@ -23,6 +23,7 @@ from ..values.internal import DATUM_CODES, describe_datum_failure
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
+from .views import DEFAULT_PIN_BYTES, MAX_PINS, check_strings, pin_source, pinned_size
 
 __all__ = ["Decoder", "CopyBinaryDecoder", "IMPLEMENTATION"]
 
@@ -53,6 +54,7 @@ MAX_BATCH_BYTES = 1 << 30
 
 # kinds whose text can be longer than the binary or internal form it is made from
 _EXPANDING = frozenset((NUMERIC_TEXT, TIMETZ, CHAR))
+_VIEW_KINDS = frozenset((TEXT, JSON, JSONB, BYTEA, RAW, OTHER))   # string / binary: views with strings="view"
 _VARLEN = frozenset((RAW, OTHER, TEXT, JSON, JSONB, BYTEA, NUMERIC_TEXT, TIMETZ, ENUM, CHAR, PGTEXT))
 
 
@@ -214,11 +216,16 @@ class _Builder:
     """Rows of one relation version, column by column (the twin keeps Python lists; C keeps Arrow buffers)."""
 
     __slots__ = ("relation", "specs", "ncols", "change", "lsn", "ts", "xid", "seq", "origin", "toast", "subxid",
-                 "values", "marks", "committed", "nbytes", "msg_mark", "full")
+                 "values", "marks", "committed", "nbytes", "msg_mark", "full", "views", "has_views", "pins",
+                 "pinned_bytes")
 
-    def __init__(self, relation: Relation, specs: tuple[ColumnSpec, ...]) -> None:
+    def __init__(self, relation: Relation, specs: tuple[ColumnSpec, ...], views: bool = False) -> None:
         self.relation = relation
         self.specs = specs
+        self.views = views
+        self.has_views = views and any(spec.kind in _VIEW_KINDS for spec in specs)
+        self.pins: list[Any] = []   # input buffers the views point into (the C decoder's variadic buffers)
+        self.pinned_bytes = 0
         self.ncols = len(relation.columns)
         self.change: list[int] = []
         self.lsn: list[int] = []
@@ -292,11 +299,14 @@ class _Builder:
             col = pick(self.values[c])
             marks = self.marks[c]
             if marks is None:
-                values.append(build_array(self.specs[c], col))
+                arr = build_array(self.specs[c], col)
             elif any(pick(marks)):
-                values.append(pa.array(col, pa.binary()))
+                arr = pa.array(col, pa.binary())
             else:
-                values.append(pa.array([None if v is None else v.decode("utf-8") for v in col], pa.string()))
+                arr = pa.array([None if v is None else v.decode("utf-8") for v in col], pa.string())
+            if self.views and self.specs[c].kind in _VIEW_KINDS:
+                arr = arr.cast(pa.binary_view() if pa.types.is_binary(arr.type) else pa.string_view())
+            values.append(arr)
         batch = finish_batch(
             self.relation,
             pa.array(pick(self.change), pa.int8()),
@@ -361,7 +371,12 @@ class Decoder:
                  batch_rows: int = DEFAULT_BATCH_ROWS, types: str = "typed", type_catalog: Any = None,
                  numeric: str = "decimal", spill_bytes: int = DEFAULT_SPILL_BYTES,
                  spill_dir: str | None = None, on_unrepresentable: str = "text",
-                 column_types: dict[str, str] | None = None) -> None:
+                 column_types: dict[str, str] | None = None, strings: str = "plain",
+                 pin_bytes: int = DEFAULT_PIN_BYTES) -> None:
+        self._views = check_strings(strings, pin_bytes)
+        self.strings = strings
+        self.pin_bytes = pin_bytes
+        self._pin: Any = None                      # the input being fed, when views may point into it
         if on_unrepresentable not in UNREPRESENTABLE_CHOICES:
             raise ValueError(f"on_unrepresentable must be 'text' or 'error', got {on_unrepresentable!r}")
         self.on_unrepresentable = on_unrepresentable
@@ -421,10 +436,21 @@ class Decoder:
 
     def feed(self, payload: Any, lsn: int | None = None) -> None:
         buf = memoryview(payload).cast("B")
-        self._message(buf, 0, len(buf))
+        self._pin = pin_source(payload) if self._views else None
+        try:
+            self._message(buf, 0, len(buf))
+        finally:
+            self._pin = None
 
     def feed_frames(self, buffer: Any, *, partial_ok: bool = False) -> int:
         buf = memoryview(buffer).cast("B")
+        self._pin = pin_source(buffer) if self._views else None
+        try:
+            return self._feed_frames(buf, partial_ok)
+        finally:
+            self._pin = None
+
+    def _feed_frames(self, buf: memoryview, partial_ok: bool) -> int:
         n = len(buf)
         pos = 0
         while pos < n:
@@ -814,14 +840,14 @@ class Decoder:
                 self._flush_shared()
                 b = None
             if b is None:
-                b = self._shared[id(rel)] = _Builder(rel, self._specs[id(rel)])
+                b = self._shared[id(rel)] = _Builder(rel, self._specs[id(rel)], self._views)
         else:
             b = txn.builders.get(id(rel))
             if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES or b.full):
                 self._pend_rows(txn, b, 0, b.nrows)
                 b = None
             if b is None:
-                b = txn.builders[id(rel)] = _Builder(rel, self._specs[id(rel)])
+                b = txn.builders[id(rel)] = _Builder(rel, self._specs[id(rel)], self._views)
         return b
 
     def _row_message(self, r: _Reader, t: int, sub: int) -> None:
@@ -911,6 +937,8 @@ class Decoder:
                                  f"{b.relation.qualified_name} has {b.ncols}")
         # every column takes at least its kind byte: refuse before setting anything up for the row
         r.need(natts, "the tuple's values (at least one byte per column)")
+        if b.has_views:
+            self._pin_input(b)
         if b.values is None:
             b.init_columns()
         cols = b.relation.columns
@@ -978,6 +1006,23 @@ class Decoder:
         b.origin.append(txn.origin)
         b.toast.append(toast)
         b.subxid.append(sub)
+
+    def _pin_input(self, b: _Builder) -> None:
+        """The builder pins the input being fed (views.py), unless that takes it past pin_bytes (a new batch when
+        it has rows) or past MAX_PINS buffers, or the input alone is larger than pin_bytes (the values are copied). Values are equal either way: only where
+        the batches are cut depends on it, exactly as in the C decoder."""
+        obj = self._pin
+        if obj is None or any(p is obj for p in b.pins) or len(b.pins) >= MAX_PINS:
+            return
+        size = pinned_size(obj)
+        if size > self.pin_bytes:
+            return
+        if b.pinned_bytes + size > self.pin_bytes:
+            if b.msg_mark > 0:
+                raise _BatchFull()
+            return
+        b.pins.append(obj)
+        b.pinned_bytes += size
 
     def _truncate(self, r: _Reader, nrels: int, flags: int, sub: int) -> None:
         txn = self._current(r)

@@ -96,6 +96,54 @@ cdef struct ColBuf:
     ColBuf* child         # ARRAY: the elements
     PyObject* render      # PGTEXT: spec.render (bytes -> str), one reference held
     uint32_t type_oid     # PGTEXT: the type (picks a native renderer)
+    bint view             # string_view / binary_view output: `data` holds 16-byte views, `offsets` still counts
+                          # the column's bytes (the same 32-bit limit as the plain layout)
+    Buf arena             # view columns: values longer than 12 bytes that do not lie in the pinned input
+    Py_ssize_t arena_len
+
+
+# Views (strings="view"): the input buffer the row being decoded may point into. Set by the decoder per row message:
+# pin_index is the variadic buffer index of that input in the batch (>= 1; 0 is the column's arena), or 0 when the
+# message's bytes cannot be pinned (values are then copied into the arena).
+cdef const char* pin_base = NULL
+cdef const char* pin_end = NULL
+cdef int32_t pin_index = 0
+
+
+cdef inline bint is_view_kind(int kind) noexcept nogil:
+    """Kinds whose Arrow type is string or binary: string_view / binary_view when views are asked for."""
+    return (kind == K_TEXT or kind == K_JSON or kind == K_JSONB or kind == K_BYTEA or kind == K_RAW
+            or kind == K_OTHER)
+
+
+cdef inline int view_store(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    """Slot `idx` of a view column: inline up to 12 bytes, else a view into the pinned input or into the arena."""
+    cdef char* v = col.data.data + idx * 16
+    cdef uint64_t w[2]
+    cdef uint32_t head[4]
+    if n <= 12:
+        w[0] = 0
+        w[1] = 0
+        head[0] = <uint32_t>n
+        memcpy(w, head, 4)
+        if n:
+            memcpy((<char*>w) + 4, p, n)
+        memcpy(v, w, 16)
+        return 0
+    head[0] = <uint32_t>n
+    memcpy(&head[1], p, 4)
+    if pin_index > 0 and p >= pin_base and p + n <= pin_end:
+        head[2] = <uint32_t>pin_index
+        head[3] = <uint32_t>(p - pin_base)
+    else:
+        if col.arena_len + n > col.arena.cap:
+            buf_grow(&col.arena, col.arena_len + n)
+        memcpy(col.arena.data + col.arena_len, p, n)
+        head[2] = 0
+        head[3] = <uint32_t>col.arena_len
+        col.arena_len += n
+    memcpy(v, head, 16)
+    return 0
 
 
 cdef int kind_width(int kind) noexcept nogil:
@@ -141,6 +189,7 @@ cdef void col_free(ColBuf* col) noexcept:
     buf_free(&col.offsets)
     buf_free(&col.data)
     buf_free(&col.marks)
+    buf_free(&col.arena)
     if col.render != NULL:
         Py_XDECREF(col.render)
         col.render = NULL
@@ -159,6 +208,11 @@ cdef int col_reserve(ColBuf* col, Py_ssize_t count) except -1:
     if col.width:
         if count * col.width > col.data.cap:
             buf_grow(&col.data, count * col.width)
+    elif col.view:
+        if (count + 1) * 4 > col.offsets.cap:
+            buf_grow(&col.offsets, (count + 1) * 4)
+        if count * 16 > col.data.cap:
+            buf_grow(&col.data, count * 16)
     elif col.kind == K_BOOL:
         if ((count + 7) >> 3) > col.data.cap:
             buf_grow(&col.data, (count + 7) >> 3)
@@ -175,6 +229,10 @@ cdef inline int var_append(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_
     if pos + n > OFFSET_LIMIT:
         return F_TOO_LARGE
     appended += n
+    if col.view:
+        view_store(col, idx, p, n)
+        off[idx + 1] = <int32_t>(pos + n)
+        return 0
     if pos + n > col.data.cap:
         buf_grow(&col.data, pos + n)
     if n:
@@ -198,6 +256,8 @@ cdef void set_null(ColBuf* col, Py_ssize_t idx) noexcept:
     else:
         off = <int32_t*>col.offsets.data
         off[idx + 1] = off[idx]
+        if col.view:
+            memset(col.data.data + idx * 16, 0, 16)
         if col.marks.data != NULL:
             col.marks.data[idx >> 3] &= <char>~(1 << (idx & 7))
 
@@ -727,23 +787,56 @@ cdef int text_uuid(const char* p, Py_ssize_t n, unsigned char* out) noexcept nog
 
 
 cdef int text_bytea(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    cdef int rc
+    cdef Py_ssize_t pos
+    if not col.view:
+        return text_bytea_into(col, &col.data, idx, p, n)
+    # a view column: the decoded bytes go to the end of the arena, then become the value's view
+    pos = (<int32_t*>col.offsets.data)[idx]
+    rc = text_bytea_into(col, &col.arena, idx, p, n)
+    if rc == 0:
+        view_decoded(col, idx, (<int32_t*>col.offsets.data)[idx + 1] - pos)
+    return rc
+
+
+cdef int view_decoded(ColBuf* col, Py_ssize_t idx, Py_ssize_t k) except -1:
+    """The `k` bytes just decoded at the arena's end (not yet counted in arena_len) as slot `idx`."""
+    cdef char* v = col.data.data + idx * 16
+    cdef int32_t len32 = <int32_t>k, buf = 0, at = <int32_t>col.arena_len
+    memset(v, 0, 16)
+    memcpy(v, &len32, 4)
+    if k <= 12:
+        if k:
+            memcpy(v + 4, col.arena.data + col.arena_len, k)
+        return 0
+    memcpy(v + 4, col.arena.data + col.arena_len, 4)
+    memcpy(v + 8, &buf, 4)
+    memcpy(v + 12, &at, 4)
+    col.arena_len += k
+    return 0
+
+
+cdef int text_bytea_into(ColBuf* col, Buf* out, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
+    """Decode into `out` from the column's current length (plain: the data buffer) or, for a view column, from
+    the arena's end (`out` is the arena); the offsets are updated either way."""
     global appended
     cdef int32_t* off = <int32_t*>col.offsets.data
     cdef Py_ssize_t pos = off[idx], i, k = 0
+    cdef Py_ssize_t base = col.arena_len if col.view else pos
     cdef int hi, lo
     cdef unsigned char c
     if n >= 2 and p[0] == 92 and p[1] == 120:
         if (n - 2) % 2:
             return F_INVALID
-        if pos + (n - 2) // 2 > col.data.cap:
-            buf_grow(&col.data, pos + (n - 2) // 2)
+        if base + (n - 2) // 2 > out.cap:
+            buf_grow(out, base + (n - 2) // 2)
         i = 2
         while i < n:
             hi = hex_value(p[i])
             lo = hex_value(p[i + 1])
             if hi < 0 or lo < 0:
                 return F_INVALID
-            col.data.data[pos + k] = <char>(hi * 16 + lo)
+            out.data[base + k] = <char>(hi * 16 + lo)
             k += 1
             i += 2
         if pos + k > OFFSET_LIMIT:
@@ -751,21 +844,21 @@ cdef int text_bytea(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) ex
         off[idx + 1] = <int32_t>(pos + k)
         appended += k
         return 0
-    if pos + n > col.data.cap:
-        buf_grow(&col.data, pos + n)
+    if base + n > out.cap:
+        buf_grow(out, base + n)
     i = 0
     while i < n:
         c = <unsigned char>p[i]
         if c != 92:
-            col.data.data[pos + k] = <char>c
+            out.data[base + k] = <char>c
             k += 1
             i += 1
         elif i + 1 < n and p[i + 1] == 92:
-            col.data.data[pos + k] = 92
+            out.data[base + k] = 92
             k += 1
             i += 2
         elif i + 3 < n and 48 <= p[i + 1] <= 51 and 48 <= p[i + 2] <= 55 and 48 <= p[i + 3] <= 55:
-            col.data.data[pos + k] = <char>((p[i + 1] - 48) * 64 + (p[i + 2] - 48) * 8 + (p[i + 3] - 48))
+            out.data[base + k] = <char>((p[i + 1] - 48) * 64 + (p[i + 2] - 48) * 8 + (p[i + 3] - 48))
             k += 1
             i += 4
         else:
@@ -1855,8 +1948,9 @@ cdef int render_text(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) e
     return var_append(col, idx, out, len(out))
 
 
-cdef object build_array(ColBuf* col, object spec, Py_ssize_t n):
-    """The Arrow array of `n` values of a typed column; its buffers move to pyarrow."""
+cdef object build_array(ColBuf* col, object spec, Py_ssize_t n, list pins=None):
+    """The Arrow array of `n` values of a typed column; its buffers move to pyarrow. A view column's variadic
+    buffers are its arena, then `pins` (the pinned input buffers of its batch, index 1 onwards)."""
     cdef Py_ssize_t nulls = count_nulls(col.validity.data, n)
     cdef int kind = col.kind
     cdef int32_t* off
@@ -1865,6 +1959,16 @@ cdef object build_array(ColBuf* col, object spec, Py_ssize_t n):
     if not nulls:
         buf_free(&col.validity)
     typ = spec.arrow_type
+    if col.view:
+        if kind == K_RAW or kind == K_OTHER:
+            col.nontext = count_nulls(col.marks.data, n) != n
+            typ = pa.binary_view() if col.nontext else pa.string_view()
+        else:
+            typ = pa.binary_view() if kind == K_BYTEA else pa.string_view()
+        views = own(&col.data, n * 16)
+        arena = own(&col.arena, col.arena_len)
+        col.arena_len = 0
+        return pa.Array.from_buffers(typ, n, [validity, views, arena] + (pins or []), null_count=nulls)
     if col.width:
         values = own(&col.data, n * col.width)
         if kind == K_DATE:

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from ..export.arrow import CHANGE_COLUMNS
 from ..model import ChangeBatch, Relation
+from .views import from_plain, to_plain
 
 __all__ = ["SpillFile", "SpilledRows", "SpilledChangeBatch", "DEFAULT_SPILL_BYTES", "row_bytes_estimate"]
 
@@ -78,13 +79,17 @@ class SpilledRows:
     for its untyped binary columns which values did not arrive as text (`raw_marks`, column index -> one bool a
     row): without the rows of aborted subtransactions such a column may be text after all."""
 
-    __slots__ = ("spill", "offset", "length", "relation", "num_rows", "subxid_counts", "marked_columns")
+    __slots__ = ("spill", "offset", "length", "relation", "num_rows", "subxid_counts", "marked_columns",
+                 "view_columns")
 
     def __init__(self, spill: SpillFile, batch: pa.RecordBatch, subxids: list[int], relation: Relation,
                  raw_marks: dict[int, list[bool]] | None = None) -> None:
         counts: dict[int, int] = {}
         for s in subxids:
             counts[s] = counts.get(s, 0) + 1
+        # view columns (strings="view") are written as string / binary: IPC would write every input buffer they
+        # point into whole; they are views again when read back
+        batch, self.view_columns = to_plain(batch)
         stored = batch.append_column(_SUBXID, pa.array(subxids, pa.uint32()))
         self.marked_columns = sorted(raw_marks or ())
         for c in self.marked_columns:
@@ -134,6 +139,7 @@ class SpilledChangeBatch(ChangeBatch):
                     batch = batch.set_column(pos, batch.schema.field(pos).with_type(pa.string()),
                                              batch.column(pos).cast(pa.string()))
         batch = batch.drop_columns([_SUBXID, *(f"{_MARKS}{c}" for c in s.marked_columns)])
+        batch = from_plain(batch, s.view_columns)
         if self._renumber:
             batch = self._renumber.batch(batch)
         n = batch.num_rows
