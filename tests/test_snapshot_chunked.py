@@ -1,0 +1,183 @@
+"""Chunked snapshots of tables that join a running ingest (DBLog watermarks): the stream is not paused, the result
+is exact, and a killed worker resumes at the next chunk.
+
+Oracle: the source tables themselves (psycopg2, values as PostgreSQL's `::text`), compared with the replay of the
+staging (`spockwire.ingest.replay.replay_table`, which applies the changes of a key as upserts and deletes).
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spockwire.ingest import StagingState
+from spockwire.ingest.replay import replay_table
+from spockwire.ingest.worker import IngestConfig, IngestWorker
+from tests.test_snapshot import ROOT, Writers, _events, _ingest_cmd, _wait, create_keyed, staged_rows
+
+COLUMNS = ["id", "v", "n", "big"]
+
+
+class RowWriters(Writers):
+    """Single-row changes at random keys of the whole table (not only its end): inserts (some with a TOAST
+    value), updates that leave the TOAST value unchanged, deletes, and key changes both to keys the snapshot has
+    already read and to keys it has not, each in its own transaction, now and then three in one."""
+
+    def _step(self, cur: Any, rng: Any, seed: int, base: int, ids: list[int]) -> None:
+        table = rng.choice(self.keyed)
+
+        def some() -> int:                   # a key of the rows the tables were created with (most still there)
+            return rng.randrange(1, 40001)
+
+        op = rng.random()
+        if op < 0.3:
+            ids[0] += 1
+            n = ids[0]
+            cur.execute(f"INSERT INTO {table} (id, v, n, big) VALUES (%s, %s, %s, %s)",
+                        (n, f"ins {n}", n % 1000, "T" * 3000 if n % 5 == 0 else None))
+        elif op < 0.6:
+            cur.execute(f"UPDATE {table} SET v = v || '.', n = n + 1 WHERE id = "
+                        f"(SELECT id FROM {table} WHERE id >= %s ORDER BY id LIMIT 1)", (some(),))
+        elif op < 0.75:
+            cur.execute(f"DELETE FROM {table} WHERE id = (SELECT id FROM {table} WHERE id >= %s ORDER BY id "
+                        f"LIMIT 1)", (some(),))
+        elif op < 0.9:
+            ids[0] += 1
+            target = ids[0] if rng.random() < 0.5 else -ids[0]      # after the bound, or before every key
+            cur.execute(f"UPDATE {table} SET id = %s WHERE id = (SELECT id FROM {table} WHERE id >= %s "
+                        f"ORDER BY id LIMIT 1)", (target, some()))
+        else:
+            cur.execute("BEGIN")
+            for _ in range(3):
+                cur.execute(f"UPDATE {table} SET n = -n WHERE id = (SELECT id FROM {table} WHERE id >= %s "
+                            f"ORDER BY id LIMIT 1)", (some(),))
+            cur.execute("COMMIT")
+
+
+def source_text(db: Any, table: str) -> dict[str, tuple]:
+    """{id text: (v, n, big) as text} of the source table."""
+    rows = db.query(f"SELECT id::text, v::text, n::text, big::text FROM {table}")
+    return {r[0]: tuple(r[1:]) for r in rows}
+
+
+def replay_text(out: Path, table: str) -> dict[str, tuple]:
+    """The staging's replay in the same text form (int and text columns: Python's str is PostgreSQL's text)."""
+    contents = replay_table(out, table, ["id"])
+    return {str(k[0]): tuple(None if row[c] is None else str(row[c]) for c in COLUMNS[1:])
+            for k, row in contents.items()}
+
+
+def chunk_records(out: Path, table: str) -> list[dict[str, Any]]:
+    return [r for r in StagingState.load(out).snapshots if r.get("table") == table and r["kind"] == "chunk"]
+
+
+def test_chunked_snapshot_while_writers_change_the_table_does_not_pause_the_stream(pg_db, tmp_path, impl):
+    """`big` (40,000 rows) joins the publication while a writer inserts, update (some leaving a TOAST value
+    unchanged), delete and change keys in it and in `items`; its first streamed change starts a snapshot in chunks
+    of 2,000 rows. While the chunks are read, `items`' changes are staged in commits between the chunk commits and
+    the slot is acknowledged further (the old method read the table whole with the stream paused: one commit, no
+    staging in between). The replay of both tables equals the source."""
+    db = pg_db
+    create_keyed(db, "items", 2000)
+    create_keyed(db, "big", 40000)
+    db.execute("CREATE PUBLICATION pub FOR TABLE items")
+    out = tmp_path / "staging"
+    config = IngestConfig(dsn=db.dsn, slot=f"{db.name}_s", out=str(out), publication=["pub"], create_slot=True,
+                          idle_exit=2.0, flush_seconds=0.1, progress=False, snapshot_check_interval=0,
+                          snapshot_chunk_rows=2000, impl="c" if impl.__name__.endswith("_decoder") else "python")
+    worker = IngestWorker(config)
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    acked: list[tuple[int, int]] = []          # (chunks staged, slot's confirmed_flush_lsn) while big is read
+    with RowWriters(db.dsn, ["items", "big"], threads=2, key_space=1_000_000) as writers:
+        thread.start()
+        _wait(lambda: worker.writer is not None and len(worker.writer.state.snapshots) == 1, thread)
+        time.sleep(0.3)
+        db.execute("ALTER PUBLICATION pub ADD TABLE big")
+        _wait(lambda: any(r.get("table") == "public.big" for r in worker.writer.state.snapshots), thread)
+        while not any(r.get("done") for r in chunk_records(out, "public.big")):
+            assert thread.is_alive(), "the worker ended early"
+            lsn = db.query("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots "
+                           "WHERE slot_name = %s", (config.slot,))[0][0]
+            acked.append((len(chunk_records(out, "public.big")), int(lsn)))
+            time.sleep(0.05)
+        ops = writers.ops
+        time.sleep(0.5)
+    assert ops > 100
+    thread.join(timeout=300)
+    assert result == [0]
+    chunks = chunk_records(out, "public.big")
+    assert len(chunks) >= 15 and [c["chunk"] for c in chunks] == list(range(len(chunks)))
+    assert [c["done"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert sum(c["rows_changed_in_stream"] for c in chunks) > 0, "no chunk row was superseded by the stream"
+    # the stream went on: items' changes were staged by commits between the first and the last chunk commit,
+    # and the slot was acknowledged further while chunks were still to come
+    state = StagingState.load(out)
+    first, last = chunks[0]["commit"], chunks[-1]["commit"]
+    between = [e for e in state.entries if first < e["commit"] < last
+               and any(f["table"] == "public.items" for f in e["files"])]
+    assert len(between) >= 3, f"{len(between)} commits staged changes of items while big was read"
+    during = [lsn for n, lsn in acked if 0 < n < len(chunks)]
+    assert during and max(during) > min(during), "the slot was not acknowledged while big was read"
+    # the chunk rows: snapshot rows at their high watermark's position, numbered from -2^63 per chunk
+    rows = [r for r in staged_rows(out, "public.big") if r["_xid"] is None]
+    assert sum(c["tables"]["public.big"] for c in chunks) == len(rows)
+    assert {r["_commit_lsn"] for r in rows} <= {c["consistent_point"] for c in chunks}
+    assert all(r["_change_type"] == "insert" for r in rows)
+    # the watermarks were consumed, never staged as messages
+    assert not state.message_files
+    for table in ("items", "big"):
+        assert replay_text(out, f"public.{table}") == source_text(db, table)
+
+
+@pytest.mark.parametrize("impl_name", ["c", "python"])
+def test_kill9_in_the_middle_of_a_chunked_snapshot_resumes_at_the_next_chunk(pg_db, tmp_path, impl_name):
+    """The worker is killed (SIGKILL) after a few of `late`'s chunks are staged, while writers change it; the
+    restarted worker resumes `late` at the chunk after the last staged one (no chunk is read twice, none skipped)
+    and the replay equals the source."""
+    db = pg_db
+    create_keyed(db, "items", 1000)
+    create_keyed(db, "late", 30000)
+    db.execute("CREATE PUBLICATION pub FOR TABLE items")
+    out = tmp_path / "staging"
+    slot = f"{db.name}_s"
+    cmd = _ingest_cmd(db.dsn, slot, out, "--impl", impl_name, "--snapshot-chunk-rows", "1000")
+    with RowWriters(db.dsn, ["items", "late"], threads=2, key_space=1_000_000):
+        proc = subprocess.Popen(cmd + ["--idle-exit", "60"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while not StagingState.load(out).snapshots:
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        db.execute("ALTER PUBLICATION pub ADD TABLE late")
+        while len(chunk_records(out, "public.late")) < 4:
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline + 60
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        before = chunk_records(out, "public.late")
+        assert not before[-1]["done"]
+        done = subprocess.Popen(cmd + ["--idle-exit", "2"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while not any(r["done"] for r in chunk_records(out, "public.late")):
+            assert done.poll() is None, done.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)
+    _, err = done.communicate(timeout=300)
+    assert done.returncode == 0, err.decode()[-3000:]
+    assert "snapshot_resumed" in _events(err.decode())
+    chunks = chunk_records(out, "public.late")
+    assert chunks[:len(before)] == before
+    assert [c["chunk"] for c in chunks] == list(range(len(chunks))), "a chunk was read twice or skipped"
+    assert chunks[len(before)]["commit"] > before[-1]["commit"]
+    for table in ("items", "late"):
+        assert replay_text(out, f"public.{table}") == source_text(db, table)
