@@ -18,45 +18,9 @@ import pytest
 from spockwire.ingest import StagingState
 from spockwire.ingest.replay import replay_table
 from spockwire.ingest.worker import IngestConfig, IngestWorker
-from tests.test_snapshot import ROOT, Writers, _events, _ingest_cmd, _wait, create_keyed, staged_rows
+from tests.test_snapshot import ROOT, RowWriters, _events, _ingest_cmd, _wait, create_keyed, staged_rows
 
 COLUMNS = ["id", "v", "n", "big"]
-
-
-class RowWriters(Writers):
-    """Single-row changes at random keys of the whole table (not only its end): inserts (some with a TOAST
-    value), updates that leave the TOAST value unchanged, deletes, and key changes both to keys the snapshot has
-    already read and to keys it has not, each in its own transaction, now and then three in one."""
-
-    def _step(self, cur: Any, rng: Any, seed: int, base: int, ids: list[int]) -> None:
-        table = rng.choice(self.keyed)
-
-        def some() -> int:                   # a key of the rows the tables were created with (most still there)
-            return rng.randrange(1, 40001)
-
-        op = rng.random()
-        if op < 0.3:
-            ids[0] += 1
-            n = ids[0]
-            cur.execute(f"INSERT INTO {table} (id, v, n, big) VALUES (%s, %s, %s, %s)",
-                        (n, f"ins {n}", n % 1000, "T" * 3000 if n % 5 == 0 else None))
-        elif op < 0.6:
-            cur.execute(f"UPDATE {table} SET v = v || '.', n = n + 1 WHERE id = "
-                        f"(SELECT id FROM {table} WHERE id >= %s ORDER BY id LIMIT 1)", (some(),))
-        elif op < 0.75:
-            cur.execute(f"DELETE FROM {table} WHERE id = (SELECT id FROM {table} WHERE id >= %s ORDER BY id "
-                        f"LIMIT 1)", (some(),))
-        elif op < 0.9:
-            ids[0] += 1
-            target = ids[0] if rng.random() < 0.5 else -ids[0]      # after the bound, or before every key
-            cur.execute(f"UPDATE {table} SET id = %s WHERE id = (SELECT id FROM {table} WHERE id >= %s "
-                        f"ORDER BY id LIMIT 1)", (target, some()))
-        else:
-            cur.execute("BEGIN")
-            for _ in range(3):
-                cur.execute(f"UPDATE {table} SET n = -n WHERE id = (SELECT id FROM {table} WHERE id >= %s "
-                            f"ORDER BY id LIMIT 1)", (some(),))
-            cur.execute("COMMIT")
 
 
 def source_text(db: Any, table: str) -> dict[str, tuple]:
