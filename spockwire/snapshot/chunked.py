@@ -5,7 +5,8 @@ The stream keeps being consumed while the table is read. The table is read in ke
 with ``ORDER BY key OFFSET n-1 LIMIT 1`` in the same snapshot), each chunk on an ordinary SQL connection of a
 background thread, between two watermarks written into the WAL:
 
-1. low watermark: ``pg_logical_emit_message(true, 'spockwire.watermark', '<window>:low')`` (its own transaction);
+1. low watermark: ``pg_logical_emit_message(true, 'spockwire.watermark', '<window>:low')`` (its own transaction,
+   whose commit flushes the WAL);
 2. ``BEGIN REPEATABLE READ``; the snapshot S (``pg_current_snapshot()``), the chunk's rows under S; ``COMMIT``;
 3. high watermark: the same with ``'<window>:high'``.
 
@@ -20,9 +21,11 @@ At the high watermark the chunk's remaining rows are staged as snapshot rows at 
 every change delivered before it and a "snapshot" record (kind "chunk", the chunk's last key); then the next chunk
 starts. Changes before the high watermark sort before the chunk's rows, later ones after.
 
-Two cases redo a window (new watermarks, same lower bound) instead of staging it: a truncate of the table in the
-window, and a change in the window that leaves a TOAST value unchanged for a key the chunk holds (the stream does
-not carry that value, and the row it updates has no earlier staged version to take it from).
+The range chunks stop at the table's largest key when its snapshot started (rows with larger keys exist only
+through changes the stream delivers after that). A change that leaves a TOAST value unchanged is applied onto the
+row its key had, which may not be staged yet while the range chunks run: such keys are read again, after the last
+range chunk, by refetch chunks (``WHERE key IN (...)``, same watermarks). A truncate of the table in a window redoes
+the window (new watermarks, same bounds).
 
 After a crash the worker resumes at the chunk after the last staged one (the log's snapshot records); a window
 that was open is read again with new watermarks. The staged changes of the table before a key's chunk (changes of
