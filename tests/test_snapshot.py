@@ -92,15 +92,7 @@ class Writers:
         op = rng.random()
         table = rng.choice(self.keyed)
         if self.keyless and rng.random() < 0.25:
-            k = rng.choice(self.keyless)
-            if op < 0.5:
-                cur.execute(f"INSERT INTO {k} VALUES (%s, %s)", (rng.randrange(50), f"w{seed}"))
-            elif op < 0.75:
-                cur.execute(f"UPDATE {k} SET b = b || '+' WHERE ctid = (SELECT ctid FROM {k} "
-                            f"WHERE a = %s LIMIT 1)", (rng.randrange(50),))
-            else:
-                cur.execute(f"DELETE FROM {k} WHERE ctid = (SELECT ctid FROM {k} WHERE a = %s LIMIT 1)",
-                            (rng.randrange(50),))
+            self._keyless_step(cur, rng, seed, op)
         elif op < 0.35:
             next_id += 1
             cur.execute(f"INSERT INTO {table} (id, v, n, big) VALUES (%s, %s, %s, %s)",
@@ -130,6 +122,56 @@ class Writers:
             cur.execute(f"UPDATE {table} SET v = 'bulk!' WHERE id %% 13 = %s", (rng.randrange(13),))
             cur.execute("COMMIT")
         ids[0] = next_id
+
+    def _keyless_step(self, cur: Any, rng: random.Random, seed: int, op: float) -> None:
+        k = rng.choice(self.keyless)
+        if op < 0.5:
+            cur.execute(f"INSERT INTO {k} VALUES (%s, %s)", (rng.randrange(50), f"w{seed}"))
+        elif op < 0.75:
+            cur.execute(f"UPDATE {k} SET b = b || '+' WHERE ctid = (SELECT ctid FROM {k} "
+                        f"WHERE a = %s LIMIT 1)", (rng.randrange(50),))
+        else:
+            cur.execute(f"DELETE FROM {k} WHERE ctid = (SELECT ctid FROM {k} WHERE a = %s LIMIT 1)",
+                        (rng.randrange(50),))
+
+
+class RowWriters(Writers):
+    """Single-row changes at random keys of the whole table (not only its end), no large transactions: inserts
+    (some with a TOAST value), updates that leave the TOAST value unchanged, deletes, and key changes both to keys
+    after every existing one and before every existing one, each in its own transaction, now and then three in
+    one; `keyless` tables as in Writers."""
+
+    def _step(self, cur: Any, rng: random.Random, seed: int, base: int, ids: list[int]) -> None:
+        table = rng.choice(self.keyed)
+
+        def some() -> int:                   # a key of the rows the tables were created with (most still there)
+            return rng.randrange(1, 40001)
+
+        op = rng.random()
+        if self.keyless and rng.random() < 0.25:
+            self._keyless_step(cur, rng, seed, op)
+        elif op < 0.3:
+            ids[0] += 1
+            n = ids[0]
+            cur.execute(f"INSERT INTO {table} (id, v, n, big) VALUES (%s, %s, %s, %s)",
+                        (n, f"ins {n}", n % 1000, "T" * 3000 if n % 5 == 0 else None))
+        elif op < 0.6:
+            cur.execute(f"UPDATE {table} SET v = v || '.', n = n + 1 WHERE id = "
+                        f"(SELECT id FROM {table} WHERE id >= %s ORDER BY id LIMIT 1)", (some(),))
+        elif op < 0.75:
+            cur.execute(f"DELETE FROM {table} WHERE id = (SELECT id FROM {table} WHERE id >= %s ORDER BY id "
+                        f"LIMIT 1)", (some(),))
+        elif op < 0.9:
+            ids[0] += 1
+            target = ids[0] if rng.random() < 0.5 else -ids[0]
+            cur.execute(f"UPDATE {table} SET id = %s WHERE id = (SELECT id FROM {table} WHERE id >= %s "
+                        f"ORDER BY id LIMIT 1)", (target, some()))
+        else:
+            cur.execute("BEGIN")
+            for _ in range(3):
+                cur.execute(f"UPDATE {table} SET n = -n WHERE id = (SELECT id FROM {table} WHERE id >= %s "
+                            f"ORDER BY id LIMIT 1)", (some(),))
+            cur.execute("COMMIT")
 
 
 def staged_rows(out: Path, table: str) -> list[dict[str, Any]]:
@@ -460,31 +502,45 @@ def test_kill9_during_the_snapshot_then_restart_equals_source(pg_db, tmp_path, i
 def test_tables_added_to_the_publication_while_ingest_runs(pg_db, tmp_path, impl):
     """`late` is added to the publication while writers change it (its first streamed change starts its
     snapshot); `idle` is added without any change (the periodic check of the publication finds it); `quiet` is
-    added later and requested with `spockwire snapshot --staging OUT --table public.quiet --wait`. All end equal to
-    the source, as does the table replicated from the start."""
+    added later and requested with `spockwire snapshot --staging OUT --table public.quiet --wait`. These have a
+    primary key: they are read in chunks while the stream goes on (tests/test_snapshot_chunked.py). `bare` has no
+    key (REPLICA IDENTITY FULL): it is read whole under a temporary slot's exported snapshot, its rows staged at
+    that slot's consistent point. All end equal to the source, as does the table replicated from the start."""
+    from spockwire.ingest.replay import replay_table
+
     db = pg_db
     create_keyed(db, "items", 10000)
     create_keyed(db, "late", 20000)
     create_keyed(db, "idle", 1000)
     create_keyed(db, "quiet", 3000)
+    db.execute("CREATE TABLE bare (a int, b text)")
+    db.execute("ALTER TABLE bare REPLICA IDENTITY FULL")
+    db.execute("INSERT INTO bare SELECT g % 50, 'b' || g FROM generate_series(1, 5000) g")
     db.execute("CREATE PUBLICATION pub FOR TABLE items")
     out = tmp_path / "staging"
     config = IngestConfig(dsn=db.dsn, slot=f"{db.name}_s", out=str(out), publication=["pub"], create_slot=True,
                           idle_exit=2.0, flush_seconds=0.2, progress=False, snapshot_check_interval=1.0,
-                          impl="c" if impl.__name__.endswith("_decoder") else "python")
+                          snapshot_chunk_rows=8000, impl="c" if impl.__name__.endswith("_decoder") else "python")
     worker = IngestWorker(config)
     result: list[Any] = []
     thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
 
-    def snapshotted() -> dict[str, dict]:
-        return {t: r for r in worker.writer.state.snapshots for t in r["tables"]}
+    def records() -> dict[str, list[dict]]:
+        found: dict[str, list[dict]] = {}
+        for r in worker.writer.state.snapshots:
+            for t in r["tables"]:
+                found.setdefault(t, []).append(r)
+        return found
 
-    with Writers(db.dsn, ["items", "late"], threads=1):
+    def finished() -> set[str]:
+        return {t for t, rs in records().items() if rs[-1]["kind"] != "chunk" or rs[-1]["done"]}
+
+    with RowWriters(db.dsn, ["items", "late"], keyless=["bare"], threads=2, key_space=1_000_000):
         thread.start()
         _wait(lambda: worker.writer is not None and len(worker.writer.state.snapshots) == 1, thread)
         time.sleep(0.5)
-        db.execute("ALTER PUBLICATION pub ADD TABLE late, idle")
-        _wait(lambda: {"public.late", "public.idle"} <= set(snapshotted()), thread)
+        db.execute("ALTER PUBLICATION pub ADD TABLE late, idle, bare")
+        _wait(lambda: {"public.late", "public.idle", "public.bare"} <= finished(), thread)
         worker.incremental.check_interval = 0           # from here on only the request finds `quiet`
         db.execute("ALTER PUBLICATION pub ADD TABLE quiet")
         asked = subprocess.run([sys.executable, "-m", "spockwire", "snapshot", "--staging", str(out), "--table",
@@ -495,19 +551,28 @@ def test_tables_added_to_the_publication_while_ingest_runs(pg_db, tmp_path, impl
         time.sleep(1.0)
     thread.join(timeout=300)
     assert result == [0]
-    records = snapshotted()
-    assert records["public.items"]["kind"] == "initial"
+    found = records()
+    initial = found["public.items"][0]
+    assert initial["kind"] == "initial"
     for table in ("late", "idle", "quiet"):
-        assert records[f"public.{table}"]["kind"] == "incremental"
-        assert records[f"public.{table}"]["consistent_point"] > records["public.items"]["consistent_point"]
-    assert records["public.idle"]["tables"]["public.idle"] == 1000
-    late = records["public.late"]
-    rows = staged_rows(out, "public.late")
-    assert any(r["_xid"] is not None and r["_commit_lsn"] > late["consistent_point"] for r in rows), \
-        "no change of the late table was streamed after its snapshot"
-    assert all(r["_commit_lsn"] >= late["consistent_point"] for r in rows)
-    for table in ("items", "late", "idle", "quiet"):
-        assert replay(out, [f"public.{table}"], KEYED_COLUMNS) == source(db, table, KEYED_COLUMNS)
+        chunks = found[f"public.{table}"]
+        assert {r["kind"] for r in chunks} == {"chunk"} and chunks[-1]["done"]
+        assert all(r["consistent_point"] > initial["consistent_point"] for r in chunks)
+    assert [r["chunk_kind"] for r in found["public.idle"]] == ["range"]
+    assert found["public.idle"][0]["tables"]["public.idle"] == 1000
+    assert len([r for r in found["public.late"] if r["chunk_kind"] == "range"]) >= 3
+    (bare,) = found["public.bare"]
+    assert bare["kind"] == "incremental" and bare["consistent_point"] > initial["consistent_point"]
+    rows = staged_rows(out, "public.bare")
+    assert all(r["_commit_lsn"] >= bare["consistent_point"] for r in rows)
+    assert any(r["_xid"] is not None for r in rows), "no change of the keyless table was streamed after its snapshot"
+    assert replay(out, ["public.bare"], ["a", "b"]) == source(db, "bare", ["a", "b"])
+    assert replay(out, ["public.items"], KEYED_COLUMNS) == source(db, "items", KEYED_COLUMNS)
+    # the tables read in chunks: changes of keys whose chunk was not read yet are staged too (applied as upserts)
+    for table in ("late", "idle", "quiet"):
+        staged = replay_table(out, f"public.{table}", ["id"])
+        assert Counter(tuple(row[c] for c in KEYED_COLUMNS) for row in staged.values()) == \
+            source(db, table, KEYED_COLUMNS)
     assert not db.query("SELECT 1 FROM pg_replication_slots WHERE slot_name LIKE %s", (f"{config.slot}_snap%",))
 
 

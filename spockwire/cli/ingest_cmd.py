@@ -36,9 +36,12 @@ SNAPSHOT = Setting("snapshot", "initial: create the slot with an exported snapsh
                    choices=("initial", "never"), default_text="initial when --create-slot creates the slot")
 SNAPSHOT_WORKERS = Setting("snapshot_workers", "connections reading the initial snapshot (tables and block ranges "
                            "of large tables)", type=positive_int, default=1, metavar="N")
+SNAPSHOT_CHUNK_ROWS = Setting("snapshot_chunk_rows", "rows per chunk when a table that joins the publication later "
+                              "is read while the stream goes on (one chunk in memory at a time)",
+                              type=positive_int, default=10_000, metavar="N")
 SETTINGS = (*COMMON_SETTINGS, COLUMN_TYPE, ON_UNREPRESENTABLE, *STREAM_SETTINGS, *STAGING_SETTINGS, FLUSH_SECONDS,
             SPILL_BYTES, METRICS_PORT, METRICS_HOST, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT, HEARTBEAT_INTERVAL,
-            SNAPSHOT, SNAPSHOT_WORKERS)
+            SNAPSHOT, SNAPSHOT_WORKERS, SNAPSHOT_CHUNK_ROWS)
 
 
 def register(subparsers: Any) -> None:
@@ -73,5 +76,6 @@ def run(args: argparse.Namespace) -> int:
         flush_bytes=cfg.flush_bytes, flush_seconds=cfg.flush_seconds, spill_bytes=cfg.spill_bytes,
         metrics_port=cfg.metrics_port, metrics_host=cfg.metrics_host, progress=cfg.progress,
         max_runtime=cfg.max_runtime, idle_exit=cfg.idle_exit, impl=cfg.impl, transport=cfg.transport,
-        heartbeat_interval=cfg.heartbeat_interval, snapshot=cfg.snapshot, snapshot_workers=cfg.snapshot_workers)
+        heartbeat_interval=cfg.heartbeat_interval, snapshot=cfg.snapshot, snapshot_workers=cfg.snapshot_workers,
+        snapshot_chunk_rows=cfg.snapshot_chunk_rows)
     return IngestWorker(config).run()

@@ -86,7 +86,10 @@ def _incremental(cfg: Any, tables: list[str], out: TextIO) -> int:
         time.sleep(0.2)
     done: dict[str, int] = {}
     for entry in read_log(staging)[before:]:
-        done.update((entry.get("snapshot") or {}).get("tables", {}))
+        record = entry.get("snapshot") or {}
+        for table, rows in record.get("tables", {}).items():
+            # a table read in chunks has one record per chunk
+            done[table] = done.get(table, 0) + rows if record.get("kind") == "chunk" else rows
     for table in tables:
         if table in done:
             out.write(f"  {table}: {done[table]:,} rows staged as snapshot rows\n")

@@ -74,6 +74,7 @@ class IngestConfig:
     snapshot: str | None = None           # "initial" | "never"; None: "initial" when this run creates the slot
     snapshot_workers: int = 1             # connections reading the snapshot (tables and block ranges)
     snapshot_check_interval: float = 10.0  # look for tables added to the publication this often (0: never)
+    snapshot_chunk_rows: int = 10_000     # rows per chunk of a table snapshotted while the stream goes on
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -308,6 +309,7 @@ class IngestWorker:
         self.writer: StagingWriter | None = None
         self.type_catalog: Any = None
         self.incremental: Any = None
+        self._watermarks = False              # the stream carries the watermarks of chunked snapshots
 
     def stop(self, *_: Any) -> None:
         """Ask the worker to finish: it flushes, acknowledges what it wrote and returns from `run()`."""
@@ -364,8 +366,9 @@ class IngestWorker:
         if cfg.heartbeat_interval is not None:
             kwargs["heartbeat_interval"] = cfg.heartbeat_interval
         if cfg.plugin == "pgoutput":
+            # watermarks of chunked snapshots arrive as messages (only those the user asked for are staged)
             kwargs.update(publication=cfg.publication, streaming=cfg.streaming, two_phase=cfg.two_phase,
-                          messages=cfg.messages)
+                          messages=cfg.messages or self._watermarks)
         else:
             kwargs.update(replication_sets=cfg.replication_sets)
         try:
@@ -398,15 +401,19 @@ class IngestWorker:
         log.info(json.dumps({"event": "start", "slot": cfg.slot, "plugin": cfg.plugin, "out": cfg.out,
                              # null: nothing staged yet, the stream starts at the slot's confirmed position
                              "resume_lsn": _format_lsn(resume) if resume else None}))
+        incremental_wanted = bool(writer.state.snapshots) and cfg.snapshot != "never"
+        self._watermarks = incremental_wanted and cfg.plugin == "pgoutput" and self._server_version() >= 140000
         stream = self._open_stream(resume)
         self.stream = stream
         self._start_position(resume)
         incremental = None
-        if writer.state.snapshots and cfg.snapshot != "never":
+        if incremental_wanted:
             from ..snapshot.incremental import IncrementalSnapshots
 
-            # tables that join later get a snapshot of their own (docs/staging.md, "Snapshot rows")
-            incremental = self.incremental = IncrementalSnapshots(self, cfg.snapshot_check_interval)
+            # tables that join later get a snapshot of their own (docs/snapshot.md, "Tables that join later")
+            incremental = self.incremental = IncrementalSnapshots(self, cfg.snapshot_check_interval,
+                                                                  chunked=self._watermarks,
+                                                                  chunk_rows=cfg.snapshot_chunk_rows)
         started = time.monotonic()
         last_activity = time.monotonic()
         received = self._messages_received()
@@ -420,11 +427,12 @@ class IngestWorker:
                 before, received = received, self._messages_received()
                 # a reconnect (however long it took) starts a new wait: what was not yet received is still coming
                 was, reconnects = reconnects, getattr(stream, "reconnects", 0)
-                if events or received != before or reconnects != was:
+                if events or received != before or reconnects != was or (incremental is not None
+                                                                        and incremental.busy):
                     last_activity = now
                 for event in events:
-                    if incremental is not None:
-                        incremental.before(event)
+                    if incremental is not None and not incremental.before(event):
+                        continue
                     writer.add(event)
                     if isinstance(event, ChangeBatch):
                         rows_seen += event.num_rows
@@ -453,6 +461,8 @@ class IngestWorker:
             return 0
         finally:
             try:
+                if incremental is not None:
+                    incremental.close()
                 stream.close()
             finally:
                 writer.close()
@@ -549,6 +559,22 @@ class IngestWorker:
         log.info(json.dumps({"event": "snapshot_done", "commit": entry["commit"] if entry else None,
                              "consistent_point": entry["committed_lsn_text"] if entry else None,
                              "tables": progress.tables_done, "rows": progress.rows}))
+
+    def _server_version(self) -> int:
+        """server_version_num of the source (0 when it cannot be read)."""
+        try:
+            from ..connection.session import pinned_connect
+
+            conn = pinned_connect(self.config.dsn, **dict(self.config.extra.get("connect_kwargs") or {}))
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SHOW server_version_num")
+                    return int(cur.fetchone()[0])
+            finally:
+                conn.close()
+        except Exception as exc:  # noqa: BLE001 - then no watermarks: tables that join later are read whole
+            log.debug("cannot read the server version: %s", exc)
+            return 0
 
     def _messages_received(self) -> int:
         """Messages the stream has received so far (0 for a stream that does not count them)."""
