@@ -253,6 +253,18 @@ def create_keyed(db: PgDatabase, name: str, rows: int, *, partitioned: bool = Fa
                f"END FROM generate_series(1, {rows}) g")
 
 
+def worker_in_thread(db: PgDatabase, impl: Any, out: Path, **settings: Any
+                     ) -> tuple[IngestWorker, threading.Thread, list[Any]]:
+    """An ingest worker of publication `pub` on a new slot `<db>_s` into `out` (no progress line, idle exit after
+    2 s), with `settings` and the decoder `impl`; its thread (not started) and the list its result goes to."""
+    config = IngestConfig(dsn=db.dsn, slot=f"{db.name}_s", out=str(out), publication=["pub"], create_slot=True,
+                          idle_exit=2.0, progress=False, impl="c" if impl.__name__.endswith("_decoder") else "python",
+                          **settings)
+    worker = IngestWorker(config)
+    result: list[Any] = []
+    return worker, threading.Thread(target=lambda: result.append(worker.run()), daemon=True), result
+
+
 def run_worker(config: IngestConfig, *, writers: Writers, settle: float = 1.0) -> IngestWorker:
     """Run the worker in a thread while `writers` run; stop the writers once the snapshot is staged (plus
     `settle` seconds of streaming), then let the worker stream until it is idle."""
@@ -518,12 +530,8 @@ def test_tables_added_to_the_publication_while_ingest_runs(pg_db, tmp_path, impl
     db.execute("INSERT INTO bare SELECT g % 50, 'b' || g FROM generate_series(1, 5000) g")
     db.execute("CREATE PUBLICATION pub FOR TABLE items")
     out = tmp_path / "staging"
-    config = IngestConfig(dsn=db.dsn, slot=f"{db.name}_s", out=str(out), publication=["pub"], create_slot=True,
-                          idle_exit=2.0, flush_seconds=0.2, progress=False, snapshot_check_interval=1.0,
-                          snapshot_chunk_rows=8000, impl="c" if impl.__name__.endswith("_decoder") else "python")
-    worker = IngestWorker(config)
-    result: list[Any] = []
-    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    worker, thread, result = worker_in_thread(db, impl, out, flush_seconds=0.2, snapshot_check_interval=1.0,
+                                              snapshot_chunk_rows=8000)
 
     def records() -> dict[str, list[dict]]:
         found: dict[str, list[dict]] = {}
@@ -573,7 +581,7 @@ def test_tables_added_to_the_publication_while_ingest_runs(pg_db, tmp_path, impl
         staged = replay_table(out, f"public.{table}", ["id"])
         assert Counter(tuple(row[c] for c in KEYED_COLUMNS) for row in staged.values()) == \
             source(db, table, KEYED_COLUMNS)
-    assert not db.query("SELECT 1 FROM pg_replication_slots WHERE slot_name LIKE %s", (f"{config.slot}_snap%",))
+    assert not db.query("SELECT 1 FROM pg_replication_slots WHERE slot_name LIKE %s", (f"{worker.config.slot}_snap%",))
 
 
 def _wait(condition: Any, thread: threading.Thread, timeout: float = 120.0) -> None:

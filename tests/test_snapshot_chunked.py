@@ -17,8 +17,8 @@ import pytest
 
 from spockwire.ingest import StagingState
 from spockwire.ingest.replay import replay_table
-from spockwire.ingest.worker import IngestConfig, IngestWorker
-from tests.test_snapshot import ROOT, RowWriters, _events, _ingest_cmd, _wait, create_keyed, staged_rows
+from tests.test_snapshot import (ROOT, RowWriters, _events, _ingest_cmd, _wait, create_keyed, staged_rows,
+                                 worker_in_thread)
 
 COLUMNS = ["id", "v", "n", "big"]
 
@@ -51,12 +51,8 @@ def test_chunked_snapshot_while_writers_change_the_table_does_not_pause_the_stre
     create_keyed(db, "big", 40000)
     db.execute("CREATE PUBLICATION pub FOR TABLE items")
     out = tmp_path / "staging"
-    config = IngestConfig(dsn=db.dsn, slot=f"{db.name}_s", out=str(out), publication=["pub"], create_slot=True,
-                          idle_exit=2.0, flush_seconds=0.1, progress=False, snapshot_check_interval=0,
-                          snapshot_chunk_rows=2000, impl="c" if impl.__name__.endswith("_decoder") else "python")
-    worker = IngestWorker(config)
-    result: list[Any] = []
-    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    worker, thread, result = worker_in_thread(db, impl, out, flush_seconds=0.1, snapshot_check_interval=0,
+                                              snapshot_chunk_rows=2000)
     acked: list[tuple[int, int]] = []          # (chunks staged, slot's confirmed_flush_lsn) while big is read
     with RowWriters(db.dsn, ["items", "big"], threads=2, key_space=1_000_000) as writers:
         thread.start()
@@ -67,7 +63,7 @@ def test_chunked_snapshot_while_writers_change_the_table_does_not_pause_the_stre
         while not any(r.get("done") for r in chunk_records(out, "public.big")):
             assert thread.is_alive(), "the worker ended early"
             lsn = db.query("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots "
-                           "WHERE slot_name = %s", (config.slot,))[0][0]
+                           "WHERE slot_name = %s", (worker.config.slot,))[0][0]
             acked.append((len(chunk_records(out, "public.big")), int(lsn)))
             time.sleep(0.05)
         ops = writers.ops
@@ -166,12 +162,8 @@ def test_composite_key_partitioned_root_in_chunks_found_by_the_publication_check
                "FROM generate_series(1, 6000) g")
     db.execute("CREATE PUBLICATION pub FOR TABLE items WITH (publish_via_partition_root = true)")
     out = tmp_path / "staging"
-    config = IngestConfig(dsn=db.dsn, slot=f"{db.name}_s", out=str(out), publication=["pub"], create_slot=True,
-                          idle_exit=2.0, flush_seconds=0.1, progress=False, snapshot_check_interval=0.3,
-                          snapshot_chunk_rows=700, impl="c" if impl.__name__.endswith("_decoder") else "python")
-    worker = IngestWorker(config)
-    result: list[Any] = []
-    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    worker, thread, result = worker_in_thread(db, impl, out, flush_seconds=0.1, snapshot_check_interval=0.3,
+                                              snapshot_chunk_rows=700)
     stop = threading.Event()
 
     def write() -> None:

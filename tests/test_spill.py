@@ -19,17 +19,22 @@ DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _open_spill_files(folder: Path) -> list[str]:
-    """The unnamed files in `folder` this process holds open: its spill files (Linux: /proc/self/fd)."""
-    found = []
+def open_spill_fds(folder: Path) -> dict[int, str]:
+    """The unnamed files in `folder` this process holds open, by descriptor: its spill files (Linux:
+    /proc/self/fd)."""
+    found = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
         if target.startswith(f"{folder}/") and target.endswith(" (deleted)"):
-            found.append(target)
+            found[int(fd)] = target
     return found
+
+
+def _open_spill_files(folder: Path) -> list[str]:
+    return list(open_spill_fds(folder).values())
 
 
 @pytest.mark.parametrize("name", ["pgoutput_v2_binary_stream", "pgoutput_v3_twophase", "pgoutput_v1_text",

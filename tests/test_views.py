@@ -17,6 +17,7 @@ import pytest
 from spockwire.errors import ProtocolError
 from spockwire.wire.views import pin_source, to_plain
 from tests import wire_encoder as W
+from tests.test_spill import open_spill_fds
 
 # id int4, body text, name varchar, doc jsonb, js json, data bytea
 COLS = [W.Col("id", 23, -1, True), W.Col("body", 25), W.Col("name", 1043), W.Col("doc", 3802), W.Col("js", 114),
@@ -213,15 +214,7 @@ def test_what_is_pinned():
 
 
 def _spill_file_sizes(folder) -> list[int]:
-    sizes = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(f"{folder}/") and target.endswith(" (deleted)"):
-            sizes.append(os.fstat(int(fd)).st_size)
-    return sizes
+    return [os.fstat(fd).st_size for fd in open_spill_fds(folder)]
 
 
 def test_spilled_views_come_back_as_views(impl, tmp_path):
