@@ -423,13 +423,15 @@ class IngestWorker:
                 was, reconnects = reconnects, getattr(stream, "reconnects", 0)
                 if events or received != before or reconnects != was:
                     last_activity = now
-                for event in events:
+                last = len(events) - 1
+                for i, event in enumerate(events):
                     if incremental is not None:
                         incremental.before(event)
                     writer.add(event)
                     if isinstance(event, ChangeBatch):
                         rows_seen += event.num_rows
-                    if writer.buffered_bytes >= cfg.flush_bytes or writer.buffered_rows >= cfg.flush_rows:
+                    if i < last and (writer.buffered_bytes >= cfg.flush_bytes
+                                     or writer.buffered_rows >= cfg.flush_rows):
                         # inside a large drain: write what is buffered, keep the log's LSN where it was
                         self._commit(writer.sealed_lsn)
                 if incremental is not None:
@@ -437,11 +439,15 @@ class IngestWorker:
                 with self.metrics.lock:
                     self.metrics.events_total += len(events)
                     self.metrics.reconnects = getattr(stream, "reconnects", 0)
-                # flush on the age of what is buffered (rows and bytes are handled above); with nothing buffered,
-                # still move the LSN on (transactions of unpublished tables) once per flush interval. While the
-                # writer thread is busy with the previous commit, the events stay buffered for the next one.
-                if writer.should_flush() or (stream.delivered_lsn > writer.sealed_lsn
-                                             and now - self._last_commit >= cfg.flush_seconds):
+                # every event read is added: a commit now records the LSN that covers them all. At the rows or
+                # bytes limit it waits for the writer thread if needed (memory stays bounded); by the age of what
+                # is buffered it does not: while the writer thread is busy with the previous commit, the events
+                # stay buffered for the next one (group commit). With nothing buffered, the LSN still moves on
+                # (transactions of unpublished tables) once per flush interval.
+                if writer.buffered_bytes >= cfg.flush_bytes or writer.buffered_rows >= cfg.flush_rows:
+                    self._commit(stream.delivered_lsn)
+                elif writer.should_flush() or (stream.delivered_lsn > writer.sealed_lsn
+                                               and now - self._last_commit >= cfg.flush_seconds):
                     self._commit(stream.delivered_lsn, block=False)
                 else:
                     self._collect()
