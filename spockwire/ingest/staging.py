@@ -385,7 +385,7 @@ class StagingWriter:
         group.batches.append(kept)
         rows = kept.num_rows
         group.rows += rows
-        size = kept.nbytes
+        size = kept.get_total_buffer_size()       # `nbytes` walks the buffers: ~80 us on a 14-column batch
         group.nbytes += size
         self._rows += rows
         self._bytes += size
