@@ -178,6 +178,41 @@ def test_ingest_worker(benchmark, workload, transport):
     benchmark.extra_info.update(extra)
 
 
+CODECS = [("none", None, None), ("snappy", "snappy", None), ("lz4", "lz4", None), ("zstd level 1 (default)", "zstd", 1),
+          ("zstd level 3", "zstd", 3), ("zstd level 6", "zstd", 6), ("gzip", "gzip", None)]
+
+
+def compression_costs(w: Workload, rounds: int = 5) -> list[dict[str, Any]]:
+    """Parquet encode CPU seconds (median of `rounds`) and size of the workload's rows, one chunk, per codec."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    slot = w.copy_slot()
+    stream = connect(w.dsn, slot=slot, publication="pub")
+    batches, rows = [], 0
+    try:
+        while rows < ROWS:
+            for event in stream.read(timeout=0.5):
+                if isinstance(event, ChangeBatch):
+                    batches.append(event.to_arrow())
+                    rows += event.num_rows
+    finally:
+        stream.close()
+        w.drop_slot(slot)
+    table = pa.Table.from_batches(batches).combine_chunks()
+    out = []
+    for name, codec, level in CODECS:
+        cpu = []
+        for _ in range(rounds):
+            sink = pa.BufferOutputStream()
+            t0 = time.process_time()
+            pq.write_table(table, sink, compression=codec, compression_level=level)
+            cpu.append(time.process_time() - t0)
+        out.append({"codec": name, "bytes": sink.getvalue().size, "encode_cpu_s": round(statistics.median(cpu), 3),
+                    "rows_per_cpu_s": round(ROWS / statistics.median(cpu))})
+    return out
+
+
 class _Server:
     """A server given by DSN (its workload written by an earlier `--prepare`), in place of a throwaway cluster."""
 
@@ -200,6 +235,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--transport", action="append", choices=["replication", "sql"])
     parser.add_argument("--json", help="write the results here as well")
+    parser.add_argument("--codecs", action="store_true", help="also measure Parquet encode cost and size per codec")
     parser.add_argument("--dsn", help="use this server's database, prepared by --prepare (to compare two builds "
                                       "on the same server, one round of each at a time)")
     parser.add_argument("--prepare", action="store_true", help="with --dsn: write the workload and the template "
@@ -222,12 +258,15 @@ def main() -> None:
         w._n = int(time.time() * 1000) % 10_000_000      # slot names of its own beside other runs' leftovers
         version = server.query("SHOW server_version")[0][0]
         results = [paired_rounds(w, t, args.rounds) for t in args.transport or ["replication", "sql"]]
+        codecs = compression_costs(w) if args.codecs else None
     else:
         with PostgresCluster({"logical_decoding_work_mem": "256MB"}) as pg:
             w = start_workload(pg)
             version = pg.query("SHOW server_version", dbname=w.db)[0][0]
             results = [paired_rounds(w, t, args.rounds) for t in args.transport or ["replication", "sql"]]
-    report = {"started": started, "server_version": version, "cores": os.cpu_count(), "results": results}
+            codecs = compression_costs(w) if args.codecs else None
+    report = {"started": started, "server_version": version, "cores": os.cpu_count(), "results": results,
+              **({"codecs": codecs} if codecs else {})}
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as fh:
