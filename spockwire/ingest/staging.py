@@ -50,7 +50,7 @@ _U64 = pa.uint64()
 class _Group:
     """Buffered batches of one table schema version."""
 
-    __slots__ = ("schema", "batches", "rows", "nbytes", "first", "last", "counts")
+    __slots__ = ("schema", "batches", "rows", "nbytes", "first", "last")
 
     def __init__(self, schema: SchemaVersion) -> None:
         self.schema = schema
@@ -59,7 +59,6 @@ class _Group:
         self.nbytes = 0
         self.first: tuple[int, int] | None = None
         self.last: tuple[int, int] | None = None
-        self.counts: dict[str, int] = {}
 
 
 def _batch_bounds(rb: pa.RecordBatch) -> tuple[tuple[int, int], tuple[int, int]]:
