@@ -112,7 +112,7 @@ def ingest_rate(w: Workload, transport: str, **config: Any) -> dict[str, float]:
     slot = w.copy_slot()
     out = tempfile.mkdtemp(prefix="spockwire-bench-ingest-")
     try:
-        worker = IngestWorker(IngestConfig(dsn=w.dsn, slot=slot, out=out, publication=["pub"], idle_exit=3.0,
+        worker = IngestWorker(IngestConfig(dsn=w.dsn, slot=slot, out=out, publication=["pub"], idle_exit=10.0,
                                            flush_seconds=FLUSH_SECONDS, progress=False, transport=transport, **config))
         started = time.time()
         worker.run()
