@@ -1,8 +1,9 @@
 """The ingest worker: a replication slot streamed into the Parquet staging layout, nothing lost, nothing doubled.
 
 Loop: read the committed events of one batch of frames, add them to the StagingWriter; when a flush is due (rows,
-bytes or age), commit the staging (Parquet files and folders fsynced, then the log entry written atomically) and
-only then acknowledge the slot up to the LSN the log entry records. A huge transaction is written in several
+bytes or age), hand the buffer to the writer thread, which commits the staging (Parquet files and folders fsynced,
+then the log entry written atomically) while the stream goes on being decoded; only once that commit is durable is
+the slot acknowledged up to the LSN its log entry records. A huge transaction is written in several
 staging commits that keep the previous LSN, so memory stays bounded and nothing is acknowledged early.
 
 After a crash at any point, the next start removes the files no log entry names, resumes the slot from the log's
@@ -430,31 +431,41 @@ class IngestWorker:
                 if events or received != before or reconnects != was or (incremental is not None
                                                                         and incremental.busy):
                     last_activity = now
-                for event in events:
+                last = len(events) - 1
+                for i, event in enumerate(events):
                     if incremental is not None and not incremental.before(event):
                         continue
                     writer.add(event)
                     if isinstance(event, ChangeBatch):
                         rows_seen += event.num_rows
-                    if writer.buffered_bytes >= cfg.flush_bytes or writer.buffered_rows >= cfg.flush_rows:
+                    if i < last and (writer.buffered_bytes >= cfg.flush_bytes
+                                     or writer.buffered_rows >= cfg.flush_rows):
                         # inside a large drain: write what is buffered, keep the log's LSN where it was
-                        self._commit(writer.committed_lsn)
+                        self._commit(writer.sealed_lsn)
                 if incremental is not None:
                     incremental.poll()
                 with self.metrics.lock:
                     self.metrics.events_total += len(events)
                     self.metrics.reconnects = getattr(stream, "reconnects", 0)
-                # flush on rows/bytes/age of what is buffered; with nothing buffered, still move the LSN on
-                # (transactions of unpublished tables) once per flush interval
-                if writer.should_flush() or (stream.delivered_lsn > writer.committed_lsn
-                                             and now - self._last_commit >= cfg.flush_seconds):
+                # every event read is added: a commit now records the LSN that covers them all. At the rows or
+                # bytes limit it waits for the writer thread if needed (memory stays bounded); by the age of what
+                # is buffered it does not: while the writer thread is busy with the previous commit, the events
+                # stay buffered for the next one (group commit). With nothing buffered, the LSN still moves on
+                # (transactions of unpublished tables) once per flush interval.
+                if writer.buffered_bytes >= cfg.flush_bytes or writer.buffered_rows >= cfg.flush_rows:
                     self._commit(stream.delivered_lsn)
+                elif writer.should_flush() or (stream.delivered_lsn > writer.sealed_lsn
+                                               and now - self._last_commit >= cfg.flush_seconds):
+                    self._commit(stream.delivered_lsn, block=False)
+                else:
+                    self._collect()
                 self._report(rows_seen, started)
                 if cfg.max_runtime is not None and now - started >= cfg.max_runtime:
                     break
                 if cfg.idle_exit is not None and now - last_activity >= cfg.idle_exit:
                     break
             self._commit(stream.delivered_lsn)
+            self._collect(wait=True)
             self._report(rows_seen, started, final=True)
             log.info(json.dumps({"event": "stop", "acked_lsn": _format_lsn(writer.committed_lsn),
                                  "rows": rows_seen}))
@@ -581,19 +592,41 @@ class IngestWorker:
         stats = getattr(self.stream, "stats", None)
         return int(stats().get("messages", 0)) if stats is not None else 0
 
-    def _commit(self, lsn: int) -> None:
+    def _commit(self, lsn: int, *, block: bool = True) -> None:
+        """Hand everything buffered to the background writer as the next staging commit, recording `lsn`.
+
+        The writer thread encodes, compresses, writes and fsyncs it while the stream goes on being read and
+        decoded. One commit is in flight at a time: with `block` (a size limit reached, or stopping) this waits
+        for the previous one (back-pressure); without it, a busy writer means the events stay buffered and go
+        into the next commit (group commit). Acknowledgement happens in `_collect`, after the log entry is
+        durable."""
         writer = self.writer
-        entry = writer.commit(lsn)
+        self._collect()
+        if writer.busy and not block:
+            return
+        writer.commit_async(lsn)
         self._last_commit = time.monotonic()
-        if entry is not None:
+        self._collect()
+
+    def _collect(self, *, wait: bool = False) -> None:
+        """Take the commits the writer thread made durable (raising its error, if it met one), then acknowledge
+        the slot up to the newest durable log entry -- never further."""
+        writer = self.writer
+        if wait:
+            writer.wait()
+        else:
+            writer.poll()
+        entries, writer.completed = writer.completed, []
+        for entry in entries:
             self.metrics.record_commit(entry)
             log.info(json.dumps({"event": "staged", "commit": entry["commit"],
                                  "committed_lsn": entry["committed_lsn_text"],
                                  "files": len(entry["files"]), "rows": sum(f["rows"] for f in entry["files"])}))
-        # acknowledge only what the newest durable log entry covers
-        acked = self.stream.ack(min(writer.committed_lsn, self.stream.delivered_lsn), send=True)
-        with self.metrics.lock:
-            self.metrics.acked_lsn = max(acked, self.start_lsn)
+        if entries or wait:
+            # acknowledge only what the newest durable log entry covers
+            acked = self.stream.ack(min(writer.committed_lsn, self.stream.delivered_lsn), send=True)
+            with self.metrics.lock:
+                self.metrics.acked_lsn = max(acked, self.start_lsn)
 
     def _start_position(self, resume: int) -> None:
         """Where the stream starts: the staging log's position, or the slot's confirmed position when that is
