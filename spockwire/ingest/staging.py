@@ -28,12 +28,8 @@ from .staging_log import (FORMAT_VERSION, LOCK_FILE, LOG_DIR, MESSAGES_DIR, MESS
                           _Lock, _log_dir, _max_key, _why, _write_durable, format_lsn, log_name, part_name, read_log,
                           table_folder_name)
 from .staging_read import list_tables, read_messages, read_staging
-<<<<<<< HEAD
-from .stored_types import store_batch
-from ..wire.views import to_plain
-=======
 from .stored_types import _needs_store, store_batch
->>>>>>> ingestpipe
+from ..wire.views import to_plain
 
 __all__ = [
     "FORMAT_VERSION", "StagingError", "StagedFile", "SchemaVersion", "StagingState", "StagingWriter",
@@ -361,21 +357,13 @@ class StagingWriter:
         return sum(self.add(e) for e in events)
 
     def _add_batch(self, batch: ChangeBatch) -> int:
-<<<<<<< HEAD
-        # a decoder with strings="view": staged as string / binary like any other (and the batch's copy no longer
+        # the per-batch work stays small (a batch can be a few rows): bounds, dedup check, version lookup; the
+        # change counts, the stored form of intervals and the file metadata are done once per file at commit.
+        # A decoder with strings="view": staged as string / binary like any other (and the batch's copy no longer
         # keeps the decoder's input buffers alive while it waits for the commit)
         rb, _views = to_plain(batch.to_arrow())
-        table = batch.relation.qualified_name
-        kept = _drop_staged(rb, self.resume_lsn, self._hwm.get(table))
-        self.skipped_rows += rb.num_rows - kept.num_rows
-        if kept.num_rows == 0:
-=======
-        # the per-batch work stays small (a batch can be a few rows): bounds, dedup check, version lookup; the
-        # change counts, the stored form of intervals and the file metadata are done once per file at commit
-        rb = batch.to_arrow()
         n = rb.num_rows
         if n == 0:
->>>>>>> ingestpipe
             return 0
         table = batch.relation.qualified_name
         bounds = _batch_bounds(rb)
