@@ -119,8 +119,9 @@ def test_every_acknowledgement_follows_the_fsync_of_what_it_covers(pg_db, tmp_pa
 
     writer = threading.Thread(target=writes)
     writer.start()
-    worker = IngestWorker(IngestConfig(dsn=pg_db.dsn, slot=slot, out=str(out), publication=["pub"], idle_exit=2.0,
-                                       flush_rows=700, flush_seconds=0.05, progress=False),
+    worker = IngestWorker(IngestConfig(dsn=pg_db.dsn, slot=slot, out=str(out), publication=["pub"],
+                                       # a loaded machine may pause the writes for a second or two
+                                       idle_exit=6.0, flush_rows=700, flush_seconds=0.05, progress=False),
                           connect=_checked_connect(out, fsyncs, acks))
     try:
         assert worker.run() == 0
