@@ -133,7 +133,10 @@ def test_every_acknowledgement_follows_the_fsync_of_what_it_covers(pg_db, tmp_pa
     assert sum(f.rows for fs in state.files.values() for f in fs) == 60 * 400
     assert len(read_log(out)) >= 10                      # many commits, each acknowledged after its fsync
     assert len(acks) >= 5 and acks == sorted(acks)
-    assert acks[-1] == state.committed_lsn
+    # the worker acknowledged every staged change itself; a last entry with no files may record WAL without
+    # published changes that the stream, idle, had already confirmed (docs/connection.md, "Idle slots")
+    data_lsn = max(e["committed_lsn"] for e in read_log(out) if e["files"])
+    assert data_lsn <= acks[-1] <= state.committed_lsn, (acks[-1], data_lsn, state.committed_lsn)
     assert _confirmed(pg_db, slot) >= state.committed_lsn  # the last one reached the server
 
 
