@@ -803,12 +803,9 @@ cdef int view_decoded(ColBuf* col, Py_ssize_t idx, Py_ssize_t k) except -1:
     """The `k` bytes just decoded at the arena's end (not yet counted in arena_len) as slot `idx`."""
     cdef char* v = col.data.data + idx * 16
     cdef int32_t len32 = <int32_t>k, buf = 0, at = <int32_t>col.arena_len
-    memset(v, 0, 16)
-    memcpy(v, &len32, 4)
     if k <= 12:
-        if k:
-            memcpy(v + 4, col.arena.data + col.arena_len, k)
-        return 0
+        return view_store(col, idx, col.arena.data + col.arena_len, k)   # inline: the arena bytes stay unused
+    memcpy(v, &len32, 4)
     memcpy(v + 4, col.arena.data + col.arena_len, 4)
     memcpy(v + 8, &buf, 4)
     memcpy(v + 12, &at, 4)
