@@ -23,6 +23,8 @@ _impl = _load_implementation()
 
 Decoder = _impl.Decoder
 CopyBinaryDecoder = _impl.CopyBinaryDecoder
+set_buffer_pool_bytes = _impl.set_buffer_pool_bytes
+buffer_pool_stats = _impl.buffer_pool_stats
 __impl__: str = _impl.IMPLEMENTATION
 __version__ = "0.1.0"
 
@@ -30,5 +32,6 @@ __all__ = [
     "Decoder", "connect", "ChangeBatch", "Truncate", "LogicalMessage", "Relation", "Column",
     "SpockwireError", "ProtocolError", "TruncatedMessage", "FrameError", "INFINITY", "NEG_INFINITY", "PgInfinity",
     "spock_message", "SpockSyncEvent", "SpockRepairMode", "__impl__", "__version__",
-    "read_table", "iter_table_batches", "ReadProgress", "CopyBinaryDecoder",
+    "read_table", "iter_table_batches", "ReadProgress", "CopyBinaryDecoder", "set_buffer_pool_bytes",
+    "buffer_pool_stats",
 ]

@@ -10,6 +10,7 @@ from .model import ChangeBatch as ChangeBatch, Column as Column, LogicalMessage 
 from .connection.stream import ReplicationStream
 from .export.python import INFINITY as INFINITY, NEG_INFINITY as NEG_INFINITY, PgInfinity as PgInfinity
 from .wire._decoder import CopyBinaryDecoder as CopyBinaryDecoder, Decoder as Decoder
+from .wire._decoder import buffer_pool_stats as buffer_pool_stats, set_buffer_pool_bytes as set_buffer_pool_bytes
 from .snapshot.reader import ReadProgress as ReadProgress
 from .wire.spock_messages import SpockRepairMode as SpockRepairMode, SpockSyncEvent as SpockSyncEvent, \
     spock_message as spock_message

@@ -14,6 +14,9 @@ UNREPRESENTABLE_CHOICES: tuple[str, str]
 DEFAULT_COPY_BATCH_ROWS: int
 DEFAULT_COPY_BATCH_BYTES: int
 
+def set_buffer_pool_bytes(limit: int) -> int: ...
+def buffer_pool_stats() -> dict[str, int]: ...
+
 class Decoder:
     protocol: str
     startup_params: dict[str, str]

@@ -30,7 +30,7 @@ include "_cursor.pxi"
 include "_buffers.pxi"
 include "_values.pxi"
 
-__all__ = ["Decoder", "CopyBinaryDecoder", "IMPLEMENTATION"]
+__all__ = ["Decoder", "CopyBinaryDecoder", "IMPLEMENTATION", "set_buffer_pool_bytes", "buffer_pool_stats"]
 
 IMPLEMENTATION = "c"
 

@@ -6,6 +6,7 @@ and pgoutput (proto 1-4). Every read is bounds-checked before it happens.
 """
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any
 
@@ -25,7 +26,7 @@ from .renumber import SeqRenumber
 from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
 from .views import DEFAULT_PIN_BYTES, MAX_PINS, check_strings, pin_source, pinned_size
 
-__all__ = ["Decoder", "CopyBinaryDecoder", "IMPLEMENTATION"]
+__all__ = ["Decoder", "CopyBinaryDecoder", "IMPLEMENTATION", "set_buffer_pool_bytes", "buffer_pool_stats"]
 
 IMPLEMENTATION = "python"
 
@@ -56,6 +57,26 @@ MAX_BATCH_BYTES = 1 << 30
 _EXPANDING = frozenset((NUMERIC_TEXT, TIMETZ, CHAR))
 _VIEW_KINDS = frozenset((TEXT, JSON, JSONB, BYTEA, RAW, OTHER))   # string / binary: views with strings="view"
 _VARLEN = frozenset((RAW, OTHER, TEXT, JSON, JSONB, BYTEA, NUMERIC_TEXT, TIMETZ, ENUM, CHAR, PGTEXT))
+
+
+# The compiled decoder keeps released large column buffers for reuse (its _buffers.pxi); the twin builds Python
+# lists, so its pool only records the limit and never holds a buffer.
+_pool_limit = int(os.environ.get("SPOCKWIRE_BUFFER_POOL_BYTES", 64 << 20))
+
+
+def set_buffer_pool_bytes(limit: int) -> int:
+    """Set how many bytes of released large column buffers the process keeps for reuse; returns the previous
+    limit (the twin keeps none)."""
+    global _pool_limit
+    if limit < 0:
+        raise ValueError(f"the buffer pool limit must be 0 or more bytes, got {limit}")
+    previous, _pool_limit = _pool_limit, limit
+    return previous
+
+
+def buffer_pool_stats() -> dict[str, int]:
+    """The pool's state: {"buffers", "bytes", "limit", "hits", "misses"}."""
+    return {"buffers": 0, "bytes": 0, "limit": _pool_limit, "hits": 0, "misses": 0}
 
 
 class _BatchFull(Exception):
