@@ -116,6 +116,7 @@ cdef extern from "<time.h>" nogil:
         long tv_sec
         long tv_nsec
     int clock_gettime(int clk_id, timespec *tp)
+    int nanosleep(const timespec *req, timespec *rem)
     int CLOCK_MONOTONIC
     int CLOCK_REALTIME
 
@@ -145,6 +146,8 @@ cdef enum:
 
 cdef enum:
     INITIAL_BUFFER = 64 * 1024
+    GATHER_US = 200             # replication: a pause before reading what arrived meanwhile ...
+    GATHER_MAX_US = 10000       # ... for at most this long per batch
 
 
 cdef inline double monotonic() noexcept nogil:
@@ -368,6 +371,8 @@ cdef class FramePump(_BatchPump):
         cdef double now, deadline, wait
         cdef pollfd pfd
         cdef Py_ssize_t limit = self.max_batch_bytes
+        cdef int gathered = 0
+        cdef timespec pause
         deadline = monotonic() + (timeout if timeout > 0 else 0)
         while True:
             n = PQgetCopyData(self.conn, &msg, 1)
@@ -418,7 +423,22 @@ cdef class FramePump(_BatchPump):
                     return COPY_ERROR
                 continue
             if self.used > 0:
-                break  # no lingering for more: a full walsender send buffer slows the server down
+                # the walsender sends one message at a time: a client that woke up for each would spend a poll
+                # and a recv per message and hand out a batch per message. So, while messages keep coming, it
+                # lets GATHER_US pass and takes everything that arrived meanwhile into this batch, for at most
+                # GATHER_MAX_US in all (a walsender's send buffer holds far more than arrives in that time)
+                if gathered < GATHER_MAX_US:
+                    pause.tv_sec = 0
+                    pause.tv_nsec = GATHER_US * 1000
+                    nanosleep(&pause, NULL)
+                    gathered += GATHER_US
+                    pfd.fd = PQsocket(self.conn)
+                    pfd.events = POLLIN
+                    pfd.revents = 0
+                    if pfd.fd >= 0 and poll(&pfd, 1, 0) > 0:
+                        consumed = 0
+                        continue
+                break
             now = monotonic()
             if now - self.last_status >= self.status_interval:
                 if self._send_status(0) != 0:

@@ -29,6 +29,8 @@ _PGRES_COPY_OUT = 3
 _PGRES_FATAL_ERROR = 7
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _COPY_ROW = struct.Struct(">hiQi")  # 2 fields, 8, lsn, data length
+_GATHER = 0.0002      # replication: a pause before reading what arrived meanwhile ...
+_GATHER_MAX = 0.01    # ... for at most this long per batch
 _LINGER = 0.002  # a COPY batch is handed out once no row arrived for this long (or it is full)
 _PG_DIAG_SQLSTATE = ord("C")
 
@@ -266,6 +268,7 @@ class FramePump(_BatchPump):
         lib, conn = self._lib, self._conn
         ptr = ctypes.c_void_p()
         consumed = False
+        gathered = 0.0
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
             n, msg = self._get_copy_data(ptr)
@@ -307,6 +310,15 @@ class FramePump(_BatchPump):
                     raise classify(self._errmsg(), None)
                 continue
             if out:
+                # while messages keep coming, let _GATHER pass and take what arrived meanwhile into this batch,
+                # for at most _GATHER_MAX in all (see the Cython twin)
+                if gathered < _GATHER_MAX:
+                    time.sleep(_GATHER)
+                    gathered += _GATHER
+                    sock = lib.PQsocket(conn)
+                    if sock >= 0 and select.select([sock], [], [], 0)[0]:
+                        consumed = False
+                        continue
                 break
             now = time.monotonic()
             if now - self._last_status >= self.status_interval:

@@ -591,7 +591,7 @@ cdef class Decoder:
         return 0
 
     def drain(self):
-        self._flush_shared()
+        self._flush_shared(True)
         events = self.events
         self.events = []
         return events
@@ -1287,24 +1287,38 @@ cdef class Decoder:
             txn.builders = {}
         return 0
 
-    cdef int _flush_shared(self) except -1:
+    cdef int _flush_shared(self, bint keep_open=False) except -1:
         """Emit the committed rows of the shared builders and retire them.
 
         Rows of a still-open plain transaction become a pending slice of it (they come out at its COMMIT,
-        before its later rows), so no row is ever copied.
+        before its later rows), so no row is ever copied. With `keep_open` (drain), a builder that holds only rows
+        of the open transaction stays open instead, while it has room and the transaction's rows in memory stay
+        under spill_bytes: a transaction fed in many small pieces then becomes one batch per relation at its
+        COMMIT, not one per piece.
         """
         cdef _Builder b
         cdef _RelInfo info
+        cdef list kept = []
+        cdef int64_t held = 0
         if not self.shared:
             return 0
+        if keep_open and self.txn is not None:
+            held = self.txn.mem
         for b in self.shared:
+            if (keep_open and self.txn is not None and b.committed == 0 and not b.full
+                    and b.nrows < self.batch_rows and b.nbytes < _MAX_BATCH_BYTES
+                    and held + b.nbytes <= self.spill_bytes):
+                held += b.nbytes
+                kept.append(b)
+                continue
             if b.committed:
                 self.events.append(b.take_rows(0, b.committed))
             if b.nrows > b.committed:
                 self._pend_rows(self.txn, b, b.committed, b.nrows)
-        self.shared = []
+        self.shared = kept
         for info in self.infos.values():
-            info.builder = None
+            if info.builder is not None and not any(k is info.builder for k in kept):
+                info.builder = None
         return 0
 
     cdef int _pend_rows(self, _Txn txn, _Builder b, Py_ssize_t start, Py_ssize_t stop) except -1:

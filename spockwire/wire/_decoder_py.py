@@ -495,7 +495,7 @@ class Decoder:
         return pos
 
     def drain(self) -> list[Any]:
-        self._flush_shared()
+        self._flush_shared(True)
         events = self._events
         self._events = []
         return events
@@ -1081,18 +1081,29 @@ class Decoder:
                 self._pend_rows(txn, b, 0, b.nrows)
             txn.builders = {}
 
-    def _flush_shared(self) -> None:
+    def _flush_shared(self, keep_open: bool = False) -> None:
         """Emit the committed rows of the shared builders and retire them.
 
         Rows of a still-open plain transaction become a pending slice of it (they come out at its COMMIT, before
-        its later rows), so no row is ever copied.
+        its later rows), so no row is ever copied. With `keep_open` (drain), a builder that holds only rows of the
+        open transaction stays open instead, while it has room and the transaction's rows in memory stay under
+        spill_bytes: a transaction fed in many small pieces then becomes one batch per relation at its COMMIT,
+        not one per piece.
         """
-        for b in self._shared.values():
+        kept: dict[int, _Builder] = {}
+        held = self._txn.mem if keep_open and self._txn is not None else 0
+        for key, b in self._shared.items():
+            if (keep_open and self._txn is not None and b.committed == 0 and not b.full
+                    and b.nrows < self._batch_rows and b.nbytes < MAX_BATCH_BYTES
+                    and held + b.nbytes <= self._spill_bytes):
+                held += b.nbytes
+                kept[key] = b
+                continue
             if b.committed:
                 self._events.append(b.take_rows(0, b.committed))
             if b.nrows > b.committed:
                 self._pend_rows(self._txn, b, b.committed, b.nrows)
-        self._shared = {}
+        self._shared = kept
 
     def _pend_rows(self, txn: _Txn, b: _Builder, start: int, stop: int) -> None:
         """Park closed rows on their open transaction; past spill_bytes, its parked rows go to disk."""
