@@ -7,6 +7,8 @@ One statistic everywhere: rows/s and MB/s come from the median round of each ben
 ``extra_info["seconds"]``); every row also gets its ratio to other rows of its table, so the claims are ratios
 measured in one run, not absolute times.
 
+After the run's tables comes benchmarks/analysis.md, verbatim: measurements of their own runs that explain them.
+
 Benchmarks of bench_peers.py (``extra_info["role"]``) get one table per captured workload: rows/s, MB/s of the
 row's own input, its ratio to each peer's rows/s and its speed as a fraction of copying the same bytes (memcpy).
 Benchmarks of bench_e2e.py / bench_connection.py get one end-to-end table (rows/s, client CPU, ratio to the
@@ -66,6 +68,13 @@ def render(data: dict) -> str:
             lines.append(f"| {label} | {rps:,.0f} | {mb_cell} | {best:.4f} | {ratio} |" if rps else
                          f"| {label} | | | {best:.4f} | |")
         lines.append("")
+    analysis = Path(__file__).with_name("analysis.md")
+    if analysis.exists():
+        lines += ["## Analyses (their own runs)", "",
+                  "What follows is kept from " + analysis.name + ": measurements that explain the tables above "
+                  "(instruction counts, profiles, codec costs, before/after comparisons), each with the date, "
+                  "command and conditions of its own run. The tables above are all from the one run named at the "
+                  "top.", "", analysis.read_text().strip(), ""]
     return "\n".join(lines)
 
 
