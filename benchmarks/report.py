@@ -151,7 +151,9 @@ def _peer_sections(benches: list[dict]) -> list[str]:
               "decodes text-format pgoutput or wal2json; spockwire C with `types=\"raw\"` against the peer that "
               "hands binary-format values over undecoded.", ""]
     head = ["workload", "C typed text rows/s"] + [f"× {p}" for p in text_peers] + \
-        [f"C raw binary × {p}" for p in binary_peers] + ["C typed text, of memcpy"]
+        [f"C raw binary × {p}" for p in binary_peers] + ["C typed text, of memcpy", "fastest peer",
+                                                         "C typed text, views × fastest",
+                                                         "C typed binary, views × fastest"]
     lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for w in order:
         text = next((r for r in tables[w] if r["label"] == "spockwire C, typed, text"), None)
@@ -165,8 +167,15 @@ def _peer_sections(benches: list[dict]) -> list[str]:
         cells += [_fmt_ratio(raw_binary["rps"] / peers[p]["rps"]) if p in peers and raw_binary else ""
                   for p in binary_peers]
         cells.append(f"{text['mbs'] / floor['mbs']:.3f}" if floor else "")
+        fastest = max(peers.values(), key=lambda r: r["rps"], default=None)
+        views = next((r for r in tables[w] if r["label"] == "spockwire C, typed, text, views"), None)
+        typed_binary = next((r for r in tables[w] if r["label"] == "spockwire C, typed, binary, views"), None)
+        cells.append(f"{fastest['label']} ({fastest['rps']:,.0f})" if fastest else "")
+        cells += [_fmt_ratio(r["rps"] / fastest["rps"]) if r and fastest else "" for r in (views, typed_binary)]
         lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+    lines += ["", "`fastest peer` is the peer with the most rows/s on the workload, whatever its input format; the "
+              "last two columns compare spockwire's typed decoding (values parsed into Arrow types) against it: "
+              "text and binary format, both with `strings=\"view\"`.", ""]
 
     for w in order:
         first = by_workload[w][0]["extra_info"]
@@ -252,6 +261,16 @@ def _e2e_section(benches: list[dict]) -> list[str]:
     return lines
 
 
+SNAPSHOT_LABELS = {
+    "raw_copy": "raw COPY transfer (no decoding)",
+    "spockwire_w1": "spockwire `read_table`, 1 connection",
+    "spockwire_w2": "spockwire `read_table`, 2 workers",
+    "adbc": "ADBC (`adbc-driver-postgresql`)",
+    "connectorx_p1": "connectorx, 1 partition",
+    "connectorx_p2": "connectorx, 2 partitions",
+}
+
+
 def _snapshot_section(benches: list[dict]) -> list[str]:
     """bench_snapshot.py: whole-table reads, as ratios to the raw COPY transfer and to ADBC in the same run."""
     if not benches:
@@ -262,6 +281,7 @@ def _snapshot_section(benches: list[dict]) -> list[str]:
              "| reader | rows/s | median time (s) | vs raw COPY | vs ADBC |", "|---|---:|---:|---:|---:|"]
     for b in sorted(benches, key=lambda b: -b["extra_info"].get("rows_per_s", 0)):
         e = b["extra_info"]
+        e = dict(e, snapshot_reader=SNAPSHOT_LABELS.get(e["snapshot_reader"], e["snapshot_reader"]))
         raw = e.get("ratio_to_raw_copy")
         adbc = e.get("ratio_to_adbc")
         lines.append(f"| {e['snapshot_reader']} | {e['rows_per_s']:,.0f} | {e['seconds']:.3f} | "
