@@ -98,3 +98,31 @@ def test_both_implementations_cut_alike(both_impls):
         shapes.append((drains, [(k, name, len(b) if b is not None else None) for k, name, b in _rows(events)]))
         assert pa.Table.from_pylist(_by_seq(events)).num_rows == 2000
     assert shapes[0] == shapes[1]
+
+
+def test_watermark_rows_are_put_in_commit_order():
+    """A decoder drains one batch per relation for a read: order_around_watermarks cuts the other tables' batches
+    at each watermark row's commit LSN, so every watermark comes after the rows committed before it and before
+    those committed after it; a truncate keeps its place."""
+    from spockwire.model import Column, Relation, Truncate
+    from spockwire.snapshot.chunked import WATERMARK_TABLE, order_around_watermarks
+
+    def batch(schema_table: str, lsns: list[int]):
+        nsp, name = schema_table.split(".")
+        rel = Relation(hash(name) & 0xFFFF, nsp, name, (Column("id", 20, -1, True),), "d", 1)
+        rb = pa.record_batch({"_change_type": ["insert"] * len(lsns), "_commit_lsn": pa.array(lsns, pa.uint64()),
+                              "_seq": pa.array(range(len(lsns)), pa.int64()), "id": pa.array(lsns, pa.int64())})
+        from spockwire.model import ChangeBatch
+        return ChangeBatch(rel, rb)
+
+    items, big = batch("public.items", [10, 20, 30, 40]), batch("public.big", [15, 35])
+    marks = batch(WATERMARK_TABLE, [25, 38])
+    trunc = Truncate((items.relation,), False, False, 50, None, 900, 0, None)
+    tail = batch("public.items", [60])
+    out = order_around_watermarks([items, big, marks, trunc, tail])
+    shape = [(e.relation.name, e.to_arrow().column("_commit_lsn").to_pylist()) if hasattr(e, "to_arrow")
+             else "truncate" for e in out]
+    assert shape == [("items", [10, 20]), ("big", [15]), ("spockwire_watermark", [25]),
+                     ("items", [30]), ("big", [35]), ("spockwire_watermark", [38]), ("items", [40]),
+                     "truncate", ("items", [60])]
+    assert order_around_watermarks([items, big]) == [items, big]     # no watermark: untouched

@@ -17,8 +17,8 @@ import pytest
 
 from spockwire.ingest import StagingState
 from spockwire.ingest.replay import replay_table
-from tests.test_snapshot import (ROOT, RowWriters, _events, _ingest_cmd, _wait, create_keyed, staged_rows,
-                                 worker_in_thread)
+from tests.test_snapshot import (ROOT, RowWriters, _events, _ingest_cmd, _wait, create_keyed, spock_db,  # noqa: F401
+                                 staged_rows, worker_in_thread)
 
 COLUMNS = ["id", "v", "n", "big"]
 
@@ -207,3 +207,89 @@ def test_composite_key_partitioned_root_in_chunks_found_by_the_publication_check
     staged = replay_table(out, "public.pairs", ["a", "b"])
     replayed = {(str(a), b): row["v"] for (a, b), row in staged.items()}
     assert replayed == {(r[0], r[1]): r[2] for r in db.query("SELECT a::text, b, v FROM pairs")}
+
+
+def _pglogical_provider(db: Any, tables: list[str]) -> None:
+    db.execute("CREATE EXTENSION pglogical")
+    db.execute("SELECT pglogical.create_node(node_name := 'provider', dsn := %s)", (db.dsn,))
+    for t in tables:
+        db.execute("SELECT pglogical.replication_set_add_table('default', %s)", (t,))
+
+
+def _chunked_through_the_watermark_table(db: Any, tmp_path: Path, impl: Any, plugin: str, add_table: str) -> None:
+    create_keyed(db, "items", 2000)
+    create_keyed(db, "big", 16000)
+    db.execute(add_table, ("items",))
+    out = tmp_path / "staging"
+    worker, thread, result = worker_in_thread(db, impl, out, plugin=plugin, flush_seconds=0.1,
+                                              snapshot_check_interval=0, snapshot_chunk_rows=1000)
+    with RowWriters(db.dsn, ["items", "big"], threads=2, key_space=1_000_000) as writers:
+        thread.start()
+        _wait(lambda: worker.writer is not None and len(worker.writer.state.snapshots) == 1, thread)
+        time.sleep(0.3)
+        db.execute(add_table, ("big",))
+        _wait(lambda: any(r.get("done") for r in chunk_records(out, "public.big")), thread)
+        ops = writers.ops
+        time.sleep(0.5)
+    assert ops > 50
+    thread.join(timeout=300)
+    assert result == [0]
+    chunks = chunk_records(out, "public.big")
+    assert len(chunks) >= 12 and [c["chunk"] for c in chunks] == list(range(len(chunks)))
+    state = StagingState.load(out)
+    first, last = chunks[0]["commit"], chunks[-1]["commit"]
+    between = [e for e in state.entries if first < e["commit"] < last
+               and any(f["table"] == "public.items" for f in e["files"])]
+    assert len(between) >= 3, f"{len(between)} commits staged changes of items while big was read"
+    # the watermark rows were taken by the worker: never staged, never snapshotted
+    assert "public.spockwire_watermark" not in state.files and "public.spockwire_watermark" not in state.schemas
+    assert not any("public.spockwire_watermark" in r.get("tables", {}) for r in state.snapshots)
+    marks = db.query("SELECT slot, mark FROM public.spockwire_watermark")
+    assert [m[0] for m in marks] == [worker.config.slot] and marks[0][1].endswith(":high")
+    for table in ("items", "big"):
+        assert replay_text(out, f"public.{table}") == source_text(db, table)
+
+
+def test_pglogical_chunked_snapshot_through_the_watermark_table(pg_db, tmp_path, impl):
+    """pglogical forwards no logical messages: the watermarks are rows of public.spockwire_watermark, which the
+    worker creates and adds to the replication set. `big` (16,000 rows) joins the set while writers change it and
+    `items`: it is read in chunks while items' changes keep being staged, no watermark row is staged, and the
+    replay of both tables equals the source."""
+    _pglogical_provider(pg_db, [])
+    _chunked_through_the_watermark_table(pg_db, tmp_path, impl, "pglogical",
+                                         "SELECT pglogical.replication_set_add_table('default', %s)")
+
+
+def test_spock_chunked_snapshot_through_the_watermark_table(spock_db, tmp_path, impl):
+    """The same on the Spock cluster (PostgreSQL 18, spock_output): the table is added with spock.repset_add_table."""
+    _chunked_through_the_watermark_table(spock_db, tmp_path, impl, "spock",
+                                         "SELECT spock.repset_add_table('default', %s)")
+
+
+def test_pglogical_without_a_usable_watermark_table_reads_the_table_whole(pg_db, tmp_path, impl_name="c"):
+    """A table of the watermark table's name that is not the worker's (other columns) cannot hold watermarks: the
+    worker says so and reads the joining table whole, with the stream paused; the result is exact all the same."""
+    import spockwire.wire._decoder as impl
+
+    db = pg_db
+    create_keyed(db, "items", 1000)
+    create_keyed(db, "big", 5000)
+    db.execute("CREATE TABLE public.spockwire_watermark (id int PRIMARY KEY)")
+    _pglogical_provider(db, ["items"])
+    out = tmp_path / "staging"
+    worker, thread, result = worker_in_thread(db, impl, out, plugin="pglogical", flush_seconds=0.1,
+                                              snapshot_check_interval=0, snapshot_chunk_rows=1000)
+    with RowWriters(db.dsn, ["items", "big"], threads=1, key_space=100_000):
+        thread.start()
+        _wait(lambda: worker.writer is not None and len(worker.writer.state.snapshots) == 1, thread)
+        db.execute("SELECT pglogical.replication_set_add_table('default', 'big')")
+        _wait(lambda: any("public.big" in r.get("tables", {}) for r in worker.writer.state.snapshots), thread)
+        time.sleep(0.5)
+    thread.join(timeout=300)
+    assert result == [0]
+    state = StagingState.load(out)
+    kinds = [r["kind"] for r in state.snapshots if "public.big" in r.get("tables", {}) or r.get("table") == "public.big"]
+    assert kinds == ["incremental"]
+    assert worker.incremental.chunked.unavailable() is not None
+    for table in ("items", "big"):
+        assert replay_text(out, f"public.{table}") == source_text(db, table)

@@ -408,7 +408,8 @@ class IngestWorker:
                              # null: nothing staged yet, the stream starts at the slot's confirmed position
                              "resume_lsn": _format_lsn(resume) if resume else None}))
         incremental_wanted = bool(writer.state.snapshots) and cfg.snapshot != "never"
-        self._watermarks = incremental_wanted and cfg.plugin == "pgoutput" and self._server_version() >= 140000
+        # pgoutput (PostgreSQL 14 or later) forwards logical messages; pglogical and spock get a watermark table
+        self._watermarks = incremental_wanted and (cfg.plugin != "pgoutput" or self._server_version() >= 140000)
         stream = self._open_stream(resume)
         self.stream = stream
         self._start_position(resume)
@@ -419,7 +420,9 @@ class IngestWorker:
             # tables that join later get a snapshot of their own (docs/snapshot.md, "Tables that join later")
             incremental = self.incremental = IncrementalSnapshots(self, cfg.snapshot_check_interval,
                                                                   chunked=self._watermarks,
-                                                                  chunk_rows=cfg.snapshot_chunk_rows)
+                                                                  chunk_rows=cfg.snapshot_chunk_rows,
+                                                                  watermarks="message" if cfg.plugin == "pgoutput"
+                                                                  else "table")
         started = time.monotonic()
         last_activity = time.monotonic()
         received = self._messages_received()
@@ -436,6 +439,8 @@ class IngestWorker:
                 if events or received != before or reconnects != was or (incremental is not None
                                                                         and incremental.busy):
                     last_activity = now
+                if incremental is not None:
+                    events = incremental.order(events)
                 last = len(events) - 1
                 for i, event in enumerate(events):
                     if incremental is not None and not incremental.before(event):

@@ -10,7 +10,11 @@ background thread, between two watermarks written into the WAL:
 2. ``BEGIN REPEATABLE READ``; the snapshot S (``pg_current_snapshot()``), the chunk's rows under S; ``COMMIT``;
 3. high watermark: the same with ``'<window>:high'``.
 
-The stream delivers both watermarks as logical decoding messages, in commit order with the changes. In the stream
+The stream delivers both watermarks as logical decoding messages, in commit order with the changes. pglogical and
+spock forward no logical messages: with them a watermark is a row of ``public.spockwire_watermark`` (WATERMARK_TABLE,
+one row per slot, upserted in its own transaction), which the worker creates and adds to the stream's replication
+set; the stream delivers its change in commit order like any other, and the worker takes it as the watermark and
+drops it (it is never staged, and no snapshot reads that table). In the stream
 every change of the table between the window's low and high watermark removes its keys (new and old) from the
 chunk: such a change may or may not be visible to S, and its own row (or its absence) is the newer state. A change
 delivered before the low watermark by a transaction S does not see yet (its commit record was written before the
@@ -47,9 +51,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..model import ChangeBatch, LogicalMessage, Truncate
-from .initial import SnapshotProgress, SnapshotTable, snapshot_batch
+from .initial import WATERMARK_TABLE, SnapshotProgress, SnapshotTable, snapshot_batch
 
-__all__ = ["WATERMARK_PREFIX", "ChunkedSnapshots", "key_columns", "DEFAULT_CHUNK_ROWS"]
+__all__ = ["WATERMARK_PREFIX", "WATERMARK_TABLE", "ChunkedSnapshots", "key_columns", "DEFAULT_CHUNK_ROWS",
+           "ensure_watermark_table", "order_around_watermarks"]
 
 log = logging.getLogger("spockwire.snapshot")
 
@@ -118,6 +123,29 @@ def _literal(value: Any) -> str:
 
 
 @dataclass
+class _Mark:
+    """A watermark as the stream delivered it: a logical message's content, or the `mark` of a watermark row."""
+
+    content: str
+    commit_lsn: int | None
+    lsn: int
+    commit_ts: Any
+
+
+def ensure_watermark_table(cur: Any, protocol: str, replication_set: str) -> None:
+    """Create WATERMARK_TABLE if missing and add it to `replication_set` (pglogical or spock) if it is not there."""
+    schema = "pglogical" if protocol == "pglogical" else "spock"
+    add = "pglogical.replication_set_add_table" if protocol == "pglogical" else "spock.repset_add_table"
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {WATERMARK_TABLE} (slot text PRIMARY KEY, mark text NOT NULL)")
+    cur.execute(f"SELECT slot, mark FROM {WATERMARK_TABLE} LIMIT 0")     # an older table of that name: refused
+    cur.execute(f"SELECT 1 FROM {schema}.replication_set_table t JOIN {schema}.replication_set s "
+                f"ON s.set_id = t.set_id JOIN {schema}.local_node l ON l.node_id = s.set_nodeid "
+                f"WHERE s.set_name = %s AND t.set_reloid = %s::regclass", (replication_set, WATERMARK_TABLE))
+    if cur.fetchone() is None:
+        cur.execute(f"SELECT {add}(%s, %s::regclass, false)", (replication_set, WATERMARK_TABLE))
+
+
+@dataclass
 class _Window:
     """One chunk: read by the thread, deduplicated by the worker against the stream. A range chunk reads the keys
     after `lower` up to the table's bound; a refetch chunk reads the keys `refetch` (literals)."""
@@ -161,15 +189,62 @@ class _Job:
         return self.table.name
 
 
+def order_around_watermarks(events: list[Any]) -> list[Any]:
+    """Drained events with the rows of every watermark row's transaction in their commit order.
+
+    A decoder drains one batch per relation for the transactions of a read, so a batch of another table can hold
+    rows committed both before and after a watermark row that comes in a later batch. Between two events that are
+    not change batches (truncates and messages keep their places), every batch is cut at the commit LSNs of the
+    watermark rows and the pieces are put in commit order: each watermark after the rows that committed before
+    it and before those that committed after it."""
+    marks = sorted({int(v) for e in events if isinstance(e, ChangeBatch)
+                    and e.relation.qualified_name == WATERMARK_TABLE
+                    for v in e.to_arrow().column("_commit_lsn").to_pylist()})
+    if not marks:
+        return events
+    out: list[Any] = []
+    segment: list[ChangeBatch] = []
+
+    def flush() -> None:
+        pieces = []
+        for order, e in enumerate(segment):
+            rb = e.to_arrow()
+            lsn = rb.column("_commit_lsn")
+            is_mark = e.relation.qualified_name == WATERMARK_TABLE
+            start = 0
+            for i, w in enumerate(marks + [None]):
+                stop = rb.num_rows if w is None else int(pc.sum(pc.less_equal(lsn, w)).as_py() or 0)
+                if stop > start:
+                    pieces.append((i, is_mark, order, ChangeBatch(e.relation, rb.slice(start, stop - start))))
+                    start = stop
+        pieces.sort(key=lambda p: (p[0], p[1], p[2]))
+        out.extend(p[3] for p in pieces)
+        segment.clear()
+
+    for e in events:
+        if isinstance(e, ChangeBatch):
+            segment.append(e)
+        else:
+            flush()
+            out.append(e)
+    flush()
+    return out
+
+
 class ChunkedSnapshots:
     """The worker's chunked snapshots: one table at a time, one chunk (window) at a time.
 
     `before(event)` sees every stream event before the writer does and returns whether the writer gets it;
     `start(...)` queues a table; `busy` is true while a table is queued or being read."""
 
-    def __init__(self, worker: Any, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> None:
+    def __init__(self, worker: Any, chunk_rows: int = DEFAULT_CHUNK_ROWS, *, transport: str = "message") -> None:
         if int(chunk_rows) < 1:
             raise ValueError(f"snapshot chunk rows must be at least 1, got {chunk_rows}")
+        if transport not in ("message", "table"):
+            raise ValueError(f"watermark transport must be 'message' or 'table', got {transport!r}")
+        self.transport = transport
+        self._unavailable: str | None = None
+        self._prepared = transport == "message"
         self.worker = worker
         self.config = worker.config
         self.chunk_rows = int(chunk_rows)
@@ -224,8 +299,41 @@ class ChunkedSnapshots:
             self._catalog.close()
             self._catalog = None
 
+    def unavailable(self) -> str | None:
+        """Why watermarks cannot be written (then tables are read whole, with the stream paused), or None. With the
+        table transport, the first call creates WATERMARK_TABLE and adds it to the replication set."""
+        if self._prepared or self._unavailable is not None:
+            return self._unavailable
+        import psycopg2
+
+        from ..connection.options import plugin_protocol
+        from ..connection.session import pinned_connect
+        from ..ingest.source import _names
+
+        cfg = self.config
+        sets = list(_names(cfg.replication_sets)) or ["default"]
+        try:
+            conn = pinned_connect(cfg.dsn, **dict(cfg.extra.get("connect_kwargs") or {}))
+            try:
+                conn.autocommit = True
+                with conn.cursor() as cur:
+                    ensure_watermark_table(cur, plugin_protocol(cfg.plugin), sets[0])
+            finally:
+                conn.close()
+        except psycopg2.Error as exc:
+            self._unavailable = (f"the watermark table {WATERMARK_TABLE} cannot be created or added to replication "
+                                 f"set {sets[0]}: {str(exc).strip()}")
+            log.warning(json.dumps({"event": "snapshot_watermarks_unavailable", "reason": self._unavailable}))
+            return self._unavailable
+        self._prepared = True
+        return None
+
     # ------------------------------------------------------------------ the stream side
     def before(self, event: Any) -> bool:
+        if isinstance(event, ChangeBatch) and event.relation.qualified_name == WATERMARK_TABLE:
+            if self.transport == "table":
+                self._watermark_rows(event.to_arrow())
+            return False
         if isinstance(event, LogicalMessage):
             if event.prefix == WATERMARK_PREFIX:
                 self._watermark(event)
@@ -287,11 +395,27 @@ class ChunkedSnapshots:
                 seen = job.seen[xid] = _Seen()
             seen.keys.add(key)
 
-    def _watermark(self, m: LogicalMessage) -> None:
+    def _watermark_rows(self, rb: pa.RecordBatch) -> None:
+        """The watermark rows this worker wrote (its slot's row), in stream order; other workers' are ignored."""
+        if "slot" not in rb.schema.names or "mark" not in rb.schema.names:
+            return
+        cols = [rb.column(rb.schema.get_field_index(n)).to_pylist()
+                for n in ("_change_type", "_commit_lsn", "_commit_ts", "slot", "mark")]
+        for kind, lsn, ts, slot, mark in zip(*cols):
+            if kind not in ("insert", "update", "update_postimage") or mark is None:
+                continue
+            if isinstance(slot, bytes):
+                slot = slot.decode(errors="replace")
+            if slot != self.config.slot:
+                continue
+            self._watermark(_Mark(mark.decode(errors="replace") if isinstance(mark, bytes) else mark, lsn, lsn, ts))
+
+    def _watermark(self, m: Any) -> None:
         try:
-            window_id, _, kind = bytes(m.content).decode().rpartition(":")
+            content = m.content if isinstance(m.content, str) else bytes(m.content).decode()
         except UnicodeDecodeError:
             return
+        window_id, _, kind = content.rpartition(":")
         job = self.job
         w = job.window if job is not None else None
         if w is None or window_id != w.id:
@@ -324,7 +448,7 @@ class ChunkedSnapshots:
         self.job = None
         self._next()
 
-    def _finish_window(self, job: _Job, w: _Window, high: LogicalMessage) -> None:
+    def _finish_window(self, job: _Job, w: _Window, high: Any) -> None:
         result = w.result
         job.window = None
         if isinstance(result, BaseException):
@@ -443,14 +567,20 @@ class ChunkedSnapshots:
     def _emit(self, content: str, cur: Any = None) -> None:
         from ..connection.session import pinned_connect
 
+        if self.transport == "table":
+            sql = (f"INSERT INTO {WATERMARK_TABLE} (slot, mark) VALUES (%s, %s) "
+                   f"ON CONFLICT (slot) DO UPDATE SET mark = EXCLUDED.mark")
+            args: tuple = (self.config.slot, content)
+        else:
+            sql, args = "SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, content)
         if cur is not None:
-            cur.execute("SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, content))
+            cur.execute(sql, args)
             return
         conn = pinned_connect(self.config.dsn, **dict(self.config.extra.get("connect_kwargs") or {}))
         try:
             conn.autocommit = True
             with conn.cursor() as c:
-                c.execute("SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, content))
+                c.execute(sql, args)
         finally:
             conn.close()
 

@@ -7,12 +7,13 @@ The ingest worker keeps streaming its slot; a table it has no snapshot of gets o
 * the periodic check of the publication / replication sets finds it (a table added but not yet changed).
 
 A table with a key (its replica identity index, or its primary key) is read in chunks while the stream goes on
-(chunked.py: the DBLog watermark method, pgoutput on PostgreSQL 14 or later): nothing pauses. A "snapshot" record
+(chunked.py: the DBLog watermark method; pgoutput on PostgreSQL 14 or later writes its watermarks as logical
+messages, pglogical and spock as rows of the watermark table): nothing pauses. A "snapshot" record
 of kind "chunked" in the staging log marks such a table's start, one of kind "chunk" each staged chunk (its last
 key, "done" on the last): a restarted worker resumes the table at the chunk after the last staged one.
 
-Every other table (no key; pglogical and spock, whose output plugins do not forward logical messages; older
-servers) is read whole, exactly the way PostgreSQL's own table synchronisation is: a temporary slot created with an
+Every other table (no key; older servers; a watermark table that cannot be created or added to the replication
+set) is read whole, exactly the way PostgreSQL's own table synchronisation is: a temporary slot created with an
 exported snapshot gives a pair (consistent point P, snapshot S) in which S sees exactly the transactions that
 committed before P. The table is read under S; its rows are staged as snapshot rows at P (one Parquet file,
 published by one staging commit together with a "snapshot" record of kind "incremental"), and from then on the
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..model import ChangeBatch, Truncate
-from .chunked import DEFAULT_CHUNK_ROWS, ChunkedSnapshots, key_columns
+from .chunked import DEFAULT_CHUNK_ROWS, WATERMARK_TABLE, ChunkedSnapshots, key_columns, order_around_watermarks
 from .initial import (SnapshotError, SnapshotProgress, create_slot_with_snapshot, iter_snapshot_rows, prefetch,
                       replicated_tables, snapshot_rows, snapshot_time)
 
@@ -61,7 +62,7 @@ class IncrementalSnapshots:
     """The worker's bookkeeping of which tables have a snapshot, and the snapshots of the others."""
 
     def __init__(self, worker: Any, check_interval: float = 10.0, *, chunked: bool = False,
-                 chunk_rows: int | None = None) -> None:
+                 chunk_rows: int | None = None, watermarks: str = "message") -> None:
         self.worker = worker
         self.config = worker.config
         self.check_interval = check_interval
@@ -85,14 +86,16 @@ class IncrementalSnapshots:
         self.count = len(state.snapshots)
         self._last_check = time.monotonic()
         self.requests = Path(self.config.out) / REQUESTS_DIR
-        self.chunked = ChunkedSnapshots(worker, chunk_rows or DEFAULT_CHUNK_ROWS) if chunked else None
+        self.chunked = ChunkedSnapshots(worker, chunk_rows or DEFAULT_CHUNK_ROWS,
+                                        transport=watermarks) if chunked else None
         if unfinished and chunked:
             log.info(json.dumps({"event": "snapshot_resumed", "tables": sorted(unfinished)}))
             self._start_chunked(sorted(unfinished), reason="resumed", resume=unfinished)
         elif unfinished:
             log.warning(json.dumps({"event": "snapshot_not_resumed", "tables": sorted(unfinished),
                                     "reason": "chunked snapshots need pgoutput with logical messages "
-                                              "(PostgreSQL 14 or later)"}))
+                                              "(PostgreSQL 14 or later), or pglogical / spock with the "
+                                              "watermark table"}))
 
     @property
     def busy(self) -> bool:
@@ -104,11 +107,20 @@ class IncrementalSnapshots:
             self.chunked.close()
 
     # ------------------------------------------------------------------ triggers
+    def order(self, events: list[Any]) -> list[Any]:
+        """The drained events, with watermark rows in commit order among the other tables' rows (table
+        transport); unchanged otherwise."""
+        if self.chunked is None or self.chunked.transport != "table":
+            return events
+        return order_around_watermarks(events)
+
     def before(self, event: Any) -> bool:
         """Called with every event before the writer adds it: a table seen for the first time gets its snapshot
         (read first, or started in chunks). Returns whether the writer gets the event (watermarks: no)."""
         if isinstance(event, ChangeBatch):
             names = [event.relation.qualified_name]
+            if names[0] == WATERMARK_TABLE:             # watermarks: this worker's or another's, never staged
+                return self.chunked.before(event) if self.chunked is not None else False
         elif isinstance(event, Truncate):
             names = [r.qualified_name for r in event.relations]
         else:
@@ -224,6 +236,8 @@ class IncrementalSnapshots:
 
         cfg = self.config
         ck = cfg.extra.get("connect_kwargs")
+        if self.chunked.unavailable() is not None:
+            return names                               # read whole, with the stream paused (logged once)
         try:
             tables = {t.name: t for t in replicated_tables(cfg.dsn, cfg.plugin, publication=cfg.publication,
                                                            replication_sets=cfg.replication_sets,

@@ -28,7 +28,7 @@ from ..errors import SpockwireError
 from ..ingest.staging_log import SNAPSHOT_SEQ_BASE
 from ..model import ChangeBatch, Column, Relation
 
-__all__ = ["ExportedSnapshot", "SnapshotError", "SnapshotTable", "SnapshotProgress", "SNAPSHOT_SEQ_BASE",
+__all__ = ["ExportedSnapshot", "SnapshotError", "SnapshotTable", "SnapshotProgress", "SNAPSHOT_SEQ_BASE", "WATERMARK_TABLE",
            "create_slot_with_snapshot", "replicated_tables", "snapshot_time", "iter_snapshot_rows", "snapshot_rows",
            "snapshot_batch", "iter_snapshot_changes", "stage_initial_snapshot"]
 
@@ -240,6 +240,11 @@ def _leaves(cur: Any, oid: int) -> list[int]:
     return [int(r[0]) for r in cur.fetchall()]
 
 
+#: where chunked snapshots write their watermarks when the output plugin forwards no logical messages (pglogical,
+#: spock): created and added to the stream's replication set by the worker; never read by a snapshot, never staged
+WATERMARK_TABLE = "public.spockwire_watermark"
+
+
 def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None, replication_sets: Any = None,
                       snapshot: str | None = None, connect_kwargs: dict[str, Any] | None = None,
                       skip: Iterable[str] = ()) -> list[SnapshotTable]:
@@ -298,7 +303,7 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
                 elif rowfilter not in filters_of[oid]:
                     filters_of[oid].append(rowfilter)
             oids = sorted(columns)
-            skip = set(skip)
+            skip = set(skip) | {WATERMARK_TABLE}
             if skip and oids:
                 cur.execute("SELECT c.oid::bigint, n.nspname || '.' || c.relname FROM pg_class c "
                             "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY(%s)", (oids,))
