@@ -98,18 +98,23 @@ def test_chunked_snapshot_while_writers_change_the_table_does_not_pause_the_stre
         assert replay_text(out, f"public.{table}") == source_text(db, table)
 
 
-@pytest.mark.parametrize("impl_name", ["c", "python"])
-def test_kill9_in_the_middle_of_a_chunked_snapshot_resumes_at_the_next_chunk(pg_db, tmp_path, impl_name):
+@pytest.mark.parametrize("plugin, impl_name", [("pgoutput", "c"), ("pgoutput", "python"), ("pglogical", "c")])
+def test_kill9_in_the_middle_of_a_chunked_snapshot_resumes_at_the_next_chunk(pg_db, tmp_path, plugin, impl_name):
     """The worker is killed (SIGKILL) after a few of `late`'s chunks are staged, while writers change it; the
     restarted worker resumes `late` at the chunk after the last staged one (no chunk is read twice, none skipped)
     and the replay equals the source."""
     db = pg_db
     create_keyed(db, "items", 1000)
     create_keyed(db, "late", 30000)
-    db.execute("CREATE PUBLICATION pub FOR TABLE items")
+    if plugin == "pglogical":
+        _pglogical_provider(db, ["items"])
+        join = "SELECT pglogical.replication_set_add_table('default', 'late')"
+    else:
+        db.execute("CREATE PUBLICATION pub FOR TABLE items")
+        join = "ALTER PUBLICATION pub ADD TABLE late"
     out = tmp_path / "staging"
     slot = f"{db.name}_s"
-    cmd = _ingest_cmd(db.dsn, slot, out, "--impl", impl_name, "--snapshot-chunk-rows", "1000")
+    cmd = _ingest_cmd(db.dsn, slot, out, "--impl", impl_name, "--snapshot-chunk-rows", "1000", "--plugin", plugin)
     with RowWriters(db.dsn, ["items", "late"], threads=2, key_space=1_000_000):
         proc = subprocess.Popen(cmd + ["--idle-exit", "60"], cwd=ROOT, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
@@ -118,7 +123,7 @@ def test_kill9_in_the_middle_of_a_chunked_snapshot_resumes_at_the_next_chunk(pg_
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        db.execute("ALTER PUBLICATION pub ADD TABLE late")
+        db.execute(join)
         while len(chunk_records(out, "public.late")) < 4:
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline + 60
