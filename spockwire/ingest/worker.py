@@ -442,6 +442,7 @@ class IngestWorker:
                 if incremental is not None:
                     events = incremental.order(events)
                 last = len(events) - 1
+                cut_inside = False
                 for i, event in enumerate(events):
                     if incremental is not None and not incremental.before(event):
                         continue
@@ -452,6 +453,7 @@ class IngestWorker:
                                      or writer.buffered_rows >= cfg.flush_rows):
                         # inside a large drain: write what is buffered, keep the log's LSN where it was
                         self._commit(writer.sealed_lsn)
+                        cut_inside = True
                 if incremental is not None:
                     incremental.poll()
                 with self.metrics.lock:
@@ -462,7 +464,10 @@ class IngestWorker:
                 # is buffered it does not: while the writer thread is busy with the previous commit, the events
                 # stay buffered for the next one (group commit). With nothing buffered, the LSN still moves on
                 # (transactions of unpublished tables) once per flush interval.
-                if writer.buffered_bytes >= cfg.flush_bytes or writer.buffered_rows >= cfg.flush_rows:
+                # after a commit inside this drain (which kept the old LSN) this one waits for the writer thread:
+                # skipped while it is busy, every large drain would leave the LSN, and the slot, behind
+                if (writer.buffered_bytes >= cfg.flush_bytes or writer.buffered_rows >= cfg.flush_rows
+                        or (cut_inside and stream.delivered_lsn > writer.sealed_lsn)):
                     self._commit(stream.delivered_lsn)
                 elif writer.should_flush() or (stream.delivered_lsn > writer.sealed_lsn
                                                and now - self._last_commit >= cfg.flush_seconds):
