@@ -8,7 +8,6 @@ spockwire/wire/_values.pxi; both accept and refuse exactly the same bytes.
 from __future__ import annotations
 
 import binascii
-import re
 import struct
 from decimal import Decimal
 from typing import Any
@@ -44,16 +43,176 @@ def _fail(code: int = INVALID) -> ValueFailure:
     return ValueFailure(code)
 
 
-_INT_RE = re.compile(rb"-?[0-9]+")
-_FLOAT_RE = re.compile(rb"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
-_NUMERIC_RE = re.compile(rb"(-)?([0-9]+)(?:\.([0-9]+))?")
-_DATE_RE = re.compile(rb"([0-9]{4,})-([0-9]{2})-([0-9]{2})( BC)?")
-_TS_RE = re.compile(rb"([0-9]{4,})-([0-9]{2})-([0-9]{2}) ([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,6}))?"
-                    rb"(?:([-+])([0-9]{2})(?::([0-9]{2})(?::([0-9]{2}))?)?)?( BC)?")
-_TIME_RE = re.compile(rb"([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,6}))?")
-_UUID_RE = re.compile(rb"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-_IV_TIME_RE = re.compile(rb"([-+])?([0-9]+):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,6}))?")
-_IV_PART_RE = re.compile(rb"([-+])?([0-9]+)")
+# Byte scanners for the text forms, the twin of the C kernels' character loops (spockwire/wire/_values.pxi): each
+# accepts exactly the bytes its kernel accepts and returns the fields it found, or None.
+_DIGITS = b"0123456789"
+_HEX_OR_DASH = b"0123456789abcdefABCDEF-"
+
+
+def _digits(raw: bytes, i: int) -> int:
+    """The end of the run of ASCII digits that starts at `i`."""
+    return len(raw) - len(raw[i:].lstrip(_DIGITS)) if i < len(raw) else i
+
+
+def _fixed_digits(raw: bytes, i: int, count: int) -> bytes | None:
+    """`count` digits at `i`, or None."""
+    part = raw[i:i + count]
+    return part if len(part) == count and part.isdigit() else None
+
+
+def _scan_int(raw: bytes) -> bool:
+    """-?[0-9]+"""
+    return (raw[1:] if raw[:1] == b"-" else raw).isdigit()
+
+
+def _scan_float(raw: bytes) -> bool:
+    """-?([0-9]+(.[0-9]*)?|.[0-9]+)([eE][-+]?[0-9]+)?"""
+    n = len(raw)
+    i = 1 if raw[:1] == b"-" else 0
+    j = _digits(raw, i)
+    whole = j > i
+    if j < n and raw[j] == 0x2E:                      # '.'
+        k = _digits(raw, j + 1)
+        if not whole and k == j + 1:
+            return False
+        j = k
+    elif not whole:
+        return False
+    if j < n and raw[j] in b"eE":
+        j += 1
+        if j < n and raw[j] in b"+-":
+            j += 1
+        k = _digits(raw, j)
+        if k == j:
+            return False
+        j = k
+    return j == n
+
+
+def _scan_numeric(raw: bytes) -> tuple[bool, bytes, bytes | None] | None:
+    """(-)?([0-9]+)(.[0-9]+)?: (negative, whole digits, fraction digits or None)"""
+    negative = raw[:1] == b"-"
+    whole, dot, frac = (raw[1:] if negative else raw).partition(b".")
+    if not whole.isdigit() or (dot and not frac.isdigit()):
+        return None
+    return negative, whole, frac if dot else None
+
+
+def _scan_bc(raw: bytes, i: int) -> tuple[bytes | None, int] | None:
+    """An optional " BC" at `i` that ends the value: (b" BC" or None, end)."""
+    if i == len(raw):
+        return None, i
+    return (b" BC", i + 3) if raw[i:] == b" BC" else None
+
+
+def _scan_ymd(raw: bytes) -> tuple[bytes, bytes, bytes, int] | None:
+    """[0-9]{4,}-[0-9]{2}-[0-9]{2}: (year, month, day, end)"""
+    j = raw.find(b"-")
+    if j < 4 or not raw[:j].isdigit():
+        return None
+    month = _fixed_digits(raw, j + 1, 2)
+    if month is None or raw[j + 3:j + 4] != b"-":
+        return None
+    day = _fixed_digits(raw, j + 4, 2)
+    return None if day is None else (raw[:j], month, day, j + 6)
+
+
+def _scan_clock(raw: bytes, i: int) -> tuple[bytes, bytes, bytes, bytes | None, int] | None:
+    """[0-9]{2}:[0-9]{2}:[0-9]{2}(.[0-9]{1,6})? at `i`: (hours, minutes, seconds, fraction or None, end)"""
+    hh = _fixed_digits(raw, i, 2)
+    mi = _fixed_digits(raw, i + 3, 2) if raw[i + 2:i + 3] == b":" else None
+    ss = _fixed_digits(raw, i + 6, 2) if raw[i + 5:i + 6] == b":" else None
+    if hh is None or mi is None or ss is None:
+        return None
+    return (hh, mi, ss) + _scan_fraction(raw, i + 8)
+
+
+def _scan_fraction(raw: bytes, i: int) -> tuple[bytes | None, int] | tuple[None, int]:
+    """(.[0-9]{1,6})? at `i`: (fraction or None, end); 7 or more digits end the value there (and it is refused)."""
+    if raw[i:i + 1] != b".":
+        return None, i
+    k = _digits(raw, i + 1)
+    if not 1 <= k - i - 1 <= 6:
+        return None, -1
+    return raw[i + 1:k], k
+
+
+def _scan_date(raw: bytes) -> tuple[bytes, bytes, bytes, bytes | None] | None:
+    """[0-9]{4,}-[0-9]{2}-[0-9]{2}( BC)?"""
+    ymd = _scan_ymd(raw)
+    if ymd is None:
+        return None
+    bc = _scan_bc(raw, ymd[3])
+    return None if bc is None else (ymd[0], ymd[1], ymd[2], bc[0])
+
+
+def _scan_timestamp(raw: bytes) -> tuple | None:
+    """date time(.frac)?([-+]hh(:mm(:ss)?)?)?( BC)?: the fields in the order of the C kernel's reads"""
+    ymd = _scan_ymd(raw)
+    if ymd is None or raw[ymd[3]:ymd[3] + 1] != b" ":
+        return None
+    clock = _scan_clock(raw, ymd[3] + 1)
+    if clock is None or clock[4] < 0:
+        return None
+    i = clock[4]
+    tzsign = tzh = tzm = tzs = None
+    if raw[i:i + 1] in (b"+", b"-"):
+        tzsign, tzh = raw[i:i + 1], _fixed_digits(raw, i + 1, 2)
+        if tzh is None:
+            return None
+        i += 3
+        if raw[i:i + 1] == b":" and _fixed_digits(raw, i + 1, 2) is not None:
+            tzm, i = raw[i + 1:i + 3], i + 3
+            if raw[i:i + 1] == b":" and _fixed_digits(raw, i + 1, 2) is not None:
+                tzs, i = raw[i + 1:i + 3], i + 3
+    bc = _scan_bc(raw, i)
+    if bc is None:
+        return None
+    return ymd[:3] + clock[:4] + (tzsign, tzh, tzm, tzs, bc[0])
+
+
+def _scan_time(raw: bytes) -> tuple[bytes, bytes, bytes, bytes | None] | None:
+    """[0-9]{2}:[0-9]{2}:[0-9]{2}(.[0-9]{1,6})?"""
+    clock = _scan_clock(raw, 0)
+    return None if clock is None or clock[4] != len(raw) else clock[:4]
+
+
+def _scan_uuid(raw: bytes) -> bool:
+    """8-4-4-4-12 hex digits"""
+    return (len(raw) == 36 and raw[8] == raw[13] == raw[18] == raw[23] == 0x2D and raw.count(b"-") == 4
+            and not raw.translate(None, _HEX_OR_DASH))
+
+
+def _scan_iv_time(tok: bytes) -> tuple[bytes | None, bytes, bytes, bytes, bytes | None] | None:
+    """[-+]?[0-9]+:[0-9]{2}:[0-9]{2}(.[0-9]{1,6})?: (sign, hours, minutes, seconds, fraction)"""
+    sign = tok[:1] if tok[:1] in (b"+", b"-") else None
+    i = 1 if sign else 0
+    j = _digits(tok, i)
+    if j == i or tok[j:j + 1] != b":":
+        return None
+    mi = _fixed_digits(tok, j + 1, 2)
+    ss = _fixed_digits(tok, j + 4, 2) if tok[j + 3:j + 4] == b":" else None
+    if mi is None or ss is None:
+        return None
+    frac, end = _scan_fraction(tok, j + 6)
+    return (sign, tok[i:j], mi, ss, frac) if end == len(tok) else None
+
+
+def _scan_iv_part(tok: bytes) -> tuple[bytes | None, bytes] | None:
+    """[-+]?[0-9]+: (sign, digits)"""
+    sign = tok[:1] if tok[:1] in (b"+", b"-") else None
+    i = 1 if sign else 0
+    return (sign, tok[i:]) if len(tok) > i and _digits(tok, i) == len(tok) else None
+
+
+def _scan_dims(head: bytes) -> bool:
+    """[-?[0-9]+:-?[0-9]+]= (a one-dimensional array's bounds)"""
+    if head[:1] != b"[" or head[-2:] != b"]=":
+        return False
+    lo, colon, hi = head[1:-2].partition(b":")
+    return bool(colon) and _scan_int(lo) and _scan_int(hi)
+
+
 _IV_UNITS = {b"year": 0, b"years": 0, b"mon": 1, b"mons": 1, b"day": 2, b"days": 2}
 
 _RANGES = {INT2: (-(1 << 15), (1 << 15) - 1), INT4: (INT32_MIN, INT32_MAX), INT8: (INT64_MIN, INT64_MAX),
@@ -101,7 +260,7 @@ def _frac_us(frac: bytes | None) -> int:
 
 # ------------------------------------------------------------------ text forms
 def _text_int(kind: int, raw: bytes) -> int:
-    if not _INT_RE.fullmatch(raw):
+    if not _scan_int(raw):
         raise _fail()
     v = int(raw)
     lo, hi = _RANGES[kind]
@@ -117,7 +276,7 @@ def _text_float(kind: int, raw: bytes) -> float:
         return float("inf")
     if raw == b"-Infinity":
         return float("-inf")
-    if not _FLOAT_RE.fullmatch(raw):
+    if not _scan_float(raw):
         raise _fail()
     v = float(raw)
     if kind == FLOAT4:
@@ -137,10 +296,10 @@ def _decimal(negative: bool, unscaled: int, spec: ColumnSpec) -> Decimal:
 def _text_decimal(raw: bytes, spec: ColumnSpec) -> Decimal:
     if raw in (b"NaN", b"Infinity", b"-Infinity"):
         raise _fail(SPECIAL_DECIMAL)
-    m = _NUMERIC_RE.fullmatch(raw)
-    if not m:
+    m = _scan_numeric(raw)
+    if m is None:
         raise _fail()
-    sign, whole, frac = m.groups()
+    sign, whole, frac = m
     frac = frac or b""
     if len(frac) > spec.scale:
         raise _fail()
@@ -152,10 +311,10 @@ def _text_date(raw: bytes) -> int:
         return INT32_MAX
     if raw == b"-infinity":
         return INT32_MIN
-    m = _DATE_RE.fullmatch(raw)
-    if not m:
+    m = _scan_date(raw)
+    if m is None:
         raise _fail()
-    y, mo, d, bc = m.groups()
+    y, mo, d, bc = m
     month, day = int(mo), int(d)
     if not (1 <= month <= 12 and 1 <= day <= 31):
         raise _fail()
@@ -170,10 +329,10 @@ def _text_timestamp(raw: bytes, with_tz: bool) -> int:
         return INT64_MAX
     if raw == b"-infinity":
         return INT64_MIN
-    m = _TS_RE.fullmatch(raw)
-    if not m:
+    m = _scan_timestamp(raw)
+    if m is None:
         raise _fail()
-    y, mo, d, hh, mi, ss, frac, tzsign, tzh, tzm, tzs, bc = m.groups()
+    y, mo, d, hh, mi, ss, frac, tzsign, tzh, tzm, tzs, bc = m
     if (tzsign is not None) != with_tz:
         raise _fail()
     month, day, hour, minute, second = int(mo), int(d), int(hh), int(mi), int(ss)
@@ -195,10 +354,10 @@ def _text_timestamp(raw: bytes, with_tz: bool) -> int:
 
 
 def _text_time(raw: bytes) -> int:
-    m = _TIME_RE.fullmatch(raw)
-    if not m:
+    m = _scan_time(raw)
+    if m is None:
         raise _fail()
-    hh, mi, ss, frac = m.groups()
+    hh, mi, ss, frac = m
     hour, minute, second = int(hh), int(mi), int(ss)
     us = ((hour * 60 + minute) * 60 + second) * 1_000_000 + _frac_us(frac)
     if minute > 59 or second > 59 or us > US_PER_DAY:
@@ -216,12 +375,12 @@ def _text_interval(raw: bytes) -> tuple[int, int, int]:
         raise _fail()
     while i < len(tokens):
         tok = tokens[i]
-        m = _IV_TIME_RE.fullmatch(tok)
-        if m:
+        m = _scan_iv_time(tok)
+        if m is not None:
             if seen_time or i != len(tokens) - 1:
                 raise _fail()
             seen_time = True
-            sign, hh, mi, ss, frac = m.groups()
+            sign, hh, mi, ss, frac = m
             minute, second = int(mi), int(ss)
             if minute > 59 or second > 59:
                 raise _fail()
@@ -230,11 +389,11 @@ def _text_interval(raw: bytes) -> tuple[int, int, int]:
                 us = -us
             i += 1
             continue
-        m = _IV_PART_RE.fullmatch(tok)
-        if not m or i + 1 >= len(tokens) or tokens[i + 1] not in _IV_UNITS:
+        part = _scan_iv_part(tok)
+        if part is None or i + 1 >= len(tokens) or tokens[i + 1] not in _IV_UNITS:
             raise _fail()
-        v = int(m.group(2))
-        if m.group(1) == b"-":
+        v = int(part[1])
+        if part[0] == b"-":
             v = -v
         fields[_IV_UNITS[tokens[i + 1]]] += v
         i += 2
@@ -274,7 +433,7 @@ def _text_bytea(raw: bytes) -> bytes:
 
 
 def _text_uuid(raw: bytes) -> bytes:
-    if not _UUID_RE.fullmatch(raw):
+    if not _scan_uuid(raw):
         raise _fail()
     return binascii.unhexlify(raw.replace(b"-", b""))
 
@@ -289,7 +448,7 @@ def _text_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
             raise _fail()
         if raw[close + 1:close + 2] == b"[":
             raise _fail(MULTIDIMENSIONAL)
-        if not re.fullmatch(rb"\[-?[0-9]+:-?[0-9]+\]=", raw[:close + 2]):
+        if not _scan_dims(raw[:close + 2]):
             raise _fail()
         shifted = raw[1:3] != b"1:"
         i = close + 2
