@@ -40,6 +40,24 @@ def chunk_records(out: Path, table: str) -> list[dict[str, Any]]:
     return [r for r in StagingState.load(out).snapshots if r.get("table") == table and r["kind"] == "chunk"]
 
 
+def finished_chunks(thread: threading.Thread, result: list[Any], out: Path, table: str, at_least: int
+                    ) -> list[dict[str, Any]]:
+    """The chunk records of `table` once the worker thread ended with 0: at least `at_least`, numbered without a
+    gap or a repeat."""
+    thread.join(timeout=300)
+    assert result == [0]
+    chunks = chunk_records(out, table)
+    assert len(chunks) >= at_least and [c["chunk"] for c in chunks] == list(range(len(chunks)))
+    return chunks
+
+
+def items_staged_between(out: Path, chunks: list[dict[str, Any]]) -> int:
+    """Staging commits with changes of `items` between the first and the last chunk commit."""
+    first, last = chunks[0]["commit"], chunks[-1]["commit"]
+    return len([e for e in StagingState.load(out).entries if first < e["commit"] < last
+                and any(f["table"] == "public.items" for f in e["files"])])
+
+
 def test_chunked_snapshot_while_writers_change_the_table_does_not_pause_the_stream(pg_db, tmp_path, impl):
     """`big` (40,000 rows) joins the publication while a writer inserts, update (some leaving a TOAST value
     unchanged), delete and change keys in it and in `items`; its first streamed change starts a snapshot in chunks
@@ -69,10 +87,7 @@ def test_chunked_snapshot_while_writers_change_the_table_does_not_pause_the_stre
         ops = writers.ops
         time.sleep(0.5)
     assert ops > 100
-    thread.join(timeout=300)
-    assert result == [0]
-    chunks = chunk_records(out, "public.big")
-    assert len(chunks) >= 15 and [c["chunk"] for c in chunks] == list(range(len(chunks)))
+    chunks = finished_chunks(thread, result, out, "public.big", 15)
     assert [c["done"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
     assert sum(c["rows_changed_in_stream"] for c in chunks) > 0, "no chunk row was superseded by the stream"
     # rows whose staged version lacked a TOAST value (updated before their chunk was read) were read again
@@ -80,10 +95,8 @@ def test_chunked_snapshot_while_writers_change_the_table_does_not_pause_the_stre
     # the stream went on: items' changes were staged by commits between the first and the last chunk commit,
     # and the slot was acknowledged further while chunks were still to come
     state = StagingState.load(out)
-    first, last = chunks[0]["commit"], chunks[-1]["commit"]
-    between = [e for e in state.entries if first < e["commit"] < last
-               and any(f["table"] == "public.items" for f in e["files"])]
-    assert len(between) >= 3, f"{len(between)} commits staged changes of items while big was read"
+    between = items_staged_between(out, chunks)
+    assert between >= 3, f"{between} commits staged changes of items while big was read"
     during = [lsn for n, lsn in acked if 0 < n < len(chunks)]
     assert during and max(during) > min(during), "the slot was not acknowledged while big was read"
     # the chunk rows: snapshot rows at their high watermark's position, numbered from -2^63 per chunk
@@ -237,15 +250,10 @@ def _chunked_through_the_watermark_table(db: Any, tmp_path: Path, impl: Any, plu
         ops = writers.ops
         time.sleep(0.5)
     assert ops > 50
-    thread.join(timeout=300)
-    assert result == [0]
-    chunks = chunk_records(out, "public.big")
-    assert len(chunks) >= 12 and [c["chunk"] for c in chunks] == list(range(len(chunks)))
+    chunks = finished_chunks(thread, result, out, "public.big", 12)
     state = StagingState.load(out)
-    first, last = chunks[0]["commit"], chunks[-1]["commit"]
-    between = [e for e in state.entries if first < e["commit"] < last
-               and any(f["table"] == "public.items" for f in e["files"])]
-    assert len(between) >= 3, f"{len(between)} commits staged changes of items while big was read"
+    between = items_staged_between(out, chunks)
+    assert between >= 3, f"{between} commits staged changes of items while big was read"
     # the watermark rows were taken by the worker: never staged, never snapshotted
     assert "public.spockwire_watermark" not in state.files and "public.spockwire_watermark" not in state.schemas
     assert not any("public.spockwire_watermark" in r.get("tables", {}) for r in state.snapshots)
