@@ -24,6 +24,7 @@ from spockwire.connection import connect as real_connect
 from spockwire.connection import create_publication, create_slot
 from spockwire.ingest.staging import StagingError, StagingState, read_log
 from spockwire.ingest.worker import IngestConfig, IngestWorker
+from tests.test_ingest import spaced_transactions
 
 
 class FsyncRecorder:
@@ -147,8 +148,6 @@ def test_a_failing_writer_thread_stops_the_worker_and_nothing_unwritten_is_ackno
     slot = f"{pg_db.name}_s"
     create_slot(pg_db.dsn, slot, "pgoutput")
     before = _confirmed(pg_db, slot)
-    for k in range(8):
-        pg_db.execute("INSERT INTO f SELECT g, 'x' FROM generate_series(%s, %s) g", (k * 1000 + 1, k * 1000 + 1000))
     out = tmp_path / "staging"
     fsyncs = FsyncRecorder(delay=0.0)
     monkeypatch.setattr(os, "fsync", fsyncs)
@@ -169,9 +168,11 @@ def test_a_failing_writer_thread_stops_the_worker_and_nothing_unwritten_is_ackno
     worker = IngestWorker(IngestConfig(dsn=pg_db.dsn, slot=slot, out=str(out), publication=["pub"], idle_exit=2,
                                        flush_rows=1000, flush_seconds=0.05, progress=False),
                           connect=_checked_connect(out, fsyncs, acks))
+    writes = spaced_transactions(pg_db, 8, gap=0.3)
     with pytest.raises(StagingError, match=r"staging commit \d+ .* failed while writing the Parquet files: "
                                            r".*No space left on device"):
         worker.run()
+    writes.join()
     state = StagingState.load(out)
     staged = sum(f.rows for fs in state.files.values() for f in fs)
     assert 1 <= state.commit <= 3 and 0 < staged < 8000 and staged % 1000 == 0   # whole transactions only

@@ -356,10 +356,10 @@ class IngestWorker:
             from ..values.catalog import PostgresTypeCatalog
             self.type_catalog = PostgresTypeCatalog(cfg.dsn, strict=False)
 
-        # released column buffers kept for reuse count against the worker's memory: a quarter of what an open
+        # released column buffers kept for reuse count against the worker's memory: an eighth of what an open
         # transaction may hold before it spills, and never more than the decoder's default
         limit = impl.set_buffer_pool_bytes(0)
-        impl.set_buffer_pool_bytes(min(limit, cfg.spill_bytes // 4))
+        impl.set_buffer_pool_bytes(min(limit, cfg.spill_bytes // 8))
 
         def factory(protocol: str) -> Any:
             return impl.Decoder(protocol, types=cfg.types, numeric=cfg.numeric, spill_bytes=cfg.spill_bytes,

@@ -1293,8 +1293,8 @@ cdef class Decoder:
         Rows of a still-open plain transaction become a pending slice of it (they come out at its COMMIT,
         before its later rows), so no row is ever copied. With `keep_open` (drain), a builder that holds only rows
         of the open transaction stays open instead, while it has room and the transaction's rows in memory stay
-        under spill_bytes: a transaction fed in many small pieces then becomes one batch per relation at its
-        COMMIT, not one per piece.
+        under a quarter of spill_bytes: a transaction fed in many small pieces then becomes one batch per relation
+        at its COMMIT, not one per piece.
         """
         cdef _Builder b
         cdef _RelInfo info
@@ -1307,7 +1307,7 @@ cdef class Decoder:
         for b in self.shared:
             if (keep_open and self.txn is not None and b.committed == 0 and not b.full
                     and b.nrows < self.batch_rows and b.nbytes < _MAX_BATCH_BYTES
-                    and held + b.nbytes <= self.spill_bytes):
+                    and held + b.nbytes <= self.spill_bytes // 4):
                 held += b.nbytes
                 kept.append(b)
                 continue

@@ -1086,16 +1086,16 @@ class Decoder:
 
         Rows of a still-open plain transaction become a pending slice of it (they come out at its COMMIT, before
         its later rows), so no row is ever copied. With `keep_open` (drain), a builder that holds only rows of the
-        open transaction stays open instead, while it has room and the transaction's rows in memory stay under
-        spill_bytes: a transaction fed in many small pieces then becomes one batch per relation at its COMMIT,
-        not one per piece.
+        open transaction stays open instead, while it has room and the transaction's rows in memory stay under a
+        quarter of spill_bytes: a transaction fed in many small pieces then becomes one batch per relation at its
+        COMMIT, not one per piece.
         """
         kept: dict[int, _Builder] = {}
         held = self._txn.mem if keep_open and self._txn is not None else 0
         for key, b in self._shared.items():
             if (keep_open and self._txn is not None and b.committed == 0 and not b.full
                     and b.nrows < self._batch_rows and b.nbytes < MAX_BATCH_BYTES
-                    and held + b.nbytes <= self._spill_bytes):
+                    and held + b.nbytes <= self._spill_bytes // 4):
                 held += b.nbytes
                 kept[key] = b
                 continue
