@@ -27,6 +27,7 @@ UNIX_US_2000 = 946_684_800_000_000
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 US_PER_DAY = 86_400_000_000
+_POW10 = (1, 10, 100, 1000, 10000, 100000, 1000000)   # scales a fraction of 1 to 6 digits to µs
 
 T, B, I = 0x74, 0x62, 0x69
 
@@ -43,178 +44,6 @@ def _fail(code: int = INVALID) -> ValueFailure:
     return ValueFailure(code)
 
 
-# Byte scanners for the text forms, the twin of the C kernels' character loops (spockwire/wire/_values.pxi): each
-# accepts exactly the bytes its kernel accepts and returns the fields it found, or None.
-_DIGITS = b"0123456789"
-_HEX_OR_DASH = b"0123456789abcdefABCDEF-"
-
-
-def _digits(raw: bytes, i: int) -> int:
-    """The end of the run of ASCII digits that starts at `i`."""
-    return len(raw) - len(raw[i:].lstrip(_DIGITS)) if i < len(raw) else i
-
-
-def _fixed_digits(raw: bytes, i: int, count: int) -> bytes | None:
-    """`count` digits at `i`, or None."""
-    part = raw[i:i + count]
-    return part if len(part) == count and part.isdigit() else None
-
-
-def _scan_int(raw: bytes) -> bool:
-    """-?[0-9]+"""
-    return (raw[1:] if raw[:1] == b"-" else raw).isdigit()
-
-
-def _scan_float(raw: bytes) -> bool:
-    """-?([0-9]+(.[0-9]*)?|.[0-9]+)([eE][-+]?[0-9]+)?"""
-    n = len(raw)
-    i = 1 if raw[:1] == b"-" else 0
-    j = _digits(raw, i)
-    whole = j > i
-    if j < n and raw[j] == 0x2E:                      # '.'
-        k = _digits(raw, j + 1)
-        if not whole and k == j + 1:
-            return False
-        j = k
-    elif not whole:
-        return False
-    if j < n and raw[j] in b"eE":
-        j += 1
-        if j < n and raw[j] in b"+-":
-            j += 1
-        k = _digits(raw, j)
-        if k == j:
-            return False
-        j = k
-    return j == n
-
-
-def _scan_numeric(raw: bytes) -> tuple[bool, bytes, bytes | None] | None:
-    """(-)?([0-9]+)(.[0-9]+)?: (negative, whole digits, fraction digits or None)"""
-    negative = raw[:1] == b"-"
-    whole, dot, frac = (raw[1:] if negative else raw).partition(b".")
-    if not whole.isdigit() or (dot and not frac.isdigit()):
-        return None
-    return negative, whole, frac if dot else None
-
-
-def _scan_bc(raw: bytes, i: int) -> tuple[bytes | None, int] | None:
-    """An optional " BC" at `i` that ends the value: (b" BC" or None, end)."""
-    if i == len(raw):
-        return None, i
-    return (b" BC", i + 3) if raw[i:] == b" BC" else None
-
-
-def _scan_ymd(raw: bytes) -> tuple[bytes, bytes, bytes, int] | None:
-    """[0-9]{4,}-[0-9]{2}-[0-9]{2}: (year, month, day, end)"""
-    j = raw.find(b"-")
-    if j < 4 or not raw[:j].isdigit():
-        return None
-    month = _fixed_digits(raw, j + 1, 2)
-    if month is None or raw[j + 3:j + 4] != b"-":
-        return None
-    day = _fixed_digits(raw, j + 4, 2)
-    return None if day is None else (raw[:j], month, day, j + 6)
-
-
-def _scan_clock(raw: bytes, i: int) -> tuple[bytes, bytes, bytes, bytes | None, int] | None:
-    """[0-9]{2}:[0-9]{2}:[0-9]{2}(.[0-9]{1,6})? at `i`: (hours, minutes, seconds, fraction or None, end)"""
-    hh = _fixed_digits(raw, i, 2)
-    mi = _fixed_digits(raw, i + 3, 2) if raw[i + 2:i + 3] == b":" else None
-    ss = _fixed_digits(raw, i + 6, 2) if raw[i + 5:i + 6] == b":" else None
-    if hh is None or mi is None or ss is None:
-        return None
-    return (hh, mi, ss) + _scan_fraction(raw, i + 8)
-
-
-def _scan_fraction(raw: bytes, i: int) -> tuple[bytes | None, int] | tuple[None, int]:
-    """(.[0-9]{1,6})? at `i`: (fraction or None, end); 7 or more digits end the value there (and it is refused)."""
-    if raw[i:i + 1] != b".":
-        return None, i
-    k = _digits(raw, i + 1)
-    if not 1 <= k - i - 1 <= 6:
-        return None, -1
-    return raw[i + 1:k], k
-
-
-def _scan_date(raw: bytes) -> tuple[bytes, bytes, bytes, bytes | None] | None:
-    """[0-9]{4,}-[0-9]{2}-[0-9]{2}( BC)?"""
-    ymd = _scan_ymd(raw)
-    if ymd is None:
-        return None
-    bc = _scan_bc(raw, ymd[3])
-    return None if bc is None else (ymd[0], ymd[1], ymd[2], bc[0])
-
-
-def _scan_timestamp(raw: bytes) -> tuple | None:
-    """date time(.frac)?([-+]hh(:mm(:ss)?)?)?( BC)?: the fields in the order of the C kernel's reads"""
-    ymd = _scan_ymd(raw)
-    if ymd is None or raw[ymd[3]:ymd[3] + 1] != b" ":
-        return None
-    clock = _scan_clock(raw, ymd[3] + 1)
-    if clock is None or clock[4] < 0:
-        return None
-    i = clock[4]
-    tzsign = tzh = tzm = tzs = None
-    if raw[i:i + 1] in (b"+", b"-"):
-        tzsign, tzh = raw[i:i + 1], _fixed_digits(raw, i + 1, 2)
-        if tzh is None:
-            return None
-        i += 3
-        if raw[i:i + 1] == b":" and _fixed_digits(raw, i + 1, 2) is not None:
-            tzm, i = raw[i + 1:i + 3], i + 3
-            if raw[i:i + 1] == b":" and _fixed_digits(raw, i + 1, 2) is not None:
-                tzs, i = raw[i + 1:i + 3], i + 3
-    bc = _scan_bc(raw, i)
-    if bc is None:
-        return None
-    return ymd[:3] + clock[:4] + (tzsign, tzh, tzm, tzs, bc[0])
-
-
-def _scan_time(raw: bytes) -> tuple[bytes, bytes, bytes, bytes | None] | None:
-    """[0-9]{2}:[0-9]{2}:[0-9]{2}(.[0-9]{1,6})?"""
-    clock = _scan_clock(raw, 0)
-    return None if clock is None or clock[4] != len(raw) else clock[:4]
-
-
-def _scan_uuid(raw: bytes) -> bool:
-    """8-4-4-4-12 hex digits"""
-    return (len(raw) == 36 and raw[8] == raw[13] == raw[18] == raw[23] == 0x2D and raw.count(b"-") == 4
-            and not raw.translate(None, _HEX_OR_DASH))
-
-
-def _scan_iv_time(tok: bytes) -> tuple[bytes | None, bytes, bytes, bytes, bytes | None] | None:
-    """[-+]?[0-9]+:[0-9]{2}:[0-9]{2}(.[0-9]{1,6})?: (sign, hours, minutes, seconds, fraction)"""
-    sign = tok[:1] if tok[:1] in (b"+", b"-") else None
-    i = 1 if sign else 0
-    j = _digits(tok, i)
-    if j == i or tok[j:j + 1] != b":":
-        return None
-    mi = _fixed_digits(tok, j + 1, 2)
-    ss = _fixed_digits(tok, j + 4, 2) if tok[j + 3:j + 4] == b":" else None
-    if mi is None or ss is None:
-        return None
-    frac, end = _scan_fraction(tok, j + 6)
-    return (sign, tok[i:j], mi, ss, frac) if end == len(tok) else None
-
-
-def _scan_iv_part(tok: bytes) -> tuple[bytes | None, bytes] | None:
-    """[-+]?[0-9]+: (sign, digits)"""
-    sign = tok[:1] if tok[:1] in (b"+", b"-") else None
-    i = 1 if sign else 0
-    return (sign, tok[i:]) if len(tok) > i and _digits(tok, i) == len(tok) else None
-
-
-def _scan_dims(head: bytes) -> bool:
-    """[-?[0-9]+:-?[0-9]+]= (a one-dimensional array's bounds)"""
-    if head[:1] != b"[" or head[-2:] != b"]=":
-        return False
-    lo, colon, hi = head[1:-2].partition(b":")
-    return bool(colon) and _scan_int(lo) and _scan_int(hi)
-
-
-_IV_UNITS = {b"year": 0, b"years": 0, b"mon": 1, b"mons": 1, b"day": 2, b"days": 2}
-
 _RANGES = {INT2: (-(1 << 15), (1 << 15) - 1), INT4: (INT32_MIN, INT32_MAX), INT8: (INT64_MIN, INT64_MAX),
            OID: (0, (1 << 32) - 1)}
 _BE_INT = {INT2: struct.Struct(">h"), INT4: struct.Struct(">i"), INT8: struct.Struct(">q"), OID: struct.Struct(">I")}
@@ -225,28 +54,6 @@ _I16, _U16, _I32, _U32, _I64 = (struct.Struct(">h"), struct.Struct(">H"), struct
                                 struct.Struct(">q"))
 
 
-def _trunc_div(a: int, b: int) -> int:
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b >= 0) else -q
-
-
-def days_from_civil(y: int, m: int, d: int) -> int:
-    """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year numbering)."""
-    y -= m <= 2
-    era = _trunc_div(y if y >= 0 else y - 399, 400)
-    yoe = y - era * 400
-    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return era * 146097 + doe - 719468
-
-
-def _year(digits: bytes, bc: bytes | None) -> int:
-    year = int(digits)
-    if year == 0:
-        raise _fail()
-    return 1 - year if bc else year
-
-
 def _utf8(raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
@@ -254,32 +61,81 @@ def _utf8(raw: bytes) -> str:
         raise _fail(INVALID_UTF8) from None
 
 
-def _frac_us(frac: bytes | None) -> int:
-    return int(frac.ljust(6, b"0")) if frac else 0
+# ------------------------------------------------------------------ small parsers
+# The text parsers below follow their namesakes in spockwire/wire/_values.pxi check for check: the same steps in the
+# same order, the same failure code at each. Where the C code walks a run of bytes one at a time, the twin asks a
+# built-in the same question about the slice (bytes.isdigit: every byte an ASCII digit; bytes.lstrip: scan_digits;
+# int(): digits_value; binascii.unhexlify: hex pairs), which CPython answers much faster than a loop over the bytes.
+# Python integers do not overflow: where C stops at the width of its integers, the twin checks the same bound before
+# calling int() (which also refuses digit runs longer than sys.get_int_max_str_digits()).
+
+_DIGITS = b"0123456789"
+# C's fixed_digits(p, 2): the two bytes as their number, -1 unless both are digits (a table lookup of the slice)
+_PAIRS = {b"%02d" % k: k for k in range(100)}
 
 
-# ------------------------------------------------------------------ text forms
-def _text_int(kind: int, raw: bytes) -> int:
-    if not _scan_int(raw):
+def scan_digits(p: bytes, i: int, n: int) -> int:
+    """The end of the run of decimal digits that starts at p[i] (at most n)."""
+    return n - len(p[i:n].lstrip(_DIGITS))
+
+
+def text_int(p: bytes, lo: int, hi: int) -> int:
+    n = len(p)
+    i = 0
+    if n > 0 and p[0] == 45:
+        i = 1
+    if i >= n:
         raise _fail()
-    v = int(raw)
-    lo, hi = _RANGES[kind]
-    if not lo <= v <= hi:
+    digits = p[i:] if i else p
+    if not digits.isdigit():
+        raise _fail()
+    if n - i > 19:                         # C: the digits checked first, then the magnitude against 2**64 - 1
+        mag = digits.lstrip(b"0") or b"0"
+        if len(mag) > 20:
+            raise _fail(OUT_OF_RANGE)
+        v = -int(mag) if i else int(mag)
+    else:
+        v = int(p)
+    if v < lo or v > hi:                   # C: past int64, then past [lo, hi]: the same code
         raise _fail(OUT_OF_RANGE)
     return v
 
 
-def _text_float(kind: int, raw: bytes) -> float:
-    if raw == b"NaN":
+def float_grammar(p: bytes) -> bool:
+    """-?(digits(.digits*)?|.digits)([eE][-+]?digits)?"""
+    n = len(p)
+    i = 0
+    if i < n and p[i] == 45:
+        i += 1
+    e = p.find(b"e", i)                    # the mantissa ends at the exponent's e or E (a second one fails below)
+    if e < 0:
+        e = p.find(b"E", i)
+    end = e if e >= 0 else n
+    whole, dot, frac = p[i:end].partition(b".")
+    if (whole and not whole.isdigit()) or (frac and not frac.isdigit()):
+        return False
+    if not whole and not frac:
+        return False
+    if e >= 0:
+        i = e + 1
+        if i < n and (p[i] == 43 or p[i] == 45):
+            i += 1
+        if not p[i:].isdigit():            # C: no exponent digits, or i != n after them
+            return False
+    return True
+
+
+def text_float(kind: int, p: bytes) -> float:
+    if p == b"NaN":
         return float("nan")
-    if raw == b"Infinity":
+    if p == b"Infinity":
         return float("inf")
-    if raw == b"-Infinity":
+    if p == b"-Infinity":
         return float("-inf")
-    if not _scan_float(raw):
+    if not float_grammar(p):
         raise _fail()
-    v = float(raw)
-    if kind == FLOAT4:
+    v = float(p)                           # C: PyOS_string_to_double, which float() calls
+    if kind == FLOAT4:                     # C: the cast to float (a value past its range becomes ±inf)
         try:
             v = _F4.unpack(_F4.pack(v))[0]
         except OverflowError:
@@ -287,177 +143,357 @@ def _text_float(kind: int, raw: bytes) -> float:
     return v
 
 
-def _decimal(negative: bool, unscaled: int, spec: ColumnSpec) -> Decimal:
+def decimal_store(neg: bool, unscaled: int, spec: ColumnSpec) -> Decimal:
     if unscaled >= 10 ** spec.precision:
         raise _fail(OUT_OF_RANGE)
-    return Decimal((1 if negative else 0, tuple(int(c) for c in str(unscaled)), -spec.scale))
+    return Decimal((1 if neg else 0, tuple(map(int, str(unscaled))), -spec.scale))
 
 
-def _text_decimal(raw: bytes, spec: ColumnSpec) -> Decimal:
-    if raw in (b"NaN", b"Infinity", b"-Infinity"):
+def text_decimal(p: bytes, spec: ColumnSpec) -> Decimal:
+    n = len(p)
+    if p == b"NaN" or p == b"Infinity" or p == b"-Infinity":
         raise _fail(SPECIAL_DECIMAL)
-    m = _scan_numeric(raw)
-    if m is None:
+    i = 0
+    neg = False
+    if i < n and p[i] == 45:
+        neg = True
+        i += 1
+    whole_start = i
+    dot = p.find(b".", i)                  # the digit runs, each checked whole: [whole_start, whole_end), frac
+    whole_end = dot if dot >= 0 else n
+    whole = p[whole_start:whole_end]
+    if not whole.isdigit():                # C: no whole digits, or the scan stops at neither '.' nor the end
         raise _fail()
-    sign, whole, frac = m
-    frac = frac or b""
-    if len(frac) > spec.scale:
+    frac = b""
+    if dot >= 0:
+        frac = p[dot + 1:]
+        if not frac.isdigit():             # C: no fraction digits, or i != n after them
+            raise _fail()
+    scale = spec.scale
+    if len(frac) > scale:
         raise _fail()
-    return _decimal(bool(sign), int(whole + frac.ljust(spec.scale, b"0")), spec)
+    if whole_end - whole_start + scale > 18:
+        # C: the 128-bit path, whose overflow check fails past 10**38 (decimal_store's bound would fail it too)
+        whole = whole.lstrip(b"0") or b"0"
+        if len(whole) + scale > 39:
+            raise _fail(OUT_OF_RANGE)
+    return decimal_store(neg, int(whole + frac) * 10 ** (scale - len(frac)), spec)
 
 
-def _text_date(raw: bytes) -> int:
-    if raw == b"infinity":
+def days_from_civil(y: int, m: int, d: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year numbering); the callers check the
+    result against int32 as C's overflow flag does."""
+    if m <= 2:
+        y -= 1
+    # truncating division, as the algorithm is written for
+    era = y // 400 if y >= 0 else -((399 - y) // 400)
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def parse_year(p: bytes, n: int, bc: bool) -> int:
+    """The year of the digits p[:n] (already checked, at least 4): INVALID for year 0, OUT_OF_RANGE when huge."""
+    i = 0
+    while i < n - 1 and p[i] == 48:
+        i += 1
+    if n - i > 9:
+        raise _fail(OUT_OF_RANGE)
+    y = int(p[i:n])
+    if y == 0:
+        raise _fail()
+    return 1 - y if bc else y
+
+
+def text_date(p: bytes) -> int:
+    n = len(p)
+    if p == b"infinity":
         return INT32_MAX
-    if raw == b"-infinity":
+    if p == b"-infinity":
         return INT32_MIN
-    m = _scan_date(raw)
-    if m is None:
+    ye = scan_digits(p, 0, n)
+    if ye < 4 or (n - ye != 6 and n - ye != 9):
         raise _fail()
-    y, mo, d, bc = m
-    month, day = int(mo), int(d)
-    if not (1 <= month <= 12 and 1 <= day <= 31):
+    if p[ye] != 45 or p[ye + 3] != 45:
         raise _fail()
-    days = days_from_civil(_year(y, bc), month, day)
-    if not INT32_MIN < days < INT32_MAX:
+    month = _PAIRS.get(p[ye + 1:ye + 3], -1)
+    day = _PAIRS.get(p[ye + 4:ye + 6], -1)
+    if month < 0 or day < 0:
+        raise _fail()
+    bc = False
+    if n - ye == 9:
+        if p[ye + 6:ye + 9] != b" BC":
+            raise _fail()
+        bc = True
+    if month < 1 or month > 12 or day < 1 or day > 31:
+        raise _fail()
+    year = parse_year(p, ye, bc)
+    if year > 100000000 or year < -100000000:
+        raise _fail(OUT_OF_RANGE)
+    days = days_from_civil(year, month, day)
+    if days <= INT32_MIN or days >= INT32_MAX:
         raise _fail(OUT_OF_RANGE)
     return days
 
 
-def _text_timestamp(raw: bytes, with_tz: bool) -> int:
-    if raw == b"infinity":
+def text_timestamp(p: bytes, with_tz: bool) -> int:
+    n = len(p)
+    if p == b"infinity":
         return INT64_MAX
-    if raw == b"-infinity":
+    if p == b"-infinity":
         return INT64_MIN
-    m = _scan_timestamp(raw)
-    if m is None:
+    ye = scan_digits(p, 0, n)
+    if ye < 4 or n - ye < 15:
         raise _fail()
-    y, mo, d, hh, mi, ss, frac, tzsign, tzh, tzm, tzs, bc = m
-    if (tzsign is not None) != with_tz:
+    i = ye
+    if p[i] != 45 or p[i + 3] != 45 or p[i + 6] != 32 or p[i + 9] != 58 or p[i + 12] != 58:
         raise _fail()
-    month, day, hour, minute, second = int(mo), int(d), int(hh), int(mi), int(ss)
-    if not (1 <= month <= 12 and 1 <= day <= 31 and hour <= 23 and minute <= 59 and second <= 59):
+    month = _PAIRS.get(p[i + 1:i + 3], -1)
+    day = _PAIRS.get(p[i + 4:i + 6], -1)
+    hour = _PAIRS.get(p[i + 7:i + 9], -1)
+    minute = _PAIRS.get(p[i + 10:i + 12], -1)
+    second = _PAIRS.get(p[i + 13:i + 15], -1)
+    if month < 0 or day < 0 or hour < 0 or minute < 0 or second < 0:
+        raise _fail()
+    i += 15
+    frac = 0
+    if i < n and p[i] == 46:
+        fs = i + 1
+        fe = scan_digits(p, fs, n)
+        if fe == fs or fe - fs > 6:
+            raise _fail()
+        frac = int(p[fs:fe]) * _POW10[6 - (fe - fs)]
+        i = fe
+    has_tz = tz_neg = False
+    th = tm = ts = 0
+    if i < n and (p[i] == 43 or p[i] == 45):
+        has_tz = True
+        tz_neg = p[i] == 45
+        if n - i < 3:
+            raise _fail()
+        th = _PAIRS.get(p[i + 1:i + 3], -1)
+        if th < 0:
+            raise _fail()
+        i += 3
+        if i < n and p[i] == 58:
+            if n - i < 3:
+                raise _fail()
+            tm = _PAIRS.get(p[i + 1:i + 3], -1)
+            if tm < 0:
+                raise _fail()
+            i += 3
+            if i < n and p[i] == 58:
+                if n - i < 3:
+                    raise _fail()
+                ts = _PAIRS.get(p[i + 1:i + 3], -1)
+                if ts < 0:
+                    raise _fail()
+                i += 3
+    bc = False
+    if i < n:
+        if n - i == 3 and p[i:] == b" BC":
+            bc = True
+        else:
+            raise _fail()
+    if has_tz != with_tz:
+        raise _fail()
+    if month < 1 or month > 12 or day < 1 or day > 31 or hour > 23 or minute > 59 or second > 59:
         raise _fail()
     offset = 0
     if with_tz:
-        th, tm, ts_ = int(tzh), int(tzm or b"0"), int(tzs or b"0")
-        if th > 15 or tm > 59 or ts_ > 59:
+        if th > 15 or tm > 59 or ts > 59:
             raise _fail()
-        offset = th * 3600 + tm * 60 + ts_
-        if tzsign == b"-":
+        offset = th * 3600 + tm * 60 + ts
+        if tz_neg:
             offset = -offset
-    days = days_from_civil(_year(y, bc), month, day)
-    us = days * US_PER_DAY + ((hour * 60 + minute) * 60 + second - offset) * 1_000_000 + _frac_us(frac)
-    if not INT64_MIN < us < INT64_MAX:
+    year = parse_year(p, ye, bc)
+    if year > 100000000 or year < -100000000:
+        raise _fail(OUT_OF_RANGE)
+    days = days_from_civil(year, month, day)
+    if days <= INT32_MIN or days >= INT32_MAX:
+        raise _fail(OUT_OF_RANGE)
+    us = days * US_PER_DAY + (((hour * 60 + minute) * 60 + second) - offset) * 1000000 + frac
+    if us <= INT64_MIN or us >= INT64_MAX:
         raise _fail(OUT_OF_RANGE)
     return us
 
 
-def _text_time(raw: bytes) -> int:
-    m = _scan_time(raw)
-    if m is None:
+def text_time(p: bytes) -> int:
+    n = len(p)
+    if n < 8 or p[2] != 58 or p[5] != 58:
         raise _fail()
-    hh, mi, ss, frac = m
-    hour, minute, second = int(hh), int(mi), int(ss)
-    us = ((hour * 60 + minute) * 60 + second) * 1_000_000 + _frac_us(frac)
+    hour = _PAIRS.get(p[0:2], -1)
+    minute = _PAIRS.get(p[3:5], -1)
+    second = _PAIRS.get(p[6:8], -1)
+    if hour < 0 or minute < 0 or second < 0:
+        raise _fail()
+    frac = 0
+    if n > 8:
+        if p[8] != 46:
+            raise _fail()
+        if not p[9:].isdigit() or n - 9 > 6:   # C: scan_digits(p, 9, n) != n, or 1 to 6 digits
+            raise _fail()
+        frac = int(p[9:]) * _POW10[6 - (n - 9)]
+    us = ((hour * 60 + minute) * 60 + second) * 1000000 + frac
     if minute > 59 or second > 59 or us > US_PER_DAY:
         raise _fail()
     return us
 
 
-def _text_interval(raw: bytes) -> tuple[int, int, int]:
+def text_interval(p: bytes) -> tuple[int, int, int]:
+    n = len(p)
     fields = [0, 0, 0]
     us = 0
-    seen_time = False
-    tokens = raw.split(b" ")
+    seen_time = overflow = False
     i = 0
-    if not raw:
+    if n == 0:
         raise _fail()
-    while i < len(tokens):
-        tok = tokens[i]
-        m = _scan_iv_time(tok)
-        if m is not None:
-            if seen_time or i != len(tokens) - 1:
+    while True:
+        # one token: [i, te)
+        te = p.find(b" ", i)
+        if te < 0:
+            te = n
+        if te - i >= 7 and time_token(p, i, te):     # (a shorter token fails time_token's length check)
+            if seen_time or te != n:
                 raise _fail()
             seen_time = True
-            sign, hh, mi, ss, frac = m
-            minute, second = int(mi), int(ss)
+            k = i
+            neg = False
+            if p[k] == 43 or p[k] == 45:
+                neg = p[k] == 45
+                k += 1
+            ds = k
+            de = scan_digits(p, k, te)
+            minute = _PAIRS.get(p[de + 1:de + 3], -1)
+            second = _PAIRS.get(p[de + 4:de + 6], -1)
             if minute > 59 or second > 59:
                 raise _fail()
-            us = ((int(hh) * 60 + minute) * 60 + second) * 1_000_000 + _frac_us(frac)
-            if sign == b"-":
-                us = -us
-            i += 1
-            continue
-        part = _scan_iv_part(tok)
-        if part is None or i + 1 >= len(tokens) or tokens[i + 1] not in _IV_UNITS:
+            frac = 0
+            if de + 6 < te:                # '.' at de + 6, then 1 to 6 digits (time_token checked them)
+                frac = int(p[de + 7:te]) * _POW10[6 - (te - de - 7)]
+            if de - ds > 18:
+                overflow = True
+            else:
+                us = ((int(p[ds:de]) * 60 + minute) * 60 + second) * 1000000 + frac
+                if neg:
+                    us = -us
+            break
+        # a number then a unit
+        k = i
+        neg = False
+        if k < te and (p[k] == 43 or p[k] == 45):
+            neg = p[k] == 45
+            k += 1
+        if k == te or not p[k:te].isdigit() or te >= n:
             raise _fail()
-        v = int(part[1])
-        if part[0] == b"-":
-            v = -v
-        fields[_IV_UNITS[tokens[i + 1]]] += v
-        i += 2
-    months = fields[0] * 12 + fields[1]
-    days = fields[2]
-    nanos = us * 1000
-    if not (INT32_MIN <= months <= INT32_MAX and INT32_MIN <= days <= INT32_MAX and INT64_MIN <= nanos <= INT64_MAX):
+        ue = p.find(b" ", te + 1)
+        if ue < 0:
+            ue = n
+        unit = interval_unit(p[te + 1:ue])
+        if unit < 0:
+            raise _fail()
+        if te - k > 30:
+            overflow = True
+        else:
+            v = int(p[k:te])
+            fields[unit] += -v if neg else v
+            if fields[unit] > INT64_MAX * 4 or fields[unit] < INT64_MIN * 4:
+                overflow = True
+        if ue >= n:
+            break
+        i = ue + 1
+        if i >= n:
+            raise _fail()
+    if overflow:
         raise _fail(OUT_OF_RANGE)
-    return months, days, nanos
+    months = fields[0] * 12 + fields[1]
+    nanos = us * 1000
+    if months < INT32_MIN or months > INT32_MAX or fields[2] < INT32_MIN or fields[2] > INT32_MAX \
+            or nanos < INT64_MIN or nanos > INT64_MAX:
+        raise _fail(OUT_OF_RANGE)
+    return months, fields[2], nanos
 
 
-def _text_bytea(raw: bytes) -> bytes:
-    if raw.startswith(b"\\x"):
-        body = raw[2:]
-        if len(body) % 2:
+def time_token(p: bytes, i: int, n: int) -> bool:
+    """p[i:n] is [-+]?digits:MM:SS(.f{1,6})?"""
+    if i < n and (p[i] == 43 or p[i] == 45):
+        i += 1
+    de = scan_digits(p, i, n)
+    if de == i or n - de < 6 or p[de] != 58 or p[de + 3] != 58:
+        return False
+    if p[de + 1:de + 3] not in _PAIRS or p[de + 4:de + 6] not in _PAIRS:
+        return False
+    if n - de == 6:
+        return True
+    if p[de + 6] != 46 or n - de - 7 < 1 or n - de - 7 > 6:
+        return False
+    return scan_digits(p, de + 7, n) == n
+
+
+_INTERVAL_UNITS = {b"year": 0, b"years": 0, b"mon": 1, b"mons": 1, b"day": 2, b"days": 2}
+
+
+def interval_unit(p: bytes) -> int:
+    return _INTERVAL_UNITS.get(p, -1)
+
+
+def text_uuid(p: bytes) -> bytes:
+    if len(p) != 36 or p[8] != 45 or p[13] != 45 or p[18] != 45 or p[23] != 45:
+        raise _fail()
+    try:
+        return binascii.unhexlify(p[0:8] + p[9:13] + p[14:18] + p[19:23] + p[24:36])
+    except binascii.Error:                 # C: a byte that is not a hex digit
+        raise _fail() from None
+
+
+def text_bytea(p: bytes) -> bytes:
+    n = len(p)
+    if n >= 2 and p[0] == 92 and p[1] == 120:
+        if (n - 2) % 2:
             raise _fail()
         try:
-            return binascii.unhexlify(body)
-        except (binascii.Error, ValueError):
+            return binascii.unhexlify(p[2:])
+        except binascii.Error:             # C: hex_value < 0
             raise _fail() from None
     out = bytearray()
-    i, n = 0, len(raw)
+    i = 0
     while i < n:
-        c = raw[i]
-        if c != 0x5C:
+        c = p[i]
+        if c != 92:
             out.append(c)
             i += 1
-        elif i + 1 < n and raw[i + 1] == 0x5C:
-            out.append(0x5C)
+        elif i + 1 < n and p[i + 1] == 92:
+            out.append(92)
             i += 2
-        elif (i + 3 < n + 0 and all(0x30 <= raw[i + k] <= 0x37 for k in (1, 2, 3)) and raw[i + 1] <= 0x33):
-            out.append((raw[i + 1] - 0x30) * 64 + (raw[i + 2] - 0x30) * 8 + (raw[i + 3] - 0x30))
+        elif i + 3 < n and 48 <= p[i + 1] <= 51 and 48 <= p[i + 2] <= 55 and 48 <= p[i + 3] <= 55:
+            out.append((p[i + 1] - 48) * 64 + (p[i + 2] - 48) * 8 + (p[i + 3] - 48))
             i += 4
         else:
             raise _fail()
     return bytes(out)
 
 
-def _text_uuid(raw: bytes) -> bytes:
-    if not _scan_uuid(raw):
-        raise _fail()
-    return binascii.unhexlify(raw.replace(b"-", b""))
-
-
-def _text_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
-    n = len(raw)
+def text_array(p: bytes, spec: ColumnSpec) -> list[Any]:
+    n = len(p)
     i = 0
     shifted = False               # a lower bound other than 1: a list cannot keep it
-    if i < n and raw[0] == 0x5B:  # [lb:ub]= dimension decoration
-        close = raw.find(b"]")
+    if n > 0 and p[0] == 91:      # [lb:ub]= decoration
+        close = p.find(b"]")
         if close < 0:
             raise _fail()
-        if raw[close + 1:close + 2] == b"[":
+        if close + 1 < n and p[close + 1] == 91:
             raise _fail(MULTIDIMENSIONAL)
-        if not _scan_dims(raw[:close + 2]):
+        if not bounds_decoration(p, close + 2, n):
             raise _fail()
-        shifted = raw[1:3] != b"1:"
+        shifted = not (p[1] == 49 and p[2] == 58)
         i = close + 2
-    if i >= n or raw[i] != 0x7B:
+    if i >= n or p[i] != 123:
         raise _fail()
     i += 1
     out: list[Any] = []
     elem = spec.element
-    if i < n and raw[i] == 0x7D:
+    if i < n and p[i] == 125:
         if i + 1 != n:
             raise _fail()
         if shifted:
@@ -466,46 +502,80 @@ def _text_array(raw: bytes, spec: ColumnSpec) -> list[Any]:
     while True:
         if i >= n:
             raise _fail()
-        c = raw[i]
-        if c == 0x7B:
+        if p[i] == 123:
             raise _fail(MULTIDIMENSIONAL)
-        if c == 0x22:  # quoted
+        if p[i] == 34:            # quoted
             i += 1
-            buf = bytearray()
+            start = i
+            q = 0                 # backslashes seen
             while True:
                 if i >= n:
                     raise _fail()
-                c = raw[i]
-                if c == 0x5C:
+                if p[i] == 92:
                     if i + 1 >= n:
                         raise _fail()
-                    buf.append(raw[i + 1])
+                    q += 1
                     i += 2
-                elif c == 0x22:
-                    i += 1
+                elif p[i] == 34:
                     break
                 else:
-                    buf.append(c)
                     i += 1
-            out.append(decode_value(elem, T, bytes(buf), None))
+            if q == 0:
+                out.append(decode_value(elem, T, p[start:i], None))
+            else:
+                tmp = bytearray()
+                j = start
+                while j < i:
+                    if p[j] == 92:
+                        j += 1
+                    tmp.append(p[j])
+                    j += 1
+                out.append(decode_value(elem, T, bytes(tmp), None))
+            i += 1
         else:
             start = i
-            while i < n and raw[i] not in b',}{"\\':
+            while i < n and p[i] not in _ARRAY_STOP:
                 i += 1
-            token = raw[start:i]
-            if not token or (i < n and raw[i] in b'{"\\'):
+            if i == start or (i < n and p[i] in _ARRAY_BAD):
                 raise _fail()
-            out.append(None if token.upper() == b"NULL" else decode_value(elem, T, token, None))
+            token = p[start:i]
+            if i - start == 4 and token.upper() == b"NULL":
+                out.append(None)
+            else:
+                out.append(decode_value(elem, T, token, None))
         if i >= n:
             raise _fail()
-        if raw[i] == 0x2C:
+        if p[i] == 44:
             i += 1
             continue
-        if raw[i] == 0x7D and i + 1 == n:
+        if p[i] == 125 and i + 1 == n:
             if shifted:
                 raise _fail(LOWER_BOUND)
             return out
         raise _fail()
+
+
+_ARRAY_STOP = frozenset(b',}{"\\')   # where an unquoted element ends
+_ARRAY_BAD = frozenset(b'{"\\')      # ... and where it must not
+
+
+def bounds_decoration(p: bytes, end: int, n: int) -> bool:
+    """p[0:end] is [-?digits:-?digits]= exactly."""
+    i = 1
+    if end > n or end < 6 or p[end - 1] != 61 or p[end - 2] != 93:
+        return False
+    if p[i] == 45:
+        i += 1
+    s = i
+    i = scan_digits(p, i, end)
+    if i == s or p[i] != 58:
+        return False
+    i += 1
+    if p[i] == 45:
+        i += 1
+    s = i
+    i = scan_digits(p, i, end)
+    return i > s and i == end - 2
 
 
 # ------------------------------------------------------------------ binary forms
@@ -539,7 +609,7 @@ def _binary_decimal(raw: bytes, spec: ColumnSpec) -> Decimal:
         unscaled, rest = divmod(n, 10 ** -e10)
         if rest:
             raise _fail()
-    return _decimal(sign == 0x4000, unscaled, spec)
+    return decimal_store(sign == 0x4000, unscaled, spec)
 
 
 def numeric_text_from_binary(raw: bytes) -> str:
@@ -813,8 +883,9 @@ def decode_value(spec: ColumnSpec, fmt: int, raw: bytes, big_endian: bool | None
         return _binary(spec, raw)
     if kind in (TEXT, JSON, JSONB, ENUM, NUMERIC_TEXT, TIMETZ, CHAR, PGTEXT):
         return _utf8(raw)
-    if kind in _RANGES:
-        return _text_int(kind, raw)
+    bounds = _RANGES.get(kind)
+    if bounds is not None:
+        return text_int(raw, bounds[0], bounds[1])
     if kind == BOOL:
         if raw == b"t":
             return True
@@ -822,25 +893,25 @@ def decode_value(spec: ColumnSpec, fmt: int, raw: bytes, big_endian: bool | None
             return False
         raise _fail()
     if kind in (FLOAT4, FLOAT8):
-        return _text_float(kind, raw)
+        return text_float(kind, raw)
     if kind == DECIMAL:
-        return _text_decimal(raw, spec)
+        return text_decimal(raw, spec)
     if kind == BYTEA:
-        return _text_bytea(raw)
+        return text_bytea(raw)
     if kind == DATE:
-        return _text_date(raw)
+        return text_date(raw)
     if kind == TIMESTAMP:
-        return _text_timestamp(raw, False)
+        return text_timestamp(raw, False)
     if kind == TIMESTAMPTZ:
-        return _text_timestamp(raw, True)
+        return text_timestamp(raw, True)
     if kind == TIME:
-        return _text_time(raw)
+        return text_time(raw)
     if kind == INTERVAL:
-        return _text_interval(raw)
+        return text_interval(raw)
     if kind == UUID:
-        return _text_uuid(raw)
+        return text_uuid(raw)
     if kind == ARRAY:
-        return _text_array(raw, spec)
+        return text_array(raw, spec)
     raise _fail()
 
 
