@@ -228,6 +228,12 @@ def text_date(p: bytes) -> int:
         bc = True
     if month < 1 or month > 12 or day < 1 or day > 31:
         raise _fail()
+    days = _civil_days(p, ye, bc, month, day)
+    return days
+
+
+def _civil_days(p: bytes, ye: int, bc: bool, month: int, day: int) -> int:
+    """Days since 2000-01-01 of the year whose digits end at `ye`, refused out of the date range."""
     year = parse_year(p, ye, bc)
     if year > 100000000 or year < -100000000:
         raise _fail(OUT_OF_RANGE)
@@ -235,6 +241,16 @@ def text_date(p: bytes) -> int:
     if days <= INT32_MIN or days >= INT32_MAX:
         raise _fail(OUT_OF_RANGE)
     return days
+
+
+def _tz_pair(p: bytes, i: int, n: int) -> int:
+    """The two digits after the sign or colon at `i` of a time zone offset."""
+    if n - i < 3:
+        raise _fail()
+    v = _PAIRS.get(p[i + 1:i + 3], -1)
+    if v < 0:
+        raise _fail()
+    return v
 
 
 def text_timestamp(p: bytes, with_tz: bool) -> int:
@@ -270,25 +286,13 @@ def text_timestamp(p: bytes, with_tz: bool) -> int:
     if i < n and (p[i] == 43 or p[i] == 45):
         has_tz = True
         tz_neg = p[i] == 45
-        if n - i < 3:
-            raise _fail()
-        th = _PAIRS.get(p[i + 1:i + 3], -1)
-        if th < 0:
-            raise _fail()
+        th = _tz_pair(p, i, n)
         i += 3
         if i < n and p[i] == 58:
-            if n - i < 3:
-                raise _fail()
-            tm = _PAIRS.get(p[i + 1:i + 3], -1)
-            if tm < 0:
-                raise _fail()
+            tm = _tz_pair(p, i, n)
             i += 3
             if i < n and p[i] == 58:
-                if n - i < 3:
-                    raise _fail()
-                ts = _PAIRS.get(p[i + 1:i + 3], -1)
-                if ts < 0:
-                    raise _fail()
+                ts = _tz_pair(p, i, n)
                 i += 3
     bc = False
     if i < n:
@@ -307,12 +311,7 @@ def text_timestamp(p: bytes, with_tz: bool) -> int:
         offset = th * 3600 + tm * 60 + ts
         if tz_neg:
             offset = -offset
-    year = parse_year(p, ye, bc)
-    if year > 100000000 or year < -100000000:
-        raise _fail(OUT_OF_RANGE)
-    days = days_from_civil(year, month, day)
-    if days <= INT32_MIN or days >= INT32_MAX:
-        raise _fail(OUT_OF_RANGE)
+    days = _civil_days(p, ye, bc, month, day)
     us = days * US_PER_DAY + (((hour * 60 + minute) * 60 + second) - offset) * 1000000 + frac
     if us <= INT64_MIN or us >= INT64_MAX:
         raise _fail(OUT_OF_RANGE)
