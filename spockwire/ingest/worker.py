@@ -418,11 +418,11 @@ class IngestWorker:
             from ..snapshot.incremental import IncrementalSnapshots
 
             # tables that join later get a snapshot of their own (docs/snapshot.md, "Tables that join later")
+            watermarks = "message" if cfg.plugin == "pgoutput" else "table"
             incremental = self.incremental = IncrementalSnapshots(self, cfg.snapshot_check_interval,
                                                                   chunked=self._watermarks,
                                                                   chunk_rows=cfg.snapshot_chunk_rows,
-                                                                  watermarks="message" if cfg.plugin == "pgoutput"
-                                                                  else "table")
+                                                                  watermarks=watermarks)
         started = time.monotonic()
         last_activity = time.monotonic()
         received = self._messages_received()

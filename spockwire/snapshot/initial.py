@@ -28,9 +28,9 @@ from ..errors import SpockwireError
 from ..ingest.staging_log import SNAPSHOT_SEQ_BASE
 from ..model import ChangeBatch, Column, Relation
 
-__all__ = ["ExportedSnapshot", "SnapshotError", "SnapshotTable", "SnapshotProgress", "SNAPSHOT_SEQ_BASE", "WATERMARK_TABLE",
-           "create_slot_with_snapshot", "replicated_tables", "snapshot_time", "iter_snapshot_rows", "snapshot_rows",
-           "snapshot_batch", "iter_snapshot_changes", "stage_initial_snapshot"]
+__all__ = ["ExportedSnapshot", "SnapshotError", "SnapshotTable", "SnapshotProgress", "SNAPSHOT_SEQ_BASE",
+           "WATERMARK_TABLE", "create_slot_with_snapshot", "replicated_tables", "snapshot_time", "iter_snapshot_rows",
+           "snapshot_rows", "snapshot_batch", "iter_snapshot_changes", "stage_initial_snapshot"]
 
 log = logging.getLogger("spockwire.snapshot")
 

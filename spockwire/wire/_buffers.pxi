@@ -35,11 +35,11 @@ cdef extern from "include/sw_alloc.h":
 # page), and decoding 200,000 narrow rows into new memory ran at about 60% of the rate of decoding into pages
 # already mapped. The pool keeps at most POOL_SLOTS buffers and pool_max_bytes in all (per process, 64 MiB unless
 # set_buffer_pool_bytes or SPOCKWIRE_BUFFER_POOL_BYTES says otherwise; 0 turns it off and unmaps what it holds;
-# always off in sanitizer builds), preferring large buffers when
-# full. A growth takes a kept buffer of between the needed size and twice it, copying the old contents into it;
-# without one it grows its own mapping (or maps a new one) and the pool unmaps as many bytes as that adds
-# (pool_trim), so the pool never raises the process's peak memory above the peak of the buffers in use. Every pool operation runs with the GIL held (no nogil section grows or
-# frees a buffer), which serialises them.
+# always off in sanitizer builds), preferring large buffers when full. A growth takes a kept buffer of between the
+# needed size and twice it, copying the old contents into it; without one it grows its own mapping (or maps a new
+# one) and the pool unmaps as many bytes as that adds (pool_trim), so the pool never raises the process's peak
+# memory above the peak of the buffers in use. Every pool operation runs with the GIL held (no nogil section grows
+# or frees a buffer), which serialises them.
 
 cdef enum:
     POOL_SLOTS = 256
@@ -64,26 +64,39 @@ cdef inline void buf_release(char* data, Py_ssize_t cap) noexcept:
         free(data)
 
 
-cdef void pool_drop(Py_ssize_t i) noexcept:
-    """Unmap kept buffer i."""
+cdef char* pool_remove(Py_ssize_t i) noexcept:
+    """Take kept buffer i out of the pool (the last one fills its slot); returns it."""
     global pool_count, pool_bytes
-    sw_big_free(pool_data[i], pool_cap[i])
+    cdef char* data = pool_data[i]
     pool_bytes -= pool_cap[i]
     pool_count -= 1
     pool_data[i] = pool_data[pool_count]
     pool_cap[i] = pool_cap[pool_count]
+    return data
+
+
+cdef void pool_drop(Py_ssize_t i) noexcept:
+    """Unmap kept buffer i."""
+    cdef Py_ssize_t cap = pool_cap[i]
+    sw_big_free(pool_remove(i), cap)
+
+
+cdef Py_ssize_t pool_smallest() noexcept:
+    """The slot of the smallest kept buffer (0 when the pool is empty)."""
+    cdef Py_ssize_t i, smallest = 0
+    for i in range(1, pool_count):
+        if pool_cap[i] < pool_cap[smallest]:
+            smallest = i
+    return smallest
 
 
 cdef void pool_trim(Py_ssize_t need) noexcept:
     """Unmap kept buffers, smallest first, until `need` bytes are given back or none is left: a growth the pool
     could not serve maps new memory, and the pool gives as much back, so that memory in use plus memory kept
     never rises above what was in use at once before."""
-    cdef Py_ssize_t i, smallest
+    cdef Py_ssize_t smallest
     while need > 0 and pool_count > 0:
-        smallest = 0
-        for i in range(1, pool_count):
-            if pool_cap[i] < pool_cap[smallest]:
-                smallest = i
+        smallest = pool_smallest()
         need -= pool_cap[smallest]
         pool_drop(smallest)
 
@@ -92,17 +105,14 @@ cdef void pool_give(char* data, Py_ssize_t cap) noexcept:
     """Keep a large buffer for reuse. A full pool makes room by unmapping smaller kept buffers (a large buffer is
     the one whose pages cost most to map again), and unmaps the buffer itself when it is the smallest."""
     global pool_count, pool_bytes
-    cdef Py_ssize_t i, smallest
+    cdef Py_ssize_t smallest
     if data == NULL:
         return
     if cap > pool_max_bytes:
         sw_big_free(data, cap)
         return
     while pool_count >= POOL_SLOTS or pool_bytes + cap > pool_max_bytes:
-        smallest = 0
-        for i in range(1, pool_count):
-            if pool_cap[i] < pool_cap[smallest]:
-                smallest = i
+        smallest = pool_smallest()
         if pool_count == 0 or pool_cap[smallest] >= cap:
             sw_big_free(data, cap)
             return
@@ -115,9 +125,8 @@ cdef void pool_give(char* data, Py_ssize_t cap) noexcept:
 
 cdef char* pool_take(Py_ssize_t need, Py_ssize_t* cap) noexcept:
     """The smallest kept buffer of at least `need` bytes and at most 2 × `need` (its capacity in *cap), or NULL."""
-    global pool_count, pool_bytes, pool_hits, pool_misses
+    global pool_hits, pool_misses
     cdef Py_ssize_t i, best = -1
-    cdef char* data
     for i in range(pool_count):
         if pool_cap[i] >= need and pool_cap[i] <= 2 * need and (best < 0 or pool_cap[i] < pool_cap[best]):
             best = i
@@ -125,13 +134,8 @@ cdef char* pool_take(Py_ssize_t need, Py_ssize_t* cap) noexcept:
         pool_misses += 1
         return NULL
     pool_hits += 1
-    data = pool_data[best]
     cap[0] = pool_cap[best]
-    pool_bytes -= pool_cap[best]
-    pool_count -= 1
-    pool_data[best] = pool_data[pool_count]
-    pool_cap[best] = pool_cap[pool_count]
-    return data
+    return pool_remove(best)
 
 
 def set_buffer_pool_bytes(Py_ssize_t limit):
@@ -210,7 +214,8 @@ cdef inline void buf_free(Buf* b) noexcept:
 
 
 cdef class _OwnedBuffer:
-    """Read-only buffer over malloc'd memory it owns; pyarrow wraps it with pa.py_buffer (zero copy)."""
+    """Read-only buffer over memory it owns (malloc'd, or a mapping when large: buf_release gives it back);
+    pyarrow wraps it with pa.py_buffer (zero copy)."""
     cdef char* data
     cdef Py_ssize_t size
     cdef Py_ssize_t cap

@@ -1317,7 +1317,7 @@ cdef class Decoder:
                 self._pend_rows(self.txn, b, b.committed, b.nrows)
         self.shared = kept
         for info in self.infos.values():
-            if info.builder is not None and not any(k is info.builder for k in kept):
+            if info.builder is not None and info.builder not in kept:     # identity: _Builder has no __eq__
                 info.builder = None
         return 0
 
