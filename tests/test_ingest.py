@@ -513,8 +513,8 @@ def test_huge_transaction_ingest_memory_is_bounded(durable_cluster, tmp_path):
     """One transaction of a million 300-byte rows (about 330 MB of changes) through the worker, end to end, twice
     from two slots at the same position: with --spill-bytes 32MiB the rows wait on disk and staging commits land
     every --flush-bytes without acknowledging early; with spilling out of reach the transaction is held in memory.
-    Spilling keeps the peak RSS under the documented bound (512 MB) and far below holding (measured here: 435 MB
-    against 591 MB); every row is staged exactly once either way."""
+    Spilling keeps the peak RSS under the documented bound (512 MB) and far below holding (measured here: 284 MB
+    against 584 MB); every row is staged exactly once either way."""
     pg = durable_cluster
     db, dsn, slot, held_slot = _setup(pg, "huge", "pgoutput")
     rows = 1_000_000
@@ -523,7 +523,7 @@ def test_huge_transaction_ingest_memory_is_bounded(durable_cluster, tmp_path):
     out, held_out = tmp_path / "staging", tmp_path / "staging-held"
     peak_mb, done = _ingest_peak_rss(dsn, slot, out, "32MiB")
     held_mb, held = _ingest_peak_rss(dsn, held_slot, held_out, "64GiB")
-    assert peak_mb < 512 and peak_mb < 0.75 * held_mb, (
+    assert peak_mb < 512 and peak_mb < 0.6 * held_mb, (
         f"worker peak RSS {peak_mb:.0f} MB spilling, {held_mb:.0f} MB holding the transaction")
     for folder, run in ((out, done), (held_out, held)):
         state = StagingState.load(folder)

@@ -136,3 +136,33 @@ def test_untyped_column_type_after_an_aborted_subtransaction(impl, tmp_path, spi
     assert batch.column("id").to_pylist() == ["2", "3"]
     assert batch.schema.field("note").type == pa.string()
     assert batch.column("note").to_pylist() == ["text", None]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+def test_batches_are_sealed_at_a_quarter_of_spill_bytes(impl, tmp_path, streamed):
+    """A large open transaction's rows are sealed (and spilled) in pieces of a quarter of spill_bytes, not in
+    batch_rows-row batches: 5,000 rows of 1,000-byte values with spill_bytes = 4 MiB come out, in order and
+    complete, as batches of about 1 MiB, some of them read back from disk."""
+    from tests import wire_encoder as W
+
+    cols = [W.Col("id", 23, -1, True), W.Col("note", 25, -1, False)]
+    rows = 5000
+    records = [W.pgoutput("R", relid=1, namespace="public", name="t", replident="d", columns=cols)]
+    if streamed:
+        records.append(W.pgoutput("S", xid=40, first_segment=1))
+        records += [W.pgoutput("I", xid=40, relid=1, new=[str(i), f"{i:08d}" * 125]) for i in range(rows)]
+        records += [W.pgoutput("E"), W.pgoutput("c", xid=40, commit_lsn=0x900000, end_lsn=0x900040, commit_ts=0)]
+    else:
+        records.append(W.pgoutput("B", final_lsn=0x900000, commit_ts=0, xid=40))
+        records += [W.pgoutput("I", relid=1, new=[str(i), f"{i:08d}" * 125]) for i in range(rows)]
+        records.append(W.pgoutput("C", commit_lsn=0x900000, end_lsn=0x900040, commit_ts=0))
+    dec = impl.Decoder("pgoutput", types="typed", spill_bytes=4 << 20, spill_dir=str(tmp_path))
+    dec.feed_frames(W.frames([(0x100 + i, r) for i, r in enumerate(records)]))
+    events = dec.drain()
+    batches = [e.to_arrow() for e in events]
+    assert [i for b in batches for i in b.column("id").to_pylist()] == list(range(rows))
+    assert all(b.column("note").to_pylist() == [f"{i:08d}" * 125 for i in b.column("id").to_pylist()]
+               for b in batches)
+    assert len(batches) >= 4
+    assert max(b.num_rows for b in batches) <= (1 << 20) // 1000 + 1       # 1 MiB of values at most, plus one
+    assert any(isinstance(e, SpilledChangeBatch) for e in events)

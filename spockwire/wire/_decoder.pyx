@@ -22,7 +22,8 @@ from ..values.failures import value_problem
 from ..values.internal import DATUM_CODES, describe_datum_failure
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
-from .spill import DEFAULT_SPILL_BYTES, released_batch, row_bytes_estimate, spill_item
+from .spill import (DEFAULT_SPILL_BYTES, MAX_BATCH_BYTES, batch_bytes_limit, released_batch,
+                    row_bytes_estimate, spill_item)
 from .views import DEFAULT_PIN_BYTES, MAX_PINS, STRINGS_CHOICES, check_strings, filter_batch, \
     pin_source, pinned_size
 
@@ -57,8 +58,6 @@ cdef enum:
     AFTER_ORIGIN = 2
 
 DEFAULT_BATCH_ROWS = 1 << 18
-MAX_BATCH_BYTES = 1 << 30
-cdef int64_t _MAX_BATCH_BYTES = MAX_BATCH_BYTES
 cdef int64_t _EPOCH = PG_EPOCH_OFFSET_US
 
 _TS_TYPE = pa.timestamp("us", tz="UTC")
@@ -424,6 +423,7 @@ cdef class Decoder:
     cdef bint fallback_text
     cdef readonly dict column_types
     cdef int64_t spill_bytes
+    cdef int64_t batch_bytes          # a builder is sealed at this size (batch_bytes_limit)
     cdef object spill_dir
     cdef readonly object type_catalog
     cdef object codec                 # native protocols: the codec of text (startup 'encoding'); None: UTF-8
@@ -450,6 +450,7 @@ cdef class Decoder:
         self.fallback_text = on_unrepresentable == "text"
         self.column_types = check_column_types(column_types)
         self.spill_bytes = spill_bytes
+        self.batch_bytes = batch_bytes_limit(spill_bytes)
         self.spill_dir = spill_dir
         if types not in ("typed", "raw"):
             raise ValueError(f"types must be 'typed' or 'raw', got {types!r}")
@@ -1006,7 +1007,7 @@ cdef class Decoder:
         cdef _Builder b
         if txn.kind == PLAIN:
             b = info.builder
-            if b is not None and (b.nrows >= self.batch_rows or b.nbytes >= _MAX_BATCH_BYTES or b.full):
+            if b is not None and (b.nrows >= self.batch_rows or b.nbytes >= self.batch_bytes or b.full):
                 self._flush_shared()
                 b = None
             if b is None:
@@ -1016,7 +1017,7 @@ cdef class Decoder:
         else:
             key = id(info)
             b = txn.builders.get(key)
-            if b is not None and (b.nrows >= self.batch_rows or b.nbytes >= _MAX_BATCH_BYTES or b.full):
+            if b is not None and (b.nrows >= self.batch_rows or b.nbytes >= self.batch_bytes or b.full):
                 self._pend_rows(txn, b, 0, b.nrows)
                 b = None
             if b is None:
@@ -1306,7 +1307,7 @@ cdef class Decoder:
             held = self.txn.mem
         for b in self.shared:
             if (keep_open and self.txn is not None and b.committed == 0 and not b.full
-                    and b.nrows < self.batch_rows and b.nbytes < _MAX_BATCH_BYTES
+                    and b.nrows < self.batch_rows and b.nbytes < self.batch_bytes
                     and held + b.nbytes <= self.spill_bytes // 4):
                 held += b.nbytes
                 kept.append(b)

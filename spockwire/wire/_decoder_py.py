@@ -23,7 +23,8 @@ from ..values.failures import OFFSET_LIMIT, TOO_LARGE, value_problem
 from ..values.internal import DATUM_CODES, describe_datum_failure
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
-from .spill import DEFAULT_SPILL_BYTES, SpillFile, released_batch, row_bytes_estimate, spill_item
+from .spill import (DEFAULT_SPILL_BYTES, MAX_BATCH_BYTES, SpillFile, batch_bytes_limit,
+                    released_batch, row_bytes_estimate, spill_item)
 from .views import DEFAULT_PIN_BYTES, MAX_PINS, check_strings, pin_source, pinned_size
 
 __all__ = ["Decoder", "CopyBinaryDecoder", "IMPLEMENTATION", "set_buffer_pool_bytes", "buffer_pool_stats"]
@@ -51,7 +52,6 @@ DEFAULT_BATCH_ROWS = 1 << 18
 #: value bytes in one batch at most: per value, the larger of its wire bytes and the bytes it adds to a
 #: variable-length column (binary numeric decoded to text can expand ten thousand fold). A message whose values
 #: would take a column past Arrow's 32-bit offsets (OFFSET_LIMIT) with the rows already in the batch starts a new one.
-MAX_BATCH_BYTES = 1 << 30
 
 # kinds whose text can be longer than the binary or internal form it is made from
 _EXPANDING = frozenset((NUMERIC_TEXT, TIMETZ, CHAR))
@@ -403,6 +403,7 @@ class Decoder:
         self.on_unrepresentable = on_unrepresentable
         self.column_types = check_column_types(column_types)
         self._spill_bytes = spill_bytes
+        self._batch_bytes = batch_bytes_limit(spill_bytes)   # a builder is sealed at this size
         self._spill_dir = spill_dir
         if types not in ("typed", "raw"):
             raise ValueError(f"types must be 'typed' or 'raw', got {types!r}")
@@ -857,14 +858,14 @@ class Decoder:
     def _builder(self, txn: _Txn, rel: Relation) -> _Builder:
         if txn.kind == _PLAIN:
             b = self._shared.get(id(rel))
-            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES or b.full):
+            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= self._batch_bytes or b.full):
                 self._flush_shared()
                 b = None
             if b is None:
                 b = self._shared[id(rel)] = _Builder(rel, self._specs[id(rel)], self._views)
         else:
             b = txn.builders.get(id(rel))
-            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= MAX_BATCH_BYTES or b.full):
+            if b is not None and (b.nrows >= self._batch_rows or b.nbytes >= self._batch_bytes or b.full):
                 self._pend_rows(txn, b, 0, b.nrows)
                 b = None
             if b is None:
@@ -1094,7 +1095,7 @@ class Decoder:
         held = self._txn.mem if keep_open and self._txn is not None else 0
         for key, b in self._shared.items():
             if (keep_open and self._txn is not None and b.committed == 0 and not b.full
-                    and b.nrows < self._batch_rows and b.nbytes < MAX_BATCH_BYTES
+                    and b.nrows < self._batch_rows and b.nbytes < self._batch_bytes
                     and held + b.nbytes <= self._spill_bytes // 4):
                 held += b.nbytes
                 kept[key] = b

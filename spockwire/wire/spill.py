@@ -22,10 +22,22 @@ from ..export.arrow import CHANGE_COLUMNS
 from ..model import ChangeBatch, Relation
 from .views import from_plain, to_plain
 
-__all__ = ["SpillFile", "SpilledRows", "SpilledChangeBatch", "DEFAULT_SPILL_BYTES", "row_bytes_estimate"]
+__all__ = ["SpillFile", "SpilledRows", "SpilledChangeBatch", "DEFAULT_SPILL_BYTES", "MAX_BATCH_BYTES",
+           "batch_bytes_limit", "row_bytes_estimate"]
 
 #: a transaction's closed batches kept in memory at most (bytes, estimated) before they go to disk
 DEFAULT_SPILL_BYTES = 256 << 20
+#: a batch's builder is sealed at this many bytes whatever the spill limit
+MAX_BATCH_BYTES = 1 << 30
+
+
+def batch_bytes_limit(spill_bytes: int) -> int:
+    """The size at which a builder is sealed: a quarter of `spill_bytes` (at least 1 MiB, at most MAX_BATCH_BYTES).
+
+    Only sealed rows of an open transaction count towards `spill_bytes` and go to disk, so a builder that grew
+    without this limit would hold a large transaction's rows in memory past the spill limit, and each spilled
+    batch would come back from disk whole: both would be up to `batch_rows` rows, hundreds of MB for wide rows."""
+    return min(MAX_BATCH_BYTES, max(spill_bytes // 4, 1 << 20))
 
 _SUBXID = "_subxid"
 _MARKS = "_marks_"     # + column index: which values of an untyped binary column did not arrive as text
