@@ -549,7 +549,18 @@ def test_tables_added_to_the_publication_while_ingest_runs(pg_db, tmp_path, impl
         time.sleep(0.5)
         db.execute("ALTER PUBLICATION pub ADD TABLE late, idle, bare")
         _wait(lambda: {"public.late", "public.idle", "public.bare"} <= finished(), thread)
-        worker.incremental.check_interval = 0           # from here on only the request finds `quiet`
+        # from here on only the request finds `quiet`: once a poll that started after this change has ended, no
+        # check of the publication that began earlier is still running
+        worker.incremental.check_interval = 0
+        polls = [0]
+        first_poll = worker.incremental.poll
+
+        def counted_poll() -> None:
+            first_poll()
+            polls[0] += 1
+
+        worker.incremental.poll = counted_poll
+        _wait(lambda: polls[0] >= 1, thread)
         db.execute("ALTER PUBLICATION pub ADD TABLE quiet")
         asked = subprocess.run([sys.executable, "-m", "spockwire", "snapshot", "--staging", str(out), "--table",
                                 "public.quiet", "--wait", "--timeout", "120"], cwd=ROOT, capture_output=True,
