@@ -170,6 +170,8 @@ cdef class _Builder:
         buf_grow(&self.toast_off, (cap + 1) * 4)
         for i in range(self.ncols):
             col_reserve(&self.cols[i], cap)
+            if self.nrows > 0:
+                reserve_values(&self.cols[i], self.nrows, cap)
         self.cap_rows = cap
         return 0
 
@@ -423,6 +425,7 @@ cdef class Decoder:
     cdef bint fallback_text
     cdef readonly dict column_types
     cdef int64_t spill_bytes
+    cdef Py_ssize_t ahead_bytes       # input after the message being decoded (feed_frames): sizes reservations
     cdef int64_t batch_bytes          # a builder is sealed at this size (batch_bytes_limit)
     cdef object spill_dir
     cdef readonly object type_catalog
@@ -541,6 +544,7 @@ cdef class Decoder:
                         break
                     raise FrameError(f"truncated frame record at byte {pos}: need {length} bytes for the payload, "
                                      f"{n - pos - 12} remaining", offset=pos, needed=length, remaining=n - pos - 12)
+                self.ahead_bytes = n - pos - 12 - length
                 try:
                     self._message(p + pos + 12, length)
                 except ProtocolError as exc:
@@ -549,6 +553,7 @@ cdef class Decoder:
                 pos += 12 + length
         finally:
             self.pin_obj = None
+            self.ahead_bytes = 0
             PyBuffer_Release(&view)
         return pos
 
@@ -1116,6 +1121,19 @@ cdef class Decoder:
         done(c)
         return 0
 
+    cdef Py_ssize_t _rows_to_reserve(self, _Builder b, Py_ssize_t need, Py_ssize_t msg_bytes) noexcept:
+        """Rows a builder that is full reserves: after its first reservation, as many as the rest of the input
+        could still bring in messages of this one's size (at most batch_rows). Large buffers are mappings whose
+        pages are taken only when written, so reserving ahead costs no memory; it saves the doublings, and a
+        batch's buffers then come in the sizes the previous batch's left in the pool."""
+        cdef Py_ssize_t want
+        if b.cap_rows == 0 or self.ahead_bytes <= 0:
+            return need
+        want = need + self.ahead_bytes // (msg_bytes if msg_bytes > 0 else 1)
+        if want > self.batch_rows:
+            want = self.batch_rows
+        return want if want > need else need
+
     cdef int _tuple(self, Cur* c, _Builder b, _Txn txn, int8_t change, uint32_t sub, int64_t seq) except -1:
         cdef bint native = self.proto != PGOUTPUT
         cdef uint16_t natts, i
@@ -1145,7 +1163,7 @@ cdef class Decoder:
         if b.has_views:
             self._pin(b)
         if row + 1 > b.cap_rows:
-            b.reserve_rows(row + 1)
+            b.reserve_rows(self._rows_to_reserve(b, row + 1, c.end))
         toast_at = (<int32_t*>b.toast_off.data)[row]
         for i in range(natts):
             col = &b.cols[i]

@@ -222,6 +222,21 @@ cdef int col_reserve(ColBuf* col, Py_ssize_t count) except -1:
     return 0
 
 
+cdef int reserve_values(ColBuf* col, Py_ssize_t rows, Py_ssize_t count) except -1:
+    """Room in a variable-width column for `count` values as large on average as its first `rows` (at most
+    OFFSET_LIMIT bytes): one growth instead of a doubling every few thousand rows."""
+    cdef Py_ssize_t used, want
+    if col.width or col.view or col.kind == K_BOOL or col.offsets.data == NULL:
+        return 0
+    used = (<int32_t*>col.offsets.data)[rows]
+    want = (used // rows + 1) * count
+    if want > OFFSET_LIMIT:
+        want = OFFSET_LIMIT
+    if want > col.data.cap:
+        buf_grow(&col.data, want)
+    return 0
+
+
 cdef inline int var_append(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
     global appended
     cdef int32_t* off = <int32_t*>col.offsets.data
