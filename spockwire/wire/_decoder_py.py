@@ -49,9 +49,6 @@ MAX_TXN_TS = 252_455_615_999_999_999
 
 #: rows in one batch at most (a batch is closed and a new one started beyond it)
 DEFAULT_BATCH_ROWS = 1 << 18
-#: value bytes in one batch at most: per value, the larger of its wire bytes and the bytes it adds to a
-#: variable-length column (binary numeric decoded to text can expand ten thousand fold). A message whose values
-#: would take a column past Arrow's 32-bit offsets (OFFSET_LIMIT) with the rows already in the batch starts a new one.
 
 # kinds whose text can be longer than the binary or internal form it is made from
 _EXPANDING = frozenset((NUMERIC_TEXT, TIMETZ, CHAR))

@@ -27,7 +27,10 @@ __all__ = ["SpillFile", "SpilledRows", "SpilledChangeBatch", "DEFAULT_SPILL_BYTE
 
 #: a transaction's closed batches kept in memory at most (bytes, estimated) before they go to disk
 DEFAULT_SPILL_BYTES = 256 << 20
-#: a batch's builder is sealed at this many bytes whatever the spill limit
+#: value bytes in one batch at most, whatever the spill limit (batch_bytes_limit): per value, the larger of its wire
+#: bytes and the bytes it adds to a variable-length column (binary numeric decoded to text can expand ten thousand
+#: fold). A message whose values would take a column past Arrow's 32-bit offsets (OFFSET_LIMIT) with the rows
+#: already in the batch starts a new one.
 MAX_BATCH_BYTES = 1 << 30
 
 
