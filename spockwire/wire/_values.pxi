@@ -493,10 +493,22 @@ cdef int fixed_digits(const char* p, Py_ssize_t n) noexcept nogil:
     return v
 
 
+cdef inline int two_digits(const char* p) noexcept nogil:
+    """Two decimal digits as int, -1 if either is not a digit."""
+    cdef int a = p[0] - 48, b = p[1] - 48
+    if <unsigned int>a > 9 or <unsigned int>b > 9:
+        return -1
+    return a * 10 + b
+
+
 cdef int parse_year(const char* p, Py_ssize_t n, bint bc, int64_t* year) noexcept nogil:
     """Year digits (already checked, at least 4): 0 ok, F_INVALID for year 0, F_OUT_OF_RANGE when huge."""
     cdef Py_ssize_t i = 0
     cdef int64_t y = 0
+    if n == 4 and p[0] != 48:
+        y = fixed_digits(p, 4)
+        year[0] = 1 - y if bc else y
+        return 0
     while i < n - 1 and p[i] == 48:
         i += 1
     if n - i > 9:
@@ -566,18 +578,22 @@ cdef int text_timestamp(const char* p, Py_ssize_t n, bint with_tz, int64_t* out)
     if n == 9 and memcmp(p, b"-infinity", 9) == 0:
         out[0] = I64_MIN
         return 0
-    ye = scan_digits(p, 0, n)
+    # a four-digit year (every year from 1000 to 9999) needs no scan for its end
+    if n > 4 and p[4] == 45 and two_digits(p) >= 0 and two_digits(p + 2) >= 0:
+        ye = 4
+    else:
+        ye = scan_digits(p, 0, n)
     if ye < 4 or n - ye < 15:
         return F_INVALID
     i = ye
     if p[i] != 45 or p[i + 3] != 45 or p[i + 6] != 32 or p[i + 9] != 58 or p[i + 12] != 58:
         return F_INVALID
-    month = fixed_digits(p + i + 1, 2)
-    day = fixed_digits(p + i + 4, 2)
-    hour = fixed_digits(p + i + 7, 2)
-    minute = fixed_digits(p + i + 10, 2)
-    second = fixed_digits(p + i + 13, 2)
-    if month < 0 or day < 0 or hour < 0 or minute < 0 or second < 0:
+    month = two_digits(p + i + 1)
+    day = two_digits(p + i + 4)
+    hour = two_digits(p + i + 7)
+    minute = two_digits(p + i + 10)
+    second = two_digits(p + i + 13)
+    if (month | day | hour | minute | second) < 0:
         return F_INVALID
     i += 15
     if i < n and p[i] == 46:
@@ -585,9 +601,7 @@ cdef int text_timestamp(const char* p, Py_ssize_t n, bint with_tz, int64_t* out)
         fe = scan_digits(p, fs, n)
         if fe == fs or fe - fs > 6:
             return F_INVALID
-        frac = fixed_digits(p + fs, fe - fs)
-        for _ in range(6 - (fe - fs)):
-            frac *= 10
+        frac = fixed_digits(p + fs, fe - fs) * <int64_t>sw_pow10_u64[6 - (fe - fs)]
         i = fe
     if i < n and (p[i] == 43 or p[i] == 45):
         has_tz = True
