@@ -116,3 +116,15 @@ def test_buffers_are_reserved_in_the_sizes_the_pool_holds(both_impls):
             assert hits >= 2 * 8 and misses * 4 <= hits, (before, after)
     finally:
         pool.set_buffer_pool_bytes(previous)
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_null_counts_equal_the_nulls_in_every_column(impl, binary):
+    """Arrow trusts the null count the decoder hands over: it must equal the column's nulls, counted over whole
+    64-bit words of the validity bitmap and the bytes and bits after them (batch sizes 4096 and 777)."""
+    for batch_rows in (4096, 777):
+        for batch in _decode(impl, binary, batch_rows=batch_rows):
+            for name in batch.schema.names:
+                column = batch.column(name)
+                assert column.null_count == sum(v is None for v in column.to_pylist()), name
+            assert 0 < batch.column("js").null_count < batch.num_rows

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import random
 import struct
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tests.internal_datums as D
 from spockwire.connection.errors import StartupRejected
@@ -81,6 +83,33 @@ def test_numeric_short_long_and_special(big: bool) -> None:
                                              "-Infinity"]
     assert _both(values[:2] + values[3:4], "numeric(12,6)", big) == \
         [Decimal("-12.340000"), Decimal("0.001234"), Decimal("-7.000000")]
+
+
+NUMERIC_TYPES = {"numeric(12,2)": (12, 2), "numeric(38,0)": (38, 0), "numeric(20,10)": (20, 10),
+                 "numeric(38,18)": (38, 18), "numeric(38,30)": (38, 30)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(type_name=st.sampled_from(sorted(NUMERIC_TYPES)), negative=st.booleans(),
+       digits=st.lists(st.integers(0, 9999), max_size=10), weight=st.integers(-12, 12), dscale=st.integers(0, 40))
+def test_numeric_into_decimal_columns_is_exact(type_name: str, negative: bool, digits: list[int], weight: int,
+                                               dscale: int) -> None:
+    """Every numeric of up to ten base-10000 digits at any weight, into decimal128 columns of several precisions and
+    scales: the exact value when it has no digits below the scale and fits the precision, else the same error from
+    both implementations."""
+    precision, scale = NUMERIC_TYPES[type_name]
+    with localcontext() as exact:
+        exact.prec = 200
+        value = sum((Decimal(d) * Decimal(10000) ** (weight - k) for k, d in enumerate(digits)), Decimal(0))
+        value = -value if negative else value
+        unscaled = value.scaleb(scale)
+        fits = unscaled == unscaled.to_integral_value() and abs(unscaled) < Decimal(10) ** precision
+        expected = value.quantize(Decimal(1).scaleb(-scale))
+    datum = Internal(D.varlena(D.numeric_long((len(digits), weight, 0x4000 if negative else 0, dscale), digits)))
+    if fits:
+        assert _both([datum], type_name) == [expected]
+    else:
+        assert type_name in str(_error([datum], type_name))
 
 
 @pytest.mark.parametrize("big", ORDERS)

@@ -254,11 +254,24 @@ cdef inline void clear_tail_bits(Buf* b, Py_ssize_t n) noexcept:
         b.data[n >> 3] &= <char>((1 << (n & 7)) - 1)
 
 
+cdef inline Py_ssize_t popcount64(uint64_t x) noexcept nogil:
+    """Set bits of a word (bit arithmetic: a portable wheel cannot assume the POPCNT instruction, and without it
+    the compiler's builtin is a library call)."""
+    x = x - ((x >> 1) & 0x5555555555555555ULL)
+    x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0FULL
+    return <Py_ssize_t>((x * 0x0101010101010101ULL) >> 56)
+
+
 cdef Py_ssize_t count_nulls(const char* bits, Py_ssize_t n) noexcept:
     cdef Py_ssize_t i, valid = 0
-    cdef Py_ssize_t whole = n >> 3
-    for i in range(whole):
-        valid += __builtin_popcount(<unsigned char>bits[i])
+    cdef Py_ssize_t whole = n >> 3, words = n >> 6
+    cdef uint64_t w
+    for i in range(words):
+        memcpy(&w, bits + (i << 3), 8)
+        valid += popcount64(w)
+    for i in range(words << 3, whole):
+        valid += popcount64(<unsigned char>bits[i])
     for i in range(whole << 3, n):
         if bits[i >> 3] & (1 << (i & 7)):
             valid += 1

@@ -8,7 +8,6 @@ cdef extern from "include/sw_byteorder.h":
     int32_t sw_load_i32(const char* p) nogil
     int64_t sw_load_i64(const char* p) nogil
     int sw_utf8_valid(const unsigned char* s, size_t n) nogil
-    int __builtin_popcount(unsigned int x) nogil
 
 
 cdef struct Cur:
