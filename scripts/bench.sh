@@ -24,6 +24,9 @@ set -euo pipefail
 cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
 
 PYTHON="${PYTHON:-python3}"
+# numpy's OpenBLAS starts a spinning thread per core on import; on a two-core machine it takes cycles from the
+# decoders being measured (it showed in perf profiles of the decode loop) while no benchmark does linear algebra
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 NODE_PACKAGE="pg-logical-replication@2.5.0"
 mkdir -p out
 
