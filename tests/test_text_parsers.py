@@ -266,6 +266,27 @@ def test_grid_holds_valid_and_invalid_inputs_of_every_kind() -> None:
     assert total >= 3000
 
 
+@pytest.mark.parametrize("base", ["0123abcd-ef45-6789-ABCD-EF0123456789", "ffffffff-0000-9999-aaaa-FFFFFFFFFFFF"])
+def test_uuid_text_every_byte_at_every_position(base: str) -> None:
+    """Each of the 256 byte values in each of the 36 places of a UUID (the C kernel tests eight digits at once per
+    64-bit word): both implementations accept exactly the hex digits of either case in the digit places and the
+    hyphen in the hyphen places, with the value Python's uuid module reads."""
+    c, py = load_impl("c"), load_impl("python")
+    accepted = 0
+    for at in range(36):
+        for byte in range(256):
+            raw = base.encode()[:at] + bytes((byte,)) + base.encode()[at + 1:]
+            got_c, got_py = outcome(c, "uuid", raw), outcome(py, "uuid", raw)
+            assert got_c == got_py, raw
+            hyphen = at in (8, 13, 18, 23)
+            valid = byte == 0x2D if hyphen else chr(byte) in "0123456789abcdefABCDEF"
+            assert (got_c[0] == "value") == valid, raw
+            if valid:
+                assert got_c[1] == [uuid.UUID(raw.decode()).bytes]
+                accepted += 1
+    assert accepted == 32 * 22 + 4
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the server's own parse of the accepted inputs
 
