@@ -1078,25 +1078,24 @@ cdef int binary_decimal(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
         return rc
     if sign == 0xC000 or sign == 0xD000 or sign == 0xF000:
         return F_SPECIAL_DECIMAL
-    if ndigits <= 4:
-        # up to 16 significant digits: 64-bit arithmetic, no 128-bit division (same results as below)
-        for k in range(ndigits):
-            u = u * 10000 + sw_load_u16(p + 8 + 2 * k)
-        e = 4 * (weight - ndigits + 1) + col.scale
-        if 0 <= e <= 22:
-            # u < 10**16, so u * 10**e < 10**38: never out of range
-            return decimal_store(col, idx, sign == 0x4000, <int128_t>u * POW10[e])
-        if -18 <= e < 0:
-            if u % sw_pow10_u64[-e] != 0:
-                return F_INVALID
-            return decimal_store(col, idx, sign == 0x4000, <int128_t>(u // sw_pow10_u64[-e]))
-        v = u
-    elif ndigits <= 9:
-        # up to 36 significant digits fit in 128 bits; the same rules as the digit walk below
-        for k in range(ndigits):
-            v = v * 10000 + sw_load_u16(p + 8 + 2 * k)
     if ndigits <= 9:
+        # up to 36 significant digits fit in 128 bits; the same rules as the digit walk below
         e = 4 * (weight - ndigits + 1) + col.scale
+        if ndigits <= 4:
+            # up to 16 significant digits: 64-bit arithmetic, no 128-bit division where the exponent allows
+            for k in range(ndigits):
+                u = u * 10000 + sw_load_u16(p + 8 + 2 * k)
+            if 0 <= e <= 22:
+                # u < 10**16, so u * 10**e < 10**38: never out of range
+                return decimal_store(col, idx, sign == 0x4000, <int128_t>u * POW10[e])
+            if -18 <= e < 0:
+                if u % sw_pow10_u64[-e] != 0:
+                    return F_INVALID
+                return decimal_store(col, idx, sign == 0x4000, <int128_t>(u // sw_pow10_u64[-e]))
+            v = u
+        else:
+            for k in range(ndigits):
+                v = v * 10000 + sw_load_u16(p + 8 + 2 * k)
         if e >= 0:
             if v != 0 and (e > 38 or v > POW10[38] // POW10[e]):
                 return F_OUT_OF_RANGE
