@@ -90,6 +90,28 @@ def test_limits_still_cut_the_open_transaction(impl, limits, tmp_path):
     assert _by_seq(events) == _by_seq(_whole(impl, records))
 
 
+def test_a_relation_described_again_keeps_its_rows_in_order(impl):
+    """The relation is described again in the middle of the transaction: its rows before that stay in a builder of
+    the old description that is not full, those after fill a new one (batch_rows=2). A drain then must not keep the
+    first builder open while the second one's rows are parked, or they would come out before the earlier rows."""
+    again = W.pgoutput("R", relid=1, namespace="public", name="r", replident="d", columns=R_COLS)
+    recs = [W.pgoutput("R", relid=1, namespace="public", name="r", replident="d", columns=R_COLS),
+            W.pgoutput("B", final_lsn=0x5000, commit_ts=0, xid=900)]
+    recs += [W.pgoutput("I", relid=1, new=[str(i), "x"]) for i in range(3)]
+    recs += [again] + [W.pgoutput("I", relid=1, new=[str(i), "y"]) for i in range(3, 5)]
+    records = [(0x1000 + 8 * k, r) for k, r in enumerate(recs)]
+    dec = impl.Decoder("pgoutput", batch_rows=2)
+    for lsn, payload in records:
+        dec.feed(payload, lsn)
+    events = dec.drain()           # the transaction is still open: nothing comes out yet
+    assert events == []
+    dec.feed(W.pgoutput("C", commit_lsn=0x5000, end_lsn=0x5040, commit_ts=0), 0x2000)
+    events = dec.drain()
+    ids = [r["id"] for _, _, batch in _rows(events) for r in batch]
+    assert ids == [0, 1, 2, 3, 4]
+    assert [r["_seq"] for _, _, batch in _rows(events) for r in batch] == sorted(r["_seq"] for r in _by_seq(events))
+
+
 def test_both_implementations_cut_alike(both_impls):
     records = _records(2000, truncate_at=999)
     shapes = []

@@ -1317,19 +1317,27 @@ cdef class Decoder:
         """
         cdef _Builder b
         cdef _RelInfo info
-        cdef list kept = []
+        cdef list kept, keep = []
         cdef int64_t held = 0
+        cdef Py_ssize_t split
+        cdef bint room
         if not self.shared:
             return 0
+        split = len(self.shared)
         if keep_open and self.txn is not None:
             held = self.txn.mem
-        for b in self.shared:
-            if (keep_open and self.txn is not None and b.committed == 0 and not b.full
-                    and b.nrows < self.batch_rows and b.nbytes < self.batch_bytes
-                    and held + b.nbytes <= self.spill_bytes // 4):
-                held += b.nbytes
-                kept.append(b)
-                continue
+            for b in self.shared:
+                room = (b.committed == 0 and not b.full and b.nrows < self.batch_rows
+                        and b.nbytes < self.batch_bytes and held + b.nbytes <= self.spill_bytes // 4)
+                if room:
+                    held += b.nbytes
+                keep.append(room)
+            # a builder stays open only if every later one does: its rows would otherwise come out after rows of
+            # the same transaction parked from a later builder (a relation described again mid-transaction)
+            while split > 0 and keep[split - 1]:
+                split -= 1
+        kept = self.shared[split:]
+        for b in self.shared[:split]:
             if b.committed:
                 self.events.append(b.take_rows(0, b.committed))
             if b.nrows > b.committed:

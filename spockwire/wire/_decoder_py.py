@@ -1088,15 +1088,23 @@ class Decoder:
         quarter of spill_bytes: a transaction fed in many small pieces then becomes one batch per relation at its
         COMMIT, not one per piece.
         """
-        kept: dict[int, _Builder] = {}
-        held = self._txn.mem if keep_open and self._txn is not None else 0
-        for key, b in self._shared.items():
-            if (keep_open and self._txn is not None and b.committed == 0 and not b.full
-                    and b.nrows < self._batch_rows and b.nbytes < self._batch_bytes
-                    and held + b.nbytes <= self._spill_bytes // 4):
-                held += b.nbytes
-                kept[key] = b
-                continue
+        builders = list(self._shared.items())
+        keep: list[bool] = []
+        split = len(builders)
+        if keep_open and self._txn is not None:
+            held = self._txn.mem
+            for _key, b in builders:
+                room = (b.committed == 0 and not b.full and b.nrows < self._batch_rows
+                        and b.nbytes < self._batch_bytes and held + b.nbytes <= self._spill_bytes // 4)
+                if room:
+                    held += b.nbytes
+                keep.append(room)
+            # a builder stays open only if every later one does: its rows would otherwise come out after rows of
+            # the same transaction parked from a later builder (a relation described again mid-transaction)
+            while split > 0 and keep[split - 1]:
+                split -= 1
+        kept = dict(builders[split:])
+        for _key, b in builders[:split]:
             if b.committed:
                 self._events.append(b.take_rows(0, b.committed))
             if b.nrows > b.committed:
