@@ -326,6 +326,61 @@ def test_idle_exit_waits_for_a_transaction_still_arriving(pg_db, tmp_path):
     assert sum(f.rows for f in StagingState.load(out).files.get("public.slow", [])) == 12000
 
 
+def _staged_events(records: list[Any]) -> list[dict[str, Any]]:
+    return [e for e in (json.loads(r.getMessage()) for r in records if r.name == "spockwire.ingest"
+                        and r.getMessage().startswith("{")) if e.get("event") == "staged"]
+
+
+@pytest.mark.pg_servers("pg15", "pg18")
+@pytest.mark.parametrize("transport,pump", [("replication", "c"), ("replication", "python"), ("sql", "c")])
+def test_a_backlog_is_committed_when_the_stream_catches_up(pg_db, tmp_path, caplog, transport, pump):
+    """The end of a backlog is staged as soon as the stream has read it (the walsender's keepalive after the last
+    transaction, or a SQL call that read to the end of the WAL), not up to --flush-seconds later; a trickle keeps
+    committing by age."""
+    pg_db.execute("CREATE TABLE b (id int PRIMARY KEY, v text)")
+    create_publication(pg_db.dsn, "pub")
+    slot = f"{pg_db.name}_s"
+    create_slot(pg_db.dsn, slot, "pgoutput")
+    rows = 200_000
+    for lo in range(0, rows, 1000):   # a backlog that takes longer than --flush-seconds to read
+        pg_db.execute("INSERT INTO b SELECT g, 'row ' || g FROM generate_series(%s, %s) g", (lo, lo + 999))
+    flush = 0.3
+    worker = IngestWorker(IngestConfig(dsn=pg_db.dsn, slot=slot, out=str(tmp_path / "staging"), publication=["pub"],
+                                       flush_seconds=flush, progress=False, transport=transport,
+                                       extra={"pump": pump}))
+    result: list[int] = []
+    caplog.set_level("INFO", logger="spockwire.ingest")
+    thread = threading.Thread(target=lambda: result.append(worker.run()))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while sum(e["rows"] for e in _staged_events(caplog.records)) < rows:
+            assert time.monotonic() < deadline and thread.is_alive(), _staged_events(caplog.records)
+            time.sleep(0.05)
+        backlog = _staged_events(caplog.records)
+        # then a trickle: a transaction every 20 ms for six flush intervals
+        started = time.monotonic()
+        for k in range(90):
+            pg_db.execute("INSERT INTO b VALUES (%s, 'trickle')", (rows + k,))
+            time.sleep(0.02)
+        trickle_seconds = time.monotonic() - started
+        while sum(e["rows"] for e in _staged_events(caplog.records)) < rows + 90:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+    assert result == [0]
+    assert sum(f.rows for f in StagingState.load(tmp_path / "staging").files["public.b"]) == rows + 90
+    # the commit that staged the backlog's last rows was made because the stream caught up
+    assert backlog[-1]["reason"] == "caught_up", backlog
+    assert [e["reason"] for e in backlog[:-1]] and {e["reason"] for e in backlog[:-1]} <= {"age", "size", "lsn"}
+    trickle = _staged_events(caplog.records)[len(backlog):]
+    reasons = [e["reason"] for e in trickle if e["rows"]]
+    assert reasons and set(reasons) <= {"age", "stop"}, trickle
+    assert len(reasons) <= trickle_seconds / flush + 3, trickle    # one commit per flush interval, not per row
+
+
 def test_metrics_endpoint_and_progress(pg_db, tmp_path):
     pg_db.execute("CREATE TABLE m (id int PRIMARY KEY)")
     create_publication(pg_db.dsn, "pub")

@@ -297,12 +297,14 @@ cdef class FramePump(_BatchPump):
 
     * ``flush_lsn`` - the LSN reported as flushed and applied in every status update (only ever grows; the
       stream sets it to what the consumer acknowledged).
-    * ``write_lsn`` - the highest WAL position received (dataStart of XLogData, walEnd of keepalives).
+    * ``write_lsn`` - the highest WAL position received in an XLogData message (its dataStart).
     * ``status_interval`` - seconds between unsolicited status updates while `read()` runs.
     * ``idle`` - set by the stream when nothing is open and everything handed out is acknowledged: a keepalive's
       walEnd then becomes the flush position (and is reported at once), as PostgreSQL's apply worker does. Any
       XLogData message clears it (its content has not been handed out yet).
     * ``keepalive_end`` - the walEnd of the latest keepalive: everything the server decoded before it was sent.
+      The first keepalive that covers `write_lsn` (the walsender sent everything and reached the end of the WAL)
+      ends `read()` at once, also with nothing to hand out, so the reader learns it has caught up.
     * ``sent_flush`` - the flush position of the last status update sent.
     * counters: ``messages``, ``bytes``, ``keepalives``, ``status_sent``.
     """
@@ -372,6 +374,7 @@ cdef class FramePump(_BatchPump):
         cdef pollfd pfd
         cdef Py_ssize_t limit = self.max_batch_bytes
         cdef int gathered = 0
+        cdef int caught = 0
         cdef timespec pause
         deadline = monotonic() + (timeout if timeout > 0 else 0)
         while True:
@@ -394,6 +397,8 @@ cdef class FramePump(_BatchPump):
                     end = sw_load_u64(msg + 1)
                     if end > self.wal_end:
                         self.wal_end = end
+                    if self.keepalive_end < self.write_lsn <= end:
+                        caught = 1  # the walsender reached the end of the WAL after sending what came before
                     if end > self.keepalive_end:
                         self.keepalive_end = end
                     self.keepalives += 1
@@ -439,6 +444,8 @@ cdef class FramePump(_BatchPump):
                         consumed = 0
                         continue
                 break
+            if caught:
+                break  # nothing to hand out, but the reader may act on having caught up (see `keepalive_end`)
             now = monotonic()
             if now - self.last_status >= self.status_interval:
                 if self._send_status(0) != 0:

@@ -268,6 +268,7 @@ class FramePump(_BatchPump):
         lib, conn = self._lib, self._conn
         ptr = ctypes.c_void_p()
         consumed = False
+        caught = False
         gathered = 0.0
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
@@ -286,6 +287,8 @@ class FramePump(_BatchPump):
                     end, _ts, reply = _K.unpack_from(msg, 1)
                     if end > self.wal_end:
                         self.wal_end = end
+                    if self.keepalive_end < self.write_lsn <= end:
+                        caught = True  # the walsender reached the end of the WAL after sending what came before
                     if end > self.keepalive_end:
                         self.keepalive_end = end
                     self.keepalives += 1
@@ -320,6 +323,8 @@ class FramePump(_BatchPump):
                         consumed = False
                         continue
                 break
+            if caught:
+                break  # nothing to hand out, but the reader may act on having caught up (see the Cython twin)
             now = time.monotonic()
             if now - self._last_status >= self.status_interval:
                 self._send_status(False)

@@ -92,6 +92,8 @@ class SqlSource:
         #: per connection: the cursor slot's position right after its running call was decoded (pipelined)
         self._ends: list[int | None] = [None] * len(self.conns)
         self._cur = 0  # the connection whose call's rows are handed out now
+        self._started = [0.0] * len(self.conns)  # per connection: when its running (or last) call started
+        self._behind_since: float | None = None
         self._ahead = False  # the next call runs on the other connection
         with conn.cursor() as cur:
             cur.execute("SELECT pg_backend_pid()")
@@ -147,6 +149,17 @@ class SqlSource:
                 return conn
         return None
 
+    @property
+    def caught_up(self) -> bool:
+        """True when the last call that ended stopped short of `batch_changes` (it read to the end of the WAL and
+        all its rows were handed out) and the call running since, if any, has not sent a row yet."""
+        return self._backoff > 0.0 and not any(p.active and p.rows for p in self.pumps)
+
+    @property
+    def behind_since(self) -> float | None:
+        """`time.monotonic()` when the call that found the source behind started (None while caught up)."""
+        return None if self.caught_up else (self._behind_since or self._started[self._cur])
+
     def counters(self) -> dict[str, int]:
         return {"messages": sum(p.messages for p in self.pumps), "bytes": sum(p.bytes for p in self.pumps),
                 "batches": sum(p.batches for p in self.pumps), "calls": self.calls,
@@ -167,6 +180,7 @@ class SqlSource:
                     time.sleep(self._next_call - now)
                 self.housekeeping()
                 pump.start(self._query)
+                self._started[self._cur] = time.monotonic()
                 self.calls += 1
             data = pump.read(max(deadline - time.monotonic(), 0.0))
             if pump.max_lsn > self.write_lsn:
@@ -178,6 +192,10 @@ class SqlSource:
                 self._start_ahead()
             if not pump.active:
                 self._call_done(pump.rows)
+            if self.caught_up:
+                self._behind_since = None
+            elif self._behind_since is None:
+                self._behind_since = self._started[self._cur]
             if data or time.monotonic() >= deadline:
                 return data
 
@@ -195,6 +213,7 @@ class SqlSource:
         self._ends[self._cur] = self._slot_position(conn)
         self.housekeeping(conn)
         self.pumps[other].start(self._query)
+        self._started[other] = time.monotonic()
         self.calls += 1
         self._ahead = True
 

@@ -188,6 +188,7 @@ class ReplicationStream:
         self._batches = 0
         self._write_lsn = 0
         self._wal_end = 0
+        self._behind_since: float | None = None
 
     # ---------------------------------------------------------------------------------------------- positions
     @property
@@ -204,6 +205,31 @@ class ReplicationStream:
     def committed_lsn(self) -> int:
         """The decoder's committed LSN (may be ahead of `delivered_lsn` while events wait to be handed out)."""
         return self.decoder.committed_lsn if self.decoder is not None else self._delivered
+
+    @property
+    def caught_up(self) -> bool:
+        """True when, as far as the transport can tell, the server has nothing more for this stream right now
+        (`behind_since` is None) and everything received was handed out. False while unknown (no keepalive yet, a
+        SQL call running)."""
+        if self._pending is not None or self.decoder is None or (self._pump is None and self._source is None):
+            return False
+        return self.behind_since is None
+
+    @property
+    def behind_since(self) -> float | None:
+        """`time.monotonic()` since when the server has had more for this stream than it received, or None when it
+        has not (decoded events may still wait to be handed out): the walsender's latest keepalive covers every
+        message received (it reached the end of the WAL and waits for more), or the SQL transport's last call read
+        to the end of the WAL. Replication: from the check that first found it behind; SQL: from the start of the
+        call that found the backlog."""
+        pump, source = self._pump, self._source
+        if source is not None:
+            return source.behind_since
+        if pump is None or 0 < pump.keepalive_end >= pump.write_lsn:
+            self._behind_since = None
+        elif self._behind_since is None:
+            self._behind_since = time.monotonic()
+        return self._behind_since
 
     @property
     def connected(self) -> bool:

@@ -522,6 +522,11 @@ class StagingWriter:
         return self._sealed_lsn
 
     @property
+    def sealed_commit(self) -> int:
+        """The number of the newest staging commit, once written (see `sealed_lsn`)."""
+        return self._sealed_commit
+
+    @property
     def busy(self) -> bool:
         """True while a commit handed to `commit_async` is being written (or written and not yet collected)."""
         return self._inflight is not None

@@ -306,6 +306,13 @@ class IngestWorker:
         self.start_lsn = 0
         self._last_lag_check = 0.0
         self._last_commit = time.monotonic()
+        #: when the stream was first seen behind the server since it was last caught up (None: caught up)
+        self._behind_since: float | None = None
+        self._backlog_read = False  # a backlog was read to its end: commit once its events are handed out
+        #: since when a commit inside a drain left the log's LSN behind the events handed to the writer
+        self._lsn_owed_since: float | None = None
+        #: why each commit in flight was made, by commit number (logged when it is durable)
+        self._reasons: dict[int, str] = {}
         self.stream: Any = None
         self.writer: StagingWriter | None = None
         self.type_catalog: Any = None
@@ -452,7 +459,7 @@ class IngestWorker:
                     if i < last and (writer.buffered_bytes >= cfg.flush_bytes
                                      or writer.buffered_rows >= cfg.flush_rows):
                         # inside a large drain: write what is buffered, keep the log's LSN where it was
-                        self._commit(writer.sealed_lsn)
+                        self._commit(writer.sealed_lsn, reason="size")
                         cut_inside = True
                 if incremental is not None:
                     incremental.poll()
@@ -464,14 +471,27 @@ class IngestWorker:
                 # is buffered it does not: while the writer thread is busy with the previous commit, the events
                 # stay buffered for the next one (group commit). With nothing buffered, the LSN still moves on
                 # (transactions of unpublished tables) once per flush interval.
-                # after a commit inside this drain (which kept the old LSN) this one waits for the writer thread:
-                # skipped while it is busy, every large drain would leave the LSN, and the slot, behind
-                if (writer.buffered_bytes >= cfg.flush_bytes or writer.buffered_rows >= cfg.flush_rows
-                        or (cut_inside and stream.delivered_lsn > writer.sealed_lsn)):
-                    self._commit(stream.delivered_lsn)
+                # A commit inside this drain kept the old LSN: the next commit that records the new one is tried at
+                # once and, while the writer thread is busy, at every read after, without waiting -- unless the LSN
+                # has been left behind for --flush-seconds (a stream of large drains would otherwise keep it, and
+                # the slot, behind). At the end of a backlog (see `_backlog_done`) the commit waits its turn.
+                if cut_inside and self._lsn_owed_since is None:
+                    self._lsn_owed_since = now
+                owed = self._lsn_owed_since is not None and stream.delivered_lsn > writer.sealed_lsn
+                backlog_done = self._backlog_done(stream, now) and (
+                    writer.buffered_rows > 0 or writer.buffered_bytes > 0 or stream.delivered_lsn > writer.sealed_lsn)
+                reason, block = None, True
+                if writer.buffered_bytes >= cfg.flush_bytes or writer.buffered_rows >= cfg.flush_rows:
+                    reason = "size"
+                elif backlog_done:
+                    reason = "caught_up"
+                elif owed:
+                    reason, block = "lsn", now - self._lsn_owed_since >= cfg.flush_seconds
                 elif writer.should_flush() or (stream.delivered_lsn > writer.sealed_lsn
                                                and now - self._last_commit >= cfg.flush_seconds):
-                    self._commit(stream.delivered_lsn, block=False)
+                    reason, block = "age", False
+                if reason is not None:
+                    self._commit(stream.delivered_lsn, block=block, reason=reason)
                 else:
                     self._collect()
                 self._report(rows_seen, started)
@@ -479,7 +499,7 @@ class IngestWorker:
                     break
                 if cfg.idle_exit is not None and now - last_activity >= cfg.idle_exit:
                     break
-            self._commit(stream.delivered_lsn)
+            self._commit(stream.delivered_lsn, reason="stop")
             self._collect(wait=True)
             self._report(rows_seen, started, final=True)
             log.info(json.dumps({"event": "stop", "acked_lsn": _format_lsn(writer.committed_lsn),
@@ -602,25 +622,46 @@ class IngestWorker:
             log.debug("cannot read the server version: %s", exc)
             return 0
 
+    def _backlog_done(self, stream: Any, now: float) -> bool:
+        """True once per backlog, at the read where the stream catches up after having been behind the server for
+        at least --flush-seconds (`behind_since`: the walsender had not yet reached the end of the WAL, or the SQL
+        transport's call had not read to it; `caught_up`: it has, and every event received was handed out). A
+        trickle is never behind that long, so it keeps the --flush-seconds rhythm; the end of a backlog is
+        committed at once instead of waiting for the age limit."""
+        behind = getattr(stream, "behind_since", None)
+        if behind is not None:
+            self._behind_since = behind
+            return False
+        # the server has nothing more; events received may still wait to be handed out (the next read has them)
+        since, self._behind_since = self._behind_since, None
+        self._backlog_read = self._backlog_read or (since is not None and now - since >= self.config.flush_seconds)
+        if not getattr(stream, "caught_up", False):
+            return False
+        done, self._backlog_read = self._backlog_read, False
+        return done
+
     def _messages_received(self) -> int:
         """Messages the stream has received so far (0 for a stream that does not count them)."""
         stats = getattr(self.stream, "stats", None)
         return int(stats().get("messages", 0)) if stats is not None else 0
 
-    def _commit(self, lsn: int, *, block: bool = True) -> None:
+    def _commit(self, lsn: int, *, block: bool = True, reason: str = "size") -> None:
         """Hand everything buffered to the background writer as the next staging commit, recording `lsn`.
 
         The writer thread encodes, compresses, writes and fsyncs it while the stream goes on being read and
         decoded. One commit is in flight at a time: with `block` (a size limit reached, or stopping) this waits
         for the previous one (back-pressure); without it, a busy writer means the events stay buffered and go
         into the next commit (group commit). Acknowledgement happens in `_collect`, after the log entry is
-        durable."""
+        durable. `reason` (size, age, caught_up, lsn, stop) is logged with the commit."""
         writer = self.writer
         self._collect()
         if writer.busy and not block:
             return
-        writer.commit_async(lsn)
+        if writer.commit_async(lsn):
+            self._reasons[writer.sealed_commit] = reason
         self._last_commit = time.monotonic()
+        if lsn >= self.stream.delivered_lsn:
+            self._lsn_owed_since = None
         self._collect()
 
     def _collect(self, *, wait: bool = False) -> None:
@@ -635,6 +676,7 @@ class IngestWorker:
         for entry in entries:
             self.metrics.record_commit(entry)
             log.info(json.dumps({"event": "staged", "commit": entry["commit"],
+                                 "reason": self._reasons.pop(entry["commit"], None),
                                  "committed_lsn": entry["committed_lsn_text"],
                                  "files": len(entry["files"]), "rows": sum(f["rows"] for f in entry["files"])}))
         if entries or wait:
