@@ -585,6 +585,42 @@ def test_sql_transport_ack_semantics(pg_db, pump, slot):
     assert sorted(again) == sorted(x for x in rows if x[0] >= middle)
 
 
+@pytest.mark.parametrize("transport", ["replication", "sql"])
+@pytest.mark.parametrize("pump", PUMPS)
+def test_caught_up_once_the_server_has_sent_everything(pg_db, pump, transport, slot):
+    """`caught_up` is False until the transport knows the server has nothing more (no keepalive yet, no call
+    finished), and True once everything was read: a replication read ends at the walsender's keepalive after the
+    last transaction instead of waiting out its timeout; the SQL transport knows at the end of the call that
+    read to the end of the WAL."""
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    create_publication(pg_db.dsn, "pub")
+    create_slot(pg_db.dsn, slot, "pgoutput")
+    for i in range(20):
+        pg_db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(%s, %s) g", (i * 1000, i * 1000 + 999))
+    with connect(pg_db.dsn, slot=slot, publication="pub", transport=transport, pump=pump) as stream:
+        assert not stream.caught_up and stream.behind_since is not None
+        rows, deadline = 0, time.monotonic() + 60
+        while rows < 20_000:
+            assert time.monotonic() < deadline
+            rows += sum(ev.num_rows for ev in stream.read(1.0) if hasattr(ev, "num_rows"))
+        assert rows == 20_000
+        started = time.monotonic()
+        while not stream.caught_up:
+            assert stream.read(10.0) == []
+            assert time.monotonic() - started < 5.0, "the read waited for its timeout"
+        assert stream.behind_since is None
+        pg_db.execute("INSERT INTO t VALUES (-1, 'later')")
+        while True:   # a new transaction: behind until it was read, then caught up again
+            events = stream.read(2.0)
+            if any(hasattr(ev, "num_rows") for ev in events):
+                break
+            assert time.monotonic() - started < 30
+        started = time.monotonic()
+        while not stream.caught_up:
+            assert stream.read(10.0) == []
+            assert time.monotonic() - started < 5.0, "the read waited for its timeout"
+
+
 def test_sql_transport_drops_cursor_slot_of_dead_client(pg_db, slot):
     """A client that dies mid-stream leaves its pipelined cursor slot (an ordinary slot); the next stream on the
     same slot drops it once its backend is gone, and still reads everything not acknowledged."""

@@ -34,6 +34,22 @@ def read_rows(stream, n: int, timeout: float = 10.0) -> list[dict]:
 
 
 @pytest.mark.parametrize("pump", PUMPS)
+def test_a_read_ends_at_the_keepalive_that_shows_the_server_caught_up(pump):
+    """A keepalive arriving a while after the last transaction, covering everything received, ends the read that
+    waits for more (empty) at once: the reader learns that it caught up without waiting out its timeout."""
+    script = make_script(5)
+    with FakeSpockUpstream(script, keepalive_delay=1.0, keepalive_interval=30.0) as up, \
+            connect(up.dsn, slot="sub", plugin="spock", pump=pump) as stream:
+        assert len(read_rows(stream, 6 * 3 + 3)) == 6 * 3 + 3
+        assert not stream.caught_up and stream.behind_since is not None
+        started = time.monotonic()
+        assert stream.read(20.0) == []
+        waited = time.monotonic() - started
+        assert stream.caught_up and stream.behind_since is None
+        assert waited < 10.0, f"the read waited {waited:.1f} s for its timeout"
+
+
+@pytest.mark.parametrize("pump", PUMPS)
 @pytest.mark.parametrize("proto", [4, 5])
 def test_spock_negotiation_and_rows(pump, proto):
     script = make_script(proto)

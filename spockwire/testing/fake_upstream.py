@@ -281,6 +281,8 @@ class FakeSpockUpstream:
     * ``startup_overrides``: keys to change in (or add to; None removes) the startup message, to test refusals.
     * ``drop_after``: cut each of the first ``drop_sessions`` sessions off after that many frames.
     * ``keepalive_interval``: seconds between keepalives (with reply requested) once the script is sent.
+    * ``keepalive_delay``: seconds between the last frame of the script and the first keepalive (a walsender
+      that reached the end of the WAL a while after its last transaction).
     * ``max_sessions``: refuse START_REPLICATION after this many sessions (None: no limit).
 
     Records ``status_updates`` (every 'r' from the client), ``start_requests`` and ``sessions``.
@@ -288,12 +290,14 @@ class FakeSpockUpstream:
 
     def __init__(self, script: SpockScript, *, startup_overrides: dict[str, str | None] | None = None,
                  drop_after: int | None = None, drop_sessions: int = 1, keepalive_interval: float = 0.2,
+                 keepalive_delay: float = 0.0,
                  server_version: str = "15.20", spock_version_num: int = 60000) -> None:
         self.script = script
         self.startup_overrides = dict(startup_overrides or {})
         self.drop_after = drop_after
         self.drop_sessions = drop_sessions
         self.keepalive_interval = keepalive_interval
+        self.keepalive_delay = keepalive_delay
         self.server_version = server_version
         self.spock_version_num = spock_version_num
         self.status_updates: list[StatusUpdate] = []
@@ -559,6 +563,8 @@ class FakeSpockUpstream:
                 self._drain_status(client, session, 0.0)
         if batch:
             client.sendall(b"".join(batch))
+        if self.keepalive_delay > 0:
+            self._drain_status(client, session, self.keepalive_delay)
         # idle: keepalives asking for a reply, and whatever the client reports
         while not self._stop.is_set():
             client.sendall(self._msg(b"d", b"k" + _u64(wal_end) + _i64(now_us()) + _u8(1)))
