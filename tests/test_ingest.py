@@ -379,6 +379,13 @@ def test_a_backlog_is_committed_when_the_stream_catches_up(pg_db, tmp_path, capl
     reasons = [e["reason"] for e in trickle if e["rows"]]
     assert reasons and set(reasons) <= {"age", "stop"}, trickle
     assert len(reasons) <= trickle_seconds / flush + 3, trickle    # one commit per flush interval, not per row
+    # the metrics endpoint counts the commits by reason
+    by_reason = {}
+    for e in _staged_events(caplog.records):
+        by_reason[e["reason"]] = by_reason.get(e["reason"], 0) + 1
+    text = worker.metrics.render()
+    for reason, n in by_reason.items():
+        assert f'spockwire_staging_commits_by_reason_total{{reason="{reason}"}} {n}\n' in text, text
 
 
 def test_metrics_endpoint_and_progress(pg_db, tmp_path):

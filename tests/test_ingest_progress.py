@@ -256,9 +256,10 @@ def test_metrics_exist_from_the_first_scrape_on_the_chosen_host(db, impl, tmp_pa
         expected = {"spockwire_rows_staged_total", "spockwire_rows_staged_all_total", "spockwire_bytes_written_total",
                     "spockwire_staging_commits_total", "spockwire_events_total", "spockwire_reconnects_total",
                     "spockwire_acked_lsn", "spockwire_lag_bytes", "spockwire_last_commit_timestamp_seconds",
-                    "spockwire_uptime_seconds"}
+                    "spockwire_uptime_seconds", "spockwire_staging_commits_by_reason_total"}
         assert set(families) == expected
-        for name in expected - {"spockwire_rows_staged_total"}:   # per-table series appear with their table
+        # per-table and per-reason series appear with their table / reason
+        for name in expected - {"spockwire_rows_staged_total", "spockwire_staging_commits_by_reason_total"}:
             assert name in values, name
         for name, kind in families.items():
             if kind == "counter" and name in values:

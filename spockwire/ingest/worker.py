@@ -87,6 +87,7 @@ class Metrics:
         self.rows_total: dict[str, int] = {}
         self.bytes_written_total = 0
         self.commits_total = 0
+        self.commits_by_reason: dict[str, int] = {}
         self.events_total = 0
         self.acked_lsn = 0
         self.lag_bytes = 0
@@ -96,9 +97,11 @@ class Metrics:
         self.errors_total = 0
         self.snapshot: Any = None          # SnapshotProgress while / after an initial snapshot
 
-    def record_commit(self, entry: dict[str, Any]) -> None:
+    def record_commit(self, entry: dict[str, Any], reason: str | None = None) -> None:
         with self.lock:
             self.commits_total += 1
+            if reason is not None:
+                self.commits_by_reason[reason] = self.commits_by_reason.get(reason, 0) + 1
             for f in entry.get("files", []):
                 self.rows_total[f["table"]] = self.rows_total.get(f["table"], 0) + int(f["rows"])
                 self.bytes_written_total += int(f["bytes"])
@@ -114,6 +117,11 @@ class Metrics:
             ]
             for table, n in sorted(self.rows_total.items()):
                 lines.append(f'spockwire_rows_staged_total{{table="{_label(table)}"}} {n}')
+            lines += ["# HELP spockwire_staging_commits_by_reason_total Staging commits by what made them: size, age, "
+                      "caught_up, lsn, stop, snapshot.",
+                      "# TYPE spockwire_staging_commits_by_reason_total counter"]
+            for reason, n in sorted(self.commits_by_reason.items()):
+                lines.append(f'spockwire_staging_commits_by_reason_total{{reason="{_label(reason)}"}} {n}')
             gauges = [
                 ("spockwire_rows_staged_all_total", "counter", "Change rows written to the staging layout, all "
                  "tables.", sum(self.rows_total.values())),
@@ -598,7 +606,7 @@ class IngestWorker:
         except SnapshotError as exc:
             raise IngestError(str(exc)) from exc
         if entry is not None:
-            self.metrics.record_commit(entry)
+            self.metrics.record_commit(entry, "snapshot")
         _remove_durably(marker)
         if self.progress_line is not None:
             self.progress_line.update(progress.line(), final=True)
@@ -674,9 +682,9 @@ class IngestWorker:
             writer.poll()
         entries, writer.completed = writer.completed, []
         for entry in entries:
-            self.metrics.record_commit(entry)
-            log.info(json.dumps({"event": "staged", "commit": entry["commit"],
-                                 "reason": self._reasons.pop(entry["commit"], None),
+            reason = self._reasons.pop(entry["commit"], None)
+            self.metrics.record_commit(entry, reason)
+            log.info(json.dumps({"event": "staged", "commit": entry["commit"], "reason": reason,
                                  "committed_lsn": entry["committed_lsn_text"],
                                  "files": len(entry["files"]), "rows": sum(f["rows"] for f in entry["files"])}))
         if entries or wait:
