@@ -283,7 +283,6 @@ class FakeSpockUpstream:
     * ``keepalive_interval``: seconds between keepalives (with reply requested) once the script is sent.
     * ``keepalive_delay``: seconds between the last frame of the script and the first keepalive (a walsender
       that reached the end of the WAL a while after its last transaction).
-    * ``max_sessions``: refuse START_REPLICATION after this many sessions (None: no limit).
 
     Records ``status_updates`` (every 'r' from the client), ``start_requests`` and ``sessions``.
     """
