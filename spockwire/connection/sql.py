@@ -92,7 +92,8 @@ class SqlSource:
         #: per connection: the cursor slot's position right after its running call was decoded (pipelined)
         self._ends: list[int | None] = [None] * len(self.conns)
         self._cur = 0  # the connection whose call's rows are handed out now
-        self._started = [0.0] * len(self.conns)  # per connection: when its running (or last) call started
+        # per connection: when its running (or last) call started; the source's opening until the first call
+        self._started = [time.monotonic()] * len(self.conns)
         self._behind_since: float | None = None
         self._ahead = False  # the next call runs on the other connection
         with conn.cursor() as cur:
