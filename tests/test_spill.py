@@ -166,3 +166,37 @@ def test_batches_are_sealed_at_a_quarter_of_spill_bytes(impl, tmp_path, streamed
     assert len(batches) >= 4
     assert max(b.num_rows for b in batches) <= (1 << 20) // 1000 + 1       # 1 MiB of values at most, plus one
     assert any(isinstance(e, SpilledChangeBatch) for e in events)
+
+
+@pytest.mark.parametrize("entry", ["feed", "feed_frames"])
+def test_a_refused_row_counts_nothing_toward_its_batch(impl, entry):
+    """A row message refused at its last value leaves its batch's byte count as it was: 900 rows of 1,000-byte
+    values (under the 1 MiB a batch holds with spill_bytes = 4 MiB) come out in one batch, as from a decoder that
+    never saw the refused 600 KB row; counting the refused row's bytes would seal the batch early."""
+    from spockwire.errors import ProtocolError
+    from tests import wire_encoder as W
+
+    cols = [W.Col("id", 23, -1, True), W.Col("note", 25, -1, False), W.Col("n", 23, -1, False)]
+    head = [W.pgoutput("R", relid=1, namespace="public", name="t", replident="d", columns=cols),
+            W.pgoutput("B", final_lsn=0x900000, commit_ts=0, xid=40)]
+    first = [W.pgoutput("I", relid=1, new=[str(i), f"{i:08d}" * 125, "1"]) for i in range(450)]
+    second = [W.pgoutput("I", relid=1, new=[str(i), f"{i:08d}" * 125, "1"]) for i in range(450, 900)]
+    tail = [W.pgoutput("C", commit_lsn=0x900000, end_lsn=0x900040, commit_ts=0)]
+    refused = W.pgoutput("I", relid=1, new=["-1", "x" * 600_000, "one"])
+
+    def decode(parts: list[list[bytes]]) -> list[int]:
+        dec = impl.Decoder("pgoutput", types="typed", spill_bytes=4 << 20)
+        for part in parts:
+            try:
+                if entry == "feed":
+                    for message in part:
+                        dec.feed(message)
+                else:
+                    dec.feed_frames(W.frames([(0x100 + i, m) for i, m in enumerate(part)]))
+            except ProtocolError as exc:
+                assert part == [refused] and "column 2" in str(exc), exc
+        batches = [e.to_arrow() for e in dec.drain()]
+        assert [i for b in batches for i in b.column("id").to_pylist()] == list(range(900))
+        return [b.num_rows for b in batches]
+
+    assert decode([head + first, [refused], second + tail]) == decode([head + first + second + tail]) == [900]

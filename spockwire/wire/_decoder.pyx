@@ -57,6 +57,12 @@ cdef enum:
     AFTER_BEGIN = 1
     AFTER_ORIGIN = 2
 
+cdef enum:
+    # a tuple that cannot be added as it is (the row message is decoded again): returned, not raised, because a
+    # try block around every row costs as much as decoding a field
+    ROW_BATCH_FULL = 1          # its values would not fit with the batch's rows: they close first
+    ROW_UNREPRESENTABLE = 2     # a valid value its column's type cannot hold (column: Decoder.unrepresentable)
+
 DEFAULT_BATCH_ROWS = 1 << 18
 cdef int64_t _EPOCH = PG_EPOCH_OFFSET_US
 
@@ -438,6 +444,11 @@ cdef class Decoder:
     cdef const char* pin_start
     cdef Py_ssize_t pin_len
     cdef int64_t pin_cost             # bytes pinning it keeps alive (views.pinned_size)
+    cdef bint in_message              # a message is being decoded (cleared when it is done or refused)
+    cdef int msg_after                # `after` before that message, restored when it is refused
+    cdef _Builder row_builder         # the builder a row message is adding to, reset when the message is refused
+    cdef int64_t row_mark_bytes       # its nbytes before the message
+    cdef Py_ssize_t unrepresentable   # the column of the last ROW_UNREPRESENTABLE
 
     def __init__(self, str protocol="pgoutput", *, proto_version=None, Py_ssize_t batch_rows=DEFAULT_BATCH_ROWS,
                  str types="typed", type_catalog=None, str numeric="decimal",
@@ -517,6 +528,10 @@ cdef class Decoder:
             if self.views:
                 self._set_pin(payload, &view)
             self._message(<const char*>view.buf, view.len)
+        except BaseException:
+            if self.in_message:
+                self._refused()
+            raise
         finally:
             self.pin_obj = None
             PyBuffer_Release(&view)
@@ -532,25 +547,30 @@ cdef class Decoder:
                 self._set_pin(buffer, &view)
             p = <const char*>view.buf
             n = view.len
-            while pos < n:
-                if n - pos < 12:
-                    if partial_ok:
-                        break
-                    raise FrameError(f"truncated frame record at byte {pos}: need 12 bytes for the record header, "
-                                     f"{n - pos} remaining", offset=pos, needed=12, remaining=n - pos)
-                length = sw_load_u32(p + pos)
-                if n - pos - 12 < <Py_ssize_t>length:
-                    if partial_ok:
-                        break
-                    raise FrameError(f"truncated frame record at byte {pos}: need {length} bytes for the payload, "
-                                     f"{n - pos - 12} remaining", offset=pos, needed=length, remaining=n - pos - 12)
-                self.ahead_bytes = n - pos - 12 - length
-                try:
+            # one try for the whole input rather than one per message (its entry costs as much as a field)
+            try:
+                while pos < n:
+                    if n - pos < 12:
+                        if partial_ok:
+                            break
+                        raise FrameError(f"truncated frame record at byte {pos}: need 12 bytes for the record "
+                                         f"header, {n - pos} remaining", offset=pos, needed=12, remaining=n - pos)
+                    length = sw_load_u32(p + pos)
+                    if n - pos - 12 < <Py_ssize_t>length:
+                        if partial_ok:
+                            break
+                        raise FrameError(f"truncated frame record at byte {pos}: need {length} bytes for the "
+                                         f"payload, {n - pos - 12} remaining", offset=pos, needed=length,
+                                         remaining=n - pos - 12)
+                    self.ahead_bytes = n - pos - 12 - length
                     self._message(p + pos + 12, length)
-                except ProtocolError as exc:
-                    exc.frame_offset = pos
-                    raise
-                pos += 12 + length
+                    pos += 12 + length
+            except BaseException as exc:
+                if self.in_message:
+                    self._refused()
+                    if isinstance(exc, ProtocolError):
+                        exc.frame_offset = pos
+                raise
         finally:
             self.pin_obj = None
             self.ahead_bytes = 0
@@ -567,8 +587,8 @@ cdef class Decoder:
 
     cdef int _pin(self, _Builder b) except -1:
         """Where the views of the row being decoded may point (views.py): the builder pins the input being fed,
-        unless that would take it past pin_bytes (a new batch when it has rows) or MAX_PINS, or the input alone is
-        larger than pin_bytes (the values are copied then)."""
+        unless that would take it past pin_bytes (ROW_BATCH_FULL when it has rows) or MAX_PINS, or the input alone
+        is larger than pin_bytes (the values are copied then)."""
         global pin_base, pin_end, pin_index
         cdef Py_ssize_t k
         cdef object obj = self.pin_obj
@@ -584,7 +604,7 @@ cdef class Decoder:
                     return 0
                 if b.pinned_bytes + self.pin_cost > self.pin_bytes:
                     if b.msg_mark > 0:
-                        raise _BatchFull()
+                        return ROW_BATCH_FULL
                     return 0
                 b.pins.append(obj)
                 b.pinned_bytes += self.pin_cost
@@ -612,6 +632,9 @@ cdef class Decoder:
         c.end = length
         c.mtype = -1
         c.start = 0
+        # a refused message leaves the ORIGIN / LAST-COMMIT placement as it was: its caller restores it (_refused)
+        self.msg_after = self.after
+        self.in_message = True
         if self.proto == SPOCK and self.spock_version == 5 and not (length and base[0] == 0x53):
             # every v5 message but the startup 'S' carries the publisher's insert LSN first
             get_u64(&c, &self.remote_insert_lsn, "the remote_insert_lsn prefix")
@@ -620,13 +643,23 @@ cdef class Decoder:
         c.mtype = t
         after = self.after
         self.after = AFTER_NOTHING
-        try:
-            if self.proto == PGOUTPUT:
-                return self._pgoutput(&c, t, after)
-            return self._native(&c, t, after)
-        except BaseException:
-            self.after = after   # a refused message leaves the ORIGIN / LAST-COMMIT placement as it was
-            raise
+        if self.proto == PGOUTPUT:
+            self._pgoutput(&c, t, after)
+        else:
+            self._native(&c, t, after)
+        self.in_message = False
+        return 0
+
+    cdef int _refused(self) except -1:
+        """The message being decoded raised: the decoder is left as it was before it (feed, feed_frames)."""
+        cdef _Builder b = self.row_builder
+        self.in_message = False
+        self.after = self.msg_after
+        if b is not None:
+            b.nrows = b.msg_mark
+            b.nbytes = self.row_mark_bytes
+            self.row_builder = None
+        return 0
 
     cdef int _pgoutput(self, Cur* c, uint8_t t, int after) except -1:
         cdef uint64_t a, b
@@ -1048,36 +1081,31 @@ cdef class Decoder:
             self.last_relid = relid
         cdef Py_ssize_t body = c.pos
         cdef int64_t mark_bytes
+        cdef int rc
         b = self._builder(txn, info)
         while True:
             mark = b.nrows
             mark_bytes = b.nbytes
             b.msg_mark = mark
-            try:
-                self._row_body(c, t, b, txn, sub, mark)
-            except _BatchFull:
+            self.row_builder = b          # a refused message takes its rows back out (_refused)
+            self.row_mark_bytes = mark_bytes
+            rc = self._row_body(c, t, b, txn, sub, mark)
+            if rc == 0:
+                break
+            b.nrows = mark
+            b.nbytes = mark_bytes
+            if rc == ROW_BATCH_FULL:
                 # the message's values would take a column past Arrow's 32-bit offsets together with the rows
                 # already in this batch: those rows close as a batch and the message is decoded again, alone
-                b.nrows = mark
-                b.nbytes = mark_bytes
                 b.full = True
-                c.pos = body
-                b = self._builder(txn, info)
-                continue
-            except _Unrepresentable as u:
+            else:
                 # a valid value its column's type cannot hold: the column becomes text under a new version of
                 # the relation and the message is decoded again with it
-                b.nrows = mark
-                b.nbytes = mark_bytes
-                for column in self._columns_to_switch(c, t, txn, sub, info, body, u.column):
+                for column in self._columns_to_switch(c, t, txn, sub, info, body, self.unrepresentable):
                     info = self._switch_to_text(info, column)
-                c.pos = body
-                b = self._builder(txn, info)
-                continue
-            except ProtocolError:
-                b.nrows = mark
-                raise
-            break
+            c.pos = body
+            b = self._builder(txn, info)
+        self.row_builder = None
         txn.advance(sub, b.nrows - mark)
         return 0
 
@@ -1091,33 +1119,41 @@ cdef class Decoder:
         while True:
             specs[column] = text_column_spec(info.relation, column, self.types, self.type_catalog)
             c.pos = body
-            try:
-                self._row_body(c, t, _Builder(info.relation, tuple(specs)), txn, sub, 0)
-            except _Unrepresentable as u:
-                column = u.column
+            if self._row_body(c, t, _Builder(info.relation, tuple(specs)), txn, sub, 0) == ROW_UNREPRESENTABLE:
+                column = self.unrepresentable
                 columns.append(column)
                 continue
             return columns
 
     cdef int _row_body(self, Cur* c, uint8_t t, _Builder b, _Txn txn, uint32_t sub, Py_ssize_t mark) except -1:
-        """The tuples of an INSERT, UPDATE or DELETE after the relation id."""
+        """The tuples of an INSERT, UPDATE or DELETE after the relation id: 0, or ROW_BATCH_FULL /
+        ROW_UNREPRESENTABLE from a tuple (the message must be decoded again)."""
         cdef uint8_t kind
+        cdef int rc
         if t == 0x49:
             expect(c, 0x4E, "the new tuple marker")
-            self._tuple(c, b, txn, INSERT, sub, txn.seq)
+            rc = self._tuple(c, b, txn, INSERT, sub, txn.seq)
+            if rc:
+                return rc
         elif t == 0x55:
             get_u8(c, &kind, "the tuple marker")
             if kind == 0x4B or kind == 0x4F:
-                self._tuple(c, b, txn, UPDATE_PRE, sub, txn.seq)
+                rc = self._tuple(c, b, txn, UPDATE_PRE, sub, txn.seq)
+                if rc:
+                    return rc
                 expect(c, 0x4E, "the new tuple marker")
             elif kind != 0x4E:
                 raise_bad(c, c.pos - 1, f"expected 'K', 'O' or 'N' tuple marker, got {type_name(kind)!r}")
-            self._tuple(c, b, txn, UPDATE_POST, sub, txn.seq + b.nrows - mark)
+            rc = self._tuple(c, b, txn, UPDATE_POST, sub, txn.seq + b.nrows - mark)
+            if rc:
+                return rc
         else:
             get_u8(c, &kind, "the tuple marker")
             if kind != 0x4B and kind != 0x4F:
                 raise_bad(c, c.pos - 1, f"expected 'K' or 'O' tuple marker, got {type_name(kind)!r}")
-            self._tuple(c, b, txn, DELETE, sub, txn.seq)
+            rc = self._tuple(c, b, txn, DELETE, sub, txn.seq)
+            if rc:
+                return rc
         done(c)
         return 0
 
@@ -1135,9 +1171,10 @@ cdef class Decoder:
         return want if want > need else need
 
     cdef int _tuple(self, Cur* c, _Builder b, _Txn txn, int8_t change, uint32_t sub, int64_t seq) except -1:
+        """One tuple block into row b.nrows: 0, or ROW_BATCH_FULL / ROW_UNREPRESENTABLE (nothing kept)."""
         cdef bint native = self.proto != PGOUTPUT
         cdef uint16_t natts, i
-        cdef Py_ssize_t row = b.nrows, pos
+        cdef Py_ssize_t row = b.nrows, at
         cdef uint8_t kind
         cdef uint32_t n
         cdef ColBuf* col
@@ -1150,6 +1187,11 @@ cdef class Decoder:
         cdef Py_ssize_t vat               # where the value starts in the message
         cdef unsigned char bit = 1 << (row & 7)
         cdef Py_ssize_t byte = row >> 3
+        # the cursor and the batch's byte count live in locals through the loop: the compiler cannot keep fields
+        # behind pointers in registers across the kernels' calls
+        cdef const char* base = c.base
+        cdef Py_ssize_t pos, end = c.end
+        cdef int64_t nbytes = b.nbytes
         global appended
         if native:
             expect(c, 0x54, "the tuple block")
@@ -1157,34 +1199,36 @@ cdef class Decoder:
         if natts != b.ncols:
             raise_bad(c, c.pos - 2, f"tuple has {natts} columns but relation "
                                     f"{b.relation.qualified_name} has {b.ncols}")
-        if c.end - c.pos < natts:
+        pos = c.pos
+        if end - pos < natts:
             # every column takes at least its kind byte: refuse before reserving anything for the row
-            raise_truncated(c, c.pos, natts, "the tuple's values (at least one byte per column)")
+            raise_truncated(c, pos, natts, "the tuple's values (at least one byte per column)")
         if b.has_views:
-            self._pin(b)
+            rc = self._pin(b)
+            if rc:
+                return rc
         if row + 1 > b.cap_rows:
-            b.reserve_rows(self._rows_to_reserve(b, row + 1, c.end))
+            b.reserve_rows(self._rows_to_reserve(b, row + 1, end))
         toast_at = (<int32_t*>b.toast_off.data)[row]
         for i in range(natts):
             col = &b.cols[i]
-            if c.pos >= c.end:
-                raise_truncated(c, c.pos, 1, "the value kind", i, b.names[i])
-            kind = <uint8_t>c.base[c.pos]
-            c.pos += 1
+            if pos >= end:
+                raise_truncated(c, pos, 1, "the value kind", i, b.names[i])
+            kind = <uint8_t>base[pos]
+            pos += 1
             if kind == 0x74 or kind == 0x62 or (kind == 0x69 and native):  # t b i
-                if c.end - c.pos < 4:
-                    raise_truncated(c, c.pos, 4, "the value length", i, b.names[i])
-                n = sw_load_u32(c.base + c.pos)
-                c.pos += 4
-                if <size_t>(c.end - c.pos) < n:
-                    raise_truncated(c, c.pos, n, "the value", i, b.names[i])
-                p = c.base + c.pos
-                vat = c.pos
-                c.pos += n
+                if end - pos < 4:
+                    raise_truncated(c, pos, 4, "the value length", i, b.names[i])
+                n = sw_load_u32(base + pos)
+                pos += 4
+                if <size_t>(end - pos) < n:
+                    raise_truncated(c, pos, n, "the value", i, b.names[i])
+                p = base + pos
+                vat = pos
+                pos += n
                 if kind == 0x74 and native:
                     if n == 0 or p[n - 1] != 0:
-                        raise_bad(c, c.pos - 1 if n else c.pos, "text value is not NUL-terminated", i,
-                                  b.names[i])
+                        raise_bad(c, pos - 1 if n else pos, "text value is not NUL-terminated", i, b.names[i])
                     n -= 1
                     if self.codec is not None and not all_ascii(p, n):
                         if self.codec == "latin-1":
@@ -1203,28 +1247,30 @@ cdef class Decoder:
                     else:
                         col.marks.data[byte] &= ~bit
                     off = <int32_t*>col.offsets.data
-                    pos = off[row]
-                    if pos + <Py_ssize_t>n > OFFSET_LIMIT:
-                        self._value_failed(c, b, vat, F_TOO_LARGE, kind, p, n, i)
+                    at = off[row]
+                    if at + <Py_ssize_t>n > OFFSET_LIMIT:
+                        return self._value_failed(c, b, vat, F_TOO_LARGE, kind, p, n, i)
                     if col.view:
                         view_store(col, row, p, n)
                     else:
-                        if pos + <Py_ssize_t>n > col.data.cap:
-                            buf_grow(&col.data, pos + n)
+                        if at + <Py_ssize_t>n > col.data.cap:
+                            buf_grow(&col.data, at + n)
                         if n:
-                            memcpy(col.data.data + pos, p, n)
-                    off[row + 1] = <int32_t>(pos + n)
+                            memcpy(col.data.data + at, p, n)
+                    off[row + 1] = <int32_t>(at + n)
                     col.validity.data[byte] |= bit
-                    b.nbytes += n
+                    nbytes += n
+                elif kind == 0x62 and fixed_binary(col, row, p, n):
+                    nbytes += n     # stored here: a fixed-width binary value needs no kernel call
                 else:
                     appended = 0
                     rc = decode_value(col, row, kind, p, n, self.internal_order)
                     if rc:
-                        self._value_failed(c, b, vat, rc, kind, p, n, i)
+                        return self._value_failed(c, b, vat, rc, kind, p, n, i)
                     # output bytes count too: an expanding kernel (binary numeric to text) closes batches as well
-                    b.nbytes += n if <Py_ssize_t>n >= appended else appended
-                if b.nbytes > OFFSET_LIMIT and b.msg_mark > 0:
-                    raise _BatchFull()
+                    nbytes += n if <Py_ssize_t>n >= appended else appended
+                if nbytes > OFFSET_LIMIT and b.msg_mark > 0:
+                    return ROW_BATCH_FULL
             elif kind == 0x6E or kind == 0x75:  # n u
                 set_null(col, row)
                 if kind == 0x75:
@@ -1233,7 +1279,9 @@ cdef class Decoder:
                     (<uint16_t*>b.toast_idx.data)[toast_at + ntoast] = i
                     ntoast += 1
             else:
-                raise_bad(c, c.pos - 1, f"unknown value kind {type_name(kind)!r}", i, b.names[i])
+                raise_bad(c, pos - 1, f"unknown value kind {type_name(kind)!r}", i, b.names[i])
+        c.pos = pos
+        b.nbytes = nbytes
         (<int8_t*>b.change.data)[row] = change
         (<uint64_t*>b.lsn.data)[row] = txn.final_lsn
         (<int64_t*>b.ts.data)[row] = txn.commit_ts + _EPOCH
@@ -1252,12 +1300,13 @@ cdef class Decoder:
 
     cdef int _value_failed(self, Cur* c, _Builder b, Py_ssize_t at, int rc, uint8_t kind, const char* p,
                            uint32_t n, Py_ssize_t i) except -1:
-        """A value failed: a batch-full signal when rows before the message can close first, a switch to text
-        for a valid value the column's Arrow type cannot hold, else the error."""
+        """A value failed: ROW_BATCH_FULL when rows before the message can close first, ROW_UNREPRESENTABLE (a
+        switch to text) for a valid value the column's Arrow type cannot hold, else the error."""
         if rc == F_TOO_LARGE and b.msg_mark > 0:
-            raise _BatchFull()
+            return ROW_BATCH_FULL
         if self.fallback_text and switches_to_text(rc, b.specs[i]):
-            raise _Unrepresentable(i)
+            self.unrepresentable = i
+            return ROW_UNREPRESENTABLE
         if rc in DATUM_CODES:   # a refused varlena datum: its own byte and sentence (the twin's description)
             _code, pos, text = describe_datum_failure(p[:n], self.internal_order == 1, b.specs[i].type_name)
             raise_bad(c, at + pos, text, i, b.names[i])

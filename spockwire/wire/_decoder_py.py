@@ -902,8 +902,10 @@ class Decoder:
                 r.pos = body
                 b = self._builder(txn, rel)
                 continue
-            except ProtocolError:
+            except BaseException:
+                # a refused message leaves the builder as it was before it
                 b.truncate_to(mark)
+                b.nbytes = mark_bytes
                 raise
             break
         txn.advance(sub, b.nrows - mark)

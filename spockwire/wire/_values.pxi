@@ -1499,6 +1499,52 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
     return 0
 
 
+cdef inline Py_ssize_t fixed_binary_size(int kind) noexcept nogil:
+    """Bytes of a binary value of a fixed-width kind (fixed_binary's kinds), 0 for any other kind."""
+    if kind == K_INT8 or kind == K_FLOAT8 or kind == K_TIMESTAMP or kind == K_TIMESTAMPTZ:
+        return 8
+    if kind == K_INT4 or kind == K_OID or kind == K_FLOAT4 or kind == K_DATE:
+        return 4
+    if kind == K_INT2:
+        return 2
+    if kind == K_UUID:
+        return 16
+    return 0
+
+
+cdef inline bint fixed_binary(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) noexcept:
+    """A binary value of a fixed-width kind stored in its slot, with no kernel call: True when stored. False leaves
+    it to decode_value: another kind, a wrong length, or a date or timestamp Arrow cannot hold (it reports them)."""
+    cdef int kind = col.kind
+    cdef char* slot = col.data.data + idx * col.width
+    if kind == K_INT8 or kind == K_FLOAT8:
+        if n != 8:
+            return False
+        (<uint64_t*>slot)[0] = sw_load_u64(p)
+    elif kind == K_INT4 or kind == K_OID or kind == K_FLOAT4:
+        if n != 4:
+            return False
+        (<uint32_t*>slot)[0] = sw_load_u32(p)
+    elif kind == K_TIMESTAMPTZ or kind == K_TIMESTAMP:
+        if n != 8 or pg_us(sw_load_i64(p), <int64_t*>slot):
+            return False
+    elif kind == K_UUID:
+        if n != 16:
+            return False
+        memcpy(slot, p, 16)
+    elif kind == K_INT2:
+        if n != 2:
+            return False
+        (<int16_t*>slot)[0] = <int16_t>sw_load_u16(p)
+    elif kind == K_DATE:
+        if n != 4 or pg_days(sw_load_i32(p), <int32_t*>slot):
+            return False
+    else:
+        return False
+    set_valid(col, idx)
+    return True
+
+
 cdef int decode_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ssize_t n, int order) except -1:
     """Decode one non-NULL value into slot `idx` of a typed column; 0 or a failure code."""
     cdef int kind = col.kind, rc = 0
@@ -1506,29 +1552,22 @@ cdef int decode_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ss
     cdef int64_t v64
     cdef int32_t v32, months, days
     cdef double f8
-    cdef uint32_t u32
-    cdef uint64_t u64
     cdef int64_t nanos
     set_valid(col, idx)
     if fmt == 0x69:
         return internal_value(col, idx, p, n, order)
     if fmt == 0x62:
+        if fixed_binary(col, idx, p, n):
+            return 0
         if kind == K_TEXT or kind == K_JSON or kind == K_ENUM:
             return utf8_text(col, idx, p, n)
         if kind == K_CHAR:
             return char_text(col, idx, p, n)
-        if kind == K_INT2:
-            if n != 2:
-                return F_INVALID
-            (<int16_t*>slot)[0] = <int16_t>sw_load_u16(p)
-        elif kind == K_INT4 or kind == K_OID:
-            if n != 4:
-                return F_INVALID
-            (<uint32_t*>slot)[0] = sw_load_u32(p)
-        elif kind == K_INT8:
-            if n != 8:
-                return F_INVALID
-            (<uint64_t*>slot)[0] = sw_load_u64(p)
+        if kind == K_INT2 or kind == K_INT4 or kind == K_OID or kind == K_INT8 or kind == K_FLOAT4 \
+                or kind == K_FLOAT8 or kind == K_UUID or kind == K_DATE or kind == K_TIMESTAMP \
+                or kind == K_TIMESTAMPTZ:
+            # what fixed_binary did not store: a wrong length, or a date or timestamp out of Arrow's range
+            return F_INVALID if n != fixed_binary_size(kind) else F_OUT_OF_RANGE
         elif kind == K_BOOL:
             if n != 1 or <unsigned char>p[0] > 1:
                 return F_INVALID
@@ -1536,16 +1575,6 @@ cdef int decode_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ss
                 col.data.data[idx >> 3] |= <char>(1 << (idx & 7))
             else:
                 col.data.data[idx >> 3] &= <char>~(1 << (idx & 7))
-        elif kind == K_FLOAT4:
-            if n != 4:
-                return F_INVALID
-            u32 = sw_load_u32(p)
-            memcpy(slot, &u32, 4)
-        elif kind == K_FLOAT8:
-            if n != 8:
-                return F_INVALID
-            u64 = sw_load_u64(p)
-            memcpy(slot, &u64, 8)
         elif kind == K_DECIMAL:
             return binary_decimal(col, idx, p, n)
         elif kind == K_NUMERIC_TEXT:
@@ -1556,14 +1585,6 @@ cdef int decode_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ss
             return utf8_text(col, idx, p + 1, n - 1)
         elif kind == K_BYTEA:
             return var_append(col, idx, p, n)
-        elif kind == K_DATE:
-            if n != 4:
-                return F_INVALID
-            return pg_days(sw_load_i32(p), <int32_t*>slot)
-        elif kind == K_TIMESTAMP or kind == K_TIMESTAMPTZ:
-            if n != 8:
-                return F_INVALID
-            return pg_us(sw_load_i64(p), <int64_t*>slot)
         elif kind == K_TIME:
             if n != 8:
                 return F_INVALID
@@ -1591,10 +1612,6 @@ cdef int decode_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ss
             memcpy(slot, &months, 4)
             memcpy(slot + 4, &days, 4)
             memcpy(slot + 8, &nanos, 8)
-        elif kind == K_UUID:
-            if n != 16:
-                return F_INVALID
-            memcpy(slot, p, 16)
         elif kind == K_ARRAY:
             return binary_array(col, idx, p, n, order)
         elif kind == K_PGTEXT and col.render != NULL:
