@@ -116,12 +116,17 @@ cdef object get_cstring(Cur* c, str what, int column=-1, object name=None):
         raise_bad(c, start, f"{what} is not valid UTF-8", column, name)
 
 
-cdef int expect(Cur* c, uint8_t byte, str what) except -1:
+cdef inline int expect(Cur* c, uint8_t byte, str what) except -1:
+    if c.pos < c.end and <uint8_t>c.base[c.pos] == byte:
+        c.pos += 1
+        return 0
+    return unexpected(c, byte, what)
+
+
+cdef int unexpected(Cur* c, uint8_t byte, str what) except -1:
     cdef uint8_t got
     get_u8(c, &got, what)
-    if got != byte:
-        raise_bad(c, c.pos - 1, f"expected {chr(byte)!r} for {what}, got {type_name(got)!r}")
-    return 0
+    raise_bad(c, c.pos - 1, f"expected {chr(byte)!r} for {what}, got {type_name(got)!r}")
 
 
 cdef int get_flags(Cur* c, uint8_t allowed, uint8_t* out, str what="the flags") except -1:
@@ -131,7 +136,11 @@ cdef int get_flags(Cur* c, uint8_t allowed, uint8_t* out, str what="the flags") 
     return 0
 
 
-cdef int done(Cur* c) except -1:
+cdef inline int done(Cur* c) except -1:
     if c.pos != c.end:
-        raise_bad(c, c.pos, f"{c.end - c.pos} trailing bytes after the message")
+        return trailing_bytes(c)
     return 0
+
+
+cdef int trailing_bytes(Cur* c) except -1:
+    raise_bad(c, c.pos, f"{c.end - c.pos} trailing bytes after the message")

@@ -1064,12 +1064,14 @@ cdef class Decoder:
         return b
 
     cdef int _row_message(self, Cur* c, uint8_t t, uint32_t sub) except -1:
-        cdef _Txn txn = self._current(c)
+        cdef _Txn txn = self.stream if self.stream is not None else self.txn
         cdef uint32_t relid
         cdef _RelInfo info
         cdef _Builder b
         cdef Py_ssize_t mark
         cdef uint8_t kind
+        if txn is None:
+            self._current(c)     # raises
         get_u32(c, &relid, "the relation id")
         if self.last_info is not None and relid == self.last_relid:
             info = self.last_info
@@ -1082,7 +1084,9 @@ cdef class Decoder:
         cdef Py_ssize_t body = c.pos
         cdef int64_t mark_bytes
         cdef int rc
-        b = self._builder(txn, info)
+        b = info.builder
+        if txn.kind != PLAIN or b is None or b.nrows >= self.batch_rows or b.nbytes >= self.batch_bytes or b.full:
+            b = self._builder(txn, info)     # the usual case, a plain transaction's open builder, needs no call
         while True:
             mark = b.nrows
             mark_bytes = b.nbytes
@@ -1192,6 +1196,7 @@ cdef class Decoder:
         cdef const char* base = c.base
         cdef Py_ssize_t pos, end = c.end
         cdef int64_t nbytes = b.nbytes
+        cdef ColBuf* cols
         global appended
         if native:
             expect(c, 0x54, "the tuple block")
@@ -1210,8 +1215,9 @@ cdef class Decoder:
         if row + 1 > b.cap_rows:
             b.reserve_rows(self._rows_to_reserve(b, row + 1, end))
         toast_at = (<int32_t*>b.toast_off.data)[row]
+        cols = b.cols
         for i in range(natts):
-            col = &b.cols[i]
+            col = &cols[i]
             if pos >= end:
                 raise_truncated(c, pos, 1, "the value kind", i, b.names[i])
             kind = <uint8_t>base[pos]
@@ -1255,8 +1261,7 @@ cdef class Decoder:
                     else:
                         if at + <Py_ssize_t>n > col.data.cap:
                             buf_grow(&col.data, at + n)
-                        if n:
-                            memcpy(col.data.data + at, p, n)
+                        sw_copy(col.data.data + at, p, n)
                     off[row + 1] = <int32_t>(at + n)
                     col.validity.data[byte] |= bit
                     nbytes += n
@@ -1287,7 +1292,8 @@ cdef class Decoder:
         (<int64_t*>b.ts.data)[row] = txn.commit_ts + _EPOCH
         (<uint32_t*>b.xid.data)[row] = txn.xid
         (<int64_t*>b.seq.data)[row] = seq
-        (<int32_t*>b.origin.data)[row] = b.origin_index(txn.origin)
+        (<int32_t*>b.origin.data)[row] = -1 if txn.origin is None else \
+            b.last_origin_idx if txn.origin is b.last_origin else b.origin_index(txn.origin)
         (<uint32_t*>b.subxid.data)[row] = sub
         (<int32_t*>b.toast_off.data)[row + 1] = toast_at + ntoast
         if ntoast:

@@ -17,6 +17,14 @@ cdef extern from "Python.h":
 cdef extern from "include/sw_byteorder.h":
     ctypedef long long int128_t "sw_int128"
 
+cdef extern from "include/sw_copy.h":
+    void sw_copy(char* dst, const char* src, size_t n) nogil
+
+
+cdef extern from "include/sw_stamp.h":
+    int sw_stamp19(const char* p, int* fields) nogil
+
+
 cdef extern from "include/sw_hex.h":
     int sw_uuid_text(const char* p, unsigned char* out) nogil
 
@@ -252,8 +260,7 @@ cdef inline int var_append(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_
         return 0
     if pos + n > col.data.cap:
         buf_grow(&col.data, pos + n)
-    if n:
-        memcpy(col.data.data + pos, p, n)
+    sw_copy(col.data.data + pos, p, n)
     off[idx + 1] = <int32_t>(pos + n)
     return 0
 
@@ -571,61 +578,70 @@ cdef int text_date(const char* p, Py_ssize_t n, int32_t* out) noexcept nogil:
 cdef int text_timestamp(const char* p, Py_ssize_t n, bint with_tz, int64_t* out) noexcept nogil:
     cdef Py_ssize_t i, ye, fs, fe
     cdef int month, day, hour, minute, second, th = 0, tm = 0, ts = 0, rc
+    cdef int f[6]
+    cdef int year4 = -1               # the year when it was read with the rest of the fixed head
     cdef bint bc = False, overflow = False, has_tz = False, tz_neg = False
     cdef int64_t year = 0, offset = 0, frac = 0
     cdef int32_t days
     cdef int128_t us
-    if n == 8 and memcmp(p, b"infinity", 8) == 0:
-        out[0] = I64_MAX
-        return 0
-    if n == 9 and memcmp(p, b"-infinity", 9) == 0:
-        out[0] = I64_MIN
-        return 0
-    # a four-digit year (every year from 1000 to 9999) needs no scan for its end
-    if n > 4 and p[4] == 45 and two_digits(p) >= 0 and two_digits(p + 2) >= 0:
+    if n >= 19 and sw_stamp19(p, f):
+        # the usual spelling, a four-digit year: the whole "YYYY-MM-DD HH:MM:SS" in a few word operations
         ye = 4
+        year4, month, day, hour, minute, second = f[0], f[1], f[2], f[3], f[4], f[5]
     else:
+        if n == 8 and memcmp(p, b"infinity", 8) == 0:
+            out[0] = I64_MAX
+            return 0
+        if n == 9 and memcmp(p, b"-infinity", 9) == 0:
+            out[0] = I64_MIN
+            return 0
         ye = scan_digits(p, 0, n)
-    if ye < 4 or n - ye < 15:
-        return F_INVALID
-    i = ye
-    if p[i] != 45 or p[i + 3] != 45 or p[i + 6] != 32 or p[i + 9] != 58 or p[i + 12] != 58:
-        return F_INVALID
-    month = two_digits(p + i + 1)
-    day = two_digits(p + i + 4)
-    hour = two_digits(p + i + 7)
-    minute = two_digits(p + i + 10)
-    second = two_digits(p + i + 13)
-    if (month | day | hour | minute | second) < 0:
-        return F_INVALID
-    i += 15
-    if i < n and p[i] == 46:
-        fs = i + 1
-        fe = scan_digits(p, fs, n)
-        if fe == fs or fe - fs > 6:
+        if ye < 4 or n - ye < 15:
             return F_INVALID
-        frac = fixed_digits(p + fs, fe - fs) * <int64_t>sw_pow10_u64[6 - (fe - fs)]
+        i = ye
+        if p[i] != 45 or p[i + 3] != 45 or p[i + 6] != 32 or p[i + 9] != 58 or p[i + 12] != 58:
+            return F_INVALID
+        month = two_digits(p + i + 1)
+        day = two_digits(p + i + 4)
+        hour = two_digits(p + i + 7)
+        minute = two_digits(p + i + 10)
+        second = two_digits(p + i + 13)
+        if (month | day | hour | minute | second) < 0:
+            return F_INVALID
+    i = ye + 15
+    if i < n and p[i] == 46:
+        # one pass over the fraction's digits: at most six (microseconds)
+        fs = i + 1
+        fe = fs
+        while fe < n and is_digit(p[fe]):
+            if fe - fs == 6:
+                return F_INVALID
+            frac = frac * 10 + (p[fe] - 48)
+            fe += 1
+        if fe == fs:
+            return F_INVALID
+        frac *= <int64_t>sw_pow10_u64[6 - (fe - fs)]
         i = fe
     if i < n and (p[i] == 43 or p[i] == 45):
         has_tz = True
         tz_neg = p[i] == 45
         if n - i < 3:
             return F_INVALID
-        th = fixed_digits(p + i + 1, 2)
+        th = two_digits(p + i + 1)
         if th < 0:
             return F_INVALID
         i += 3
         if i < n and p[i] == 58:
             if n - i < 3:
                 return F_INVALID
-            tm = fixed_digits(p + i + 1, 2)
+            tm = two_digits(p + i + 1)
             if tm < 0:
                 return F_INVALID
             i += 3
             if i < n and p[i] == 58:
                 if n - i < 3:
                     return F_INVALID
-                ts = fixed_digits(p + i + 1, 2)
+                ts = two_digits(p + i + 1)
                 if ts < 0:
                     return F_INVALID
                 i += 3
@@ -644,9 +660,13 @@ cdef int text_timestamp(const char* p, Py_ssize_t n, bint with_tz, int64_t* out)
         offset = th * 3600 + tm * 60 + ts
         if tz_neg:
             offset = -offset
-    rc = parse_year(p, ye, bc, &year)
-    if rc:
-        return rc
+    if year4 > 0:
+        year = 1 - year4 if bc else year4
+    else:
+        # other years, and year 0000 (refused there)
+        rc = parse_year(p, ye, bc, &year)
+        if rc:
+            return rc
     if year > 100000000 or year < -100000000:
         return F_OUT_OF_RANGE
     days = days_from_civil(year, month, day, &overflow)
