@@ -319,6 +319,27 @@ def test_timestamp_text_every_byte_at_every_position(typ: str, text: str) -> Non
     assert accepted >= 19 * 3, accepted
 
 
+def test_utf8_check_of_every_tail() -> None:
+    """Text values of 1 to 40 bytes with one non-ASCII piece at each place (a stray continuation byte, 0xff, a lead
+    byte cut short, a whole two-byte and three-byte character): the C check reads the last under-eight bytes of a
+    value as one overlapping word. Both implementations accept exactly what Python's UTF-8 decoder accepts."""
+    c, py = load_impl("c"), load_impl("python")
+    checked = 0
+    for length in range(1, 41):
+        for at in range(length):
+            for piece in (b"\x80", b"\xff", b"\xc3", "\u00e9".encode(), "\u65e5".encode()):
+                raw = (b"a" * at + piece + b"b" * length)[:max(length, at + len(piece))]
+                got_c, got_py = outcome(c, "text", raw), outcome(py, "text", raw)
+                assert got_c == got_py, raw
+                try:
+                    expected = ("value", [raw.decode("utf-8")])
+                except UnicodeDecodeError:
+                    expected = ("error",)
+                assert got_c[:len(expected)] == expected, raw
+                checked += 1
+    assert checked == 5 * 40 * 41 // 2
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the server's own parse of the accepted inputs
 

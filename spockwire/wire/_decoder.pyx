@@ -320,17 +320,19 @@ cdef class _Txn:
         self.run_sub = 0
         self.run_start = 0
 
-    cdef inline void advance(self, uint32_t sub, int64_t n):
+    cdef inline int advance(self, uint32_t sub, int64_t n) except -1:
         """`n` changes of subtransaction `sub` took the next numbers."""
         if self.kind == STREAM and sub != self.run_sub:
             self.close_run()
             self.run_sub = sub
         self.seq += n
+        return 0
 
-    cdef void close_run(self):
+    cdef int close_run(self) except -1:
         if self.seq > self.run_start:
             self.runs.setdefault(self.run_sub, []).append((self.run_start, self.seq))
         self.run_start = self.seq
+        return 0
 
     cdef object renumbering(self):
         if not self.aborted:
@@ -644,7 +646,10 @@ cdef class Decoder:
         after = self.after
         self.after = AFTER_NOTHING
         if self.proto == PGOUTPUT:
-            self._pgoutput(&c, t, after)
+            if t == 0x49 and self.stream is None:
+                self._row_message(&c, t, 0)     # the hot path, an INSERT outside a stream block, with no detour
+            else:
+                self._pgoutput(&c, t, after)
         else:
             self._native(&c, t, after)
         self.in_message = False
@@ -1093,7 +1098,13 @@ cdef class Decoder:
             b.msg_mark = mark
             self.row_builder = b          # a refused message takes its rows back out (_refused)
             self.row_mark_bytes = mark_bytes
-            rc = self._row_body(c, t, b, txn, sub, mark)
+            if t == 0x49:     # an INSERT's one tuple without the _row_body call
+                expect(c, 0x4E, "the new tuple marker")
+                rc = self._tuple(c, b, txn, INSERT, sub, txn.seq)
+                if rc == 0:
+                    done(c)
+            else:
+                rc = self._row_body(c, t, b, txn, sub, mark)
             if rc == 0:
                 break
             b.nrows = mark

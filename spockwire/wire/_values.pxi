@@ -1164,7 +1164,7 @@ cdef inline int digit_at(int group, int pos) noexcept nogil:
     return group // 1000
 
 
-cdef int numeric_header(const char* p, Py_ssize_t n, int16_t* ndigits, int16_t* weight, uint16_t* sign,
+cdef inline int numeric_header(const char* p, Py_ssize_t n, int16_t* ndigits, int16_t* weight, uint16_t* sign,
                         uint16_t* dscale) noexcept nogil:
     cdef int k, d
     if n < 8:
@@ -1577,8 +1577,6 @@ cdef int decode_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ss
     if fmt == 0x69:
         return internal_value(col, idx, p, n, order)
     if fmt == 0x62:
-        if fixed_binary(col, idx, p, n):
-            return 0
         if kind == K_TEXT or kind == K_JSON or kind == K_ENUM:
             return utf8_text(col, idx, p, n)
         if kind == K_CHAR:
@@ -1586,7 +1584,9 @@ cdef int decode_value(ColBuf* col, Py_ssize_t idx, int fmt, const char* p, Py_ss
         if kind == K_INT2 or kind == K_INT4 or kind == K_OID or kind == K_INT8 or kind == K_FLOAT4 \
                 or kind == K_FLOAT8 or kind == K_UUID or kind == K_DATE or kind == K_TIMESTAMP \
                 or kind == K_TIMESTAMPTZ:
-            # what fixed_binary did not store: a wrong length, or a date or timestamp out of Arrow's range
+            if fixed_binary(col, idx, p, n):
+                return 0
+            # a wrong length, or a date or timestamp out of Arrow's range
             return F_INVALID if n != fixed_binary_size(kind) else F_OUT_OF_RANGE
         elif kind == K_BOOL:
             if n != 1 or <unsigned char>p[0] > 1:

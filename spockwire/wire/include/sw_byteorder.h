@@ -51,6 +51,11 @@ static inline int sw_utf8_valid(const unsigned char *s, size_t n) {
         if (i + 8 <= n) {
             uint64_t w; memcpy(&w, s + i, 8);
             if ((w & 0x8080808080808080ULL) == 0) { i += 8; continue; }
+        } else if (n >= 8) {
+            /* under eight bytes left: the last eight in one word (those before i are checked already; any of them
+               that is not ASCII sends the rest through the byte loop below) */
+            uint64_t w; memcpy(&w, s + n - 8, 8);
+            if ((w & 0x8080808080808080ULL) == 0) break;
         }
         unsigned char c = s[i];
         if (c < 0x80) { i++; continue; }
