@@ -293,6 +293,42 @@ def test_replayed_staging_equals_source_tables(pg_db, tmp_path):
         assert (row["v"], row["big"], row["n"]) == (v, big, n)
 
 
+@pytest.mark.parametrize("impl_name", ["c", "python"])
+def test_the_buffer_pool_limit_is_the_processs_again_after_a_run(pg_db, tmp_path, impl_name):
+    """An ingest worker run inside a process lowers the process's column-buffer pool to an eighth of spill_bytes
+    while it runs, and puts the limit it found back when run() returns: other decoders of the process (a benchmark
+    after it, an application's own) keep their pool. Both implementations."""
+    import importlib
+
+    from spockwire.connection import connect
+
+    impl = importlib.import_module("spockwire.wire._decoder" if impl_name == "c" else "spockwire.wire._decoder_py")
+    pg_db.execute("CREATE TABLE pooled (id int PRIMARY KEY, v text)")
+    create_publication(pg_db.dsn, "pub")
+    slot = f"{pg_db.name}_s"
+    create_slot(pg_db.dsn, slot, "pgoutput")
+    pg_db.execute("INSERT INTO pooled SELECT g, 'v' || g FROM generate_series(1, 100) g")
+    during = []
+
+    def watching_connect(*args: Any, **kwargs: Any) -> Any:
+        limit = impl.set_buffer_pool_bytes(0)     # the limit is read by setting one (the kept buffers go)
+        impl.set_buffer_pool_bytes(limit)
+        during.append(limit)
+        return connect(*args, **kwargs)
+
+    before = impl.set_buffer_pool_bytes(48 << 20)
+    try:
+        worker = IngestWorker(IngestConfig(dsn=pg_db.dsn, slot=slot, out=str(tmp_path / "staging"),
+                                           publication=["pub"], idle_exit=1.0, flush_seconds=0.2, progress=False,
+                                           impl=impl_name, spill_bytes=64 << 20), connect=watching_connect)
+        assert worker.run() == 0
+        assert during and all(limit == 8 << 20 for limit in during)
+        assert impl.buffer_pool_stats()["limit"] == 48 << 20
+    finally:
+        impl.set_buffer_pool_bytes(before)
+    assert len(replay_table(tmp_path / "staging", "public.pooled", ("id",))) == 100
+
+
 def test_idle_exit_waits_for_a_transaction_still_arriving(pg_db, tmp_path):
     """--idle-exit counts the time in which nothing arrived, not the time without committed changes: a long
     transaction streamed in pieces (each over logical_decoding_work_mem) for longer than the idle limit is ingested

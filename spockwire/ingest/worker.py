@@ -326,6 +326,8 @@ class IngestWorker:
         self.type_catalog: Any = None
         self.incremental: Any = None
         self._watermarks = False              # the stream carries the watermarks of chunked snapshots
+        #: the decoder module and the process's buffer pool limit before the worker lowered it (restored by run())
+        self._pool_before: tuple[Any, int] | None = None
 
     def stop(self, *_: Any) -> None:
         """Ask the worker to finish: it flushes, acknowledges what it wrote and returns from `run()`."""
@@ -345,6 +347,10 @@ class IngestWorker:
         try:
             return self._run()
         finally:
+            if self._pool_before is not None:
+                impl, limit = self._pool_before
+                impl.set_buffer_pool_bytes(limit)
+                self._pool_before = None
             if self.progress_line is not None:
                 self.progress_line.clear()
                 self.progress_line.detach()
@@ -372,9 +378,12 @@ class IngestWorker:
             self.type_catalog = PostgresTypeCatalog(cfg.dsn, strict=False)
 
         # released column buffers kept for reuse count against the worker's memory: an eighth of what an open
-        # transaction may hold before it spills, and never more than the decoder's default
+        # transaction may hold before it spills, and never more than the process's limit. The limit is the
+        # process's: run() puts the one it found back when it returns.
         limit = impl.set_buffer_pool_bytes(0)
-        impl.set_buffer_pool_bytes(min(limit, cfg.spill_bytes // 8))
+        if self._pool_before is None:
+            self._pool_before = (impl, limit)
+        impl.set_buffer_pool_bytes(min(self._pool_before[1], cfg.spill_bytes // 8))
 
         def factory(protocol: str) -> Any:
             return impl.Decoder(protocol, types=cfg.types, numeric=cfg.numeric, spill_bytes=cfg.spill_bytes,

@@ -70,11 +70,13 @@ _TS_TYPE = pa.timestamp("us", tz="UTC")
 
 
 class _BatchFull(Exception):
-    """Internal: the row message must start a new batch (see Decoder._row_message)."""
+    """Internal, COPY rows (_copy.pxi): the row must start a new batch. The stream's tuple loop returns
+    ROW_BATCH_FULL instead (a try block per row costs as much as a field)."""
 
 
 class _Unrepresentable(Exception):
-    """Internal: a valid value its column's Arrow type cannot hold; the column switches to text."""
+    """Internal, COPY rows: a valid value its column's Arrow type cannot hold; the column switches to text (the
+    stream's tuple loop returns ROW_UNREPRESENTABLE)."""
 
     def __init__(self, column):
         self.column = column
