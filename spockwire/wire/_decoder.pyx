@@ -1274,7 +1274,8 @@ cdef class Decoder:
                     else:
                         if at + <Py_ssize_t>n > col.data.cap:
                             buf_grow(&col.data, at + n)
-                        sw_copy(col.data.data + at, p, n)
+                        if n:   # an empty first value: no buffer yet, and no pointer arithmetic on NULL
+                            sw_copy(col.data.data + at, p, n)
                     off[row + 1] = <int32_t>(at + n)
                     col.validity.data[byte] |= bit
                     nbytes += n

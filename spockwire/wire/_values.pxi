@@ -260,7 +260,8 @@ cdef inline int var_append(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_
         return 0
     if pos + n > col.data.cap:
         buf_grow(&col.data, pos + n)
-    sw_copy(col.data.data + pos, p, n)
+    if n:       # an empty first value: no buffer yet, and no pointer arithmetic on NULL
+        sw_copy(col.data.data + pos, p, n)
     off[idx + 1] = <int32_t>(pos + n)
     return 0
 
@@ -1536,7 +1537,10 @@ cdef inline bint fixed_binary(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssi
     """A binary value of a fixed-width kind stored in its slot, with no kernel call: True when stored. False leaves
     it to decode_value: another kind, a wrong length, or a date or timestamp Arrow cannot hold (it reports them)."""
     cdef int kind = col.kind
-    cdef char* slot = col.data.data + idx * col.width
+    cdef char* slot
+    if col.width == 0:
+        return False        # a variable-width or bit column, whose data may not be allocated yet
+    slot = col.data.data + idx * col.width
     if kind == K_INT8 or kind == K_FLOAT8:
         if n != 8:
             return False
