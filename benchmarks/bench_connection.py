@@ -34,10 +34,10 @@ from spockwire.testing import PostgresCluster
 ROWS = int(os.environ.get("SPOCKWIRE_BENCH_ROWS", "1000000"))
 PER_TXN = 1000
 ROUNDS = int(os.environ.get("SPOCKWIRE_BENCH_ROUNDS", "3"))
-#: changes per call of the SQL transport (default: half the workload). The calls are pipelined over two
-#: connections, so a backlog of several calls overlaps the server's decoding of one call with the sending of the
-#: previous; one call holding the whole backlog could not overlap anything.
-SQL_BATCH = int(os.environ.get("SPOCKWIRE_BENCH_SQL_BATCH", str(max(ROWS // 2, 1000))))
+#: changes per call of the SQL transport (default: the library's). The backlog is split at its middle LSN and both
+#: halves decoded side by side (`sql_split_bytes`), so one call per half overlaps the server's decoding of the
+#: tail with the sending of the head.
+SQL_BATCH = int(os.environ.get("SPOCKWIRE_BENCH_SQL_BATCH", "4000000"))
 RESULTS: dict[str, float] = {}
 
 

@@ -113,6 +113,8 @@ def test_stream_argument_checks():
         ReplicationStream("dbname=x", slot="s", publication="p", transport="walsender")
     with pytest.raises(ValueError, match="sql_batch_changes"):
         ReplicationStream("dbname=x", slot="s", publication="p", transport="sql", sql_batch_changes=0)
+    with pytest.raises(ValueError, match="sql_split_bytes"):
+        ReplicationStream("dbname=x", slot="s", publication="p", transport="sql", sql_split_bytes=-1)
 
 
 def test_sql_options_and_cursor_slot_name():

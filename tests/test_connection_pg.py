@@ -389,8 +389,10 @@ def test_resume_after_server_crash(major, transport, impl, monkeypatch):
 
         txns(0, 200)
         persisted: list[tuple[int, int, int]] = []
+        # sql: every call that finds a backlog is a split (both cursor slots outlive the crash; the stream after
+        # it drops them once their backends are gone)
         with connect(dsn, slot="crashslot", publication="pub", max_backoff=0.5, reconnect_timeout=120,
-                     transport=transport, sql_batch_changes=5000) as stream:
+                     transport=transport, sql_batch_changes=5000, sql_split_bytes=1) as stream:
             assert stream.impl == impl
             deadline = time.monotonic() + 60
             while len(persisted) < 1000 and time.monotonic() < deadline:
@@ -487,6 +489,7 @@ def both_transports(db, slot: str, plugin: str, **kwargs) -> tuple[list, list]:
     """The events of the same workload read from two slots created together: replication and sql."""
     types = column_types(db)
     expected, _ = oracle(db, slot + "_oracle", full_tables=kwargs.pop("full_tables", ("public.full_t",)))
+    splits = kwargs.pop("splits", False)
     got = []
     for transport, name in (("replication", slot), ("sql", slot + "_sql")):
         with connect(db.dsn, slot=name, plugin=plugin, transport=transport, **kwargs) as stream:
@@ -495,6 +498,7 @@ def both_transports(db, slot: str, plugin: str, **kwargs) -> tuple[list, list]:
             assert stream.transport == transport
             if transport == "sql":
                 calls = stream.stats()["calls"]
+                assert (stream.stats()["splits"] > 0) == splits
     return got[0], got[1], calls
 
 
@@ -508,6 +512,20 @@ def test_sql_transport_pgoutput_matches_replication(pg_db, binary, slot):
     assert len(sql) > 100
 
 
+@pytest.mark.parametrize("batch", [4_000_000, 7], ids=["one-call-halves", "head-in-several-calls"])
+def test_sql_transport_split_matches_replication(pg_db, batch, slot):
+    """Every call a split (sql_split_bytes=1): the head up to the middle LSN, the tail from there decoded side
+    by side; with 7 changes per call the head needs several calls to reach the middle. The same events as the
+    replication protocol, every transaction once."""
+    setup_pgoutput(pg_db, slot)
+    create_slot(pg_db.dsn, slot + "_sql", "pgoutput")
+    run(pg_db, WORKLOAD + ["TRUNCATE full_t"])
+    replication, sql, _calls = both_transports(pg_db, slot, "pgoutput", publication="pub", sql_split_bytes=1,
+                                               sql_batch_changes=batch, splits=True)
+    assert sql == replication
+    assert len(sql) > 100
+
+
 @pytest.mark.pg_servers("pg15")
 def test_sql_transport_pglogical_matches_replication(pg_db, slot):
     setup_pglogical(pg_db, slot)
@@ -515,7 +533,7 @@ def test_sql_transport_pglogical_matches_replication(pg_db, slot):
     run(pg_db, WORKLOAD)
     # several calls: pglogical starts each with its startup message
     replication, sql, calls = both_transports(pg_db, slot, "pglogical", binary=True, full_tables=(),
-                                              sql_batch_changes=50)
+                                              sql_batch_changes=50, sql_split_bytes=1, splits=True)
     assert sql == replication
     assert calls > 3
 
@@ -541,6 +559,33 @@ def test_sql_transport_streaming_two_phase(pg_db, pump, slot):
         events = read_all(stream, 1)
         assert [r["v"] for ev in events for r in ev.to_arrow().to_pylist()] == ["still prepared"]
         assert stream.stats()["calls"] >= 3
+
+
+@pytest.mark.parametrize("order", ["prepare-in-head", "both-in-head"])
+def test_sql_transport_split_two_phase(pg_db, order, slot):
+    """Prepared transactions across a split: PREPARE before the middle and COMMIT PREPARED after it (or both
+    before), two-phase decoding on. The same events as the replication protocol: the prepared transaction once
+    at PREPARE, then its COMMIT PREPARED, never replayed whole by the tail."""
+    setup_pgoutput(pg_db, slot, two_phase=True)
+    create_slot(pg_db.dsn, slot + "_sql", "pgoutput", two_phase=True)
+    before, after = (3000, 500) if order == "prepare-in-head" else (500, 3000)
+    run(pg_db, ["BEGIN; INSERT INTO a VALUES (1, 'prepared'); PREPARE TRANSACTION 'g1'",
+                f"INSERT INTO b SELECT g, repeat('v', 50) || g, NULL FROM generate_series(1, {before}) g",
+                "COMMIT PREPARED 'g1'",
+                f"INSERT INTO b SELECT g, repeat('w', 50) || g, NULL FROM generate_series({before} + 1, "
+                f"{before + after}) g"])
+    got = []
+    for transport, name in (("replication", slot), ("sql", slot + "_sql")):
+        with connect(pg_db.dsn, slot=name, publication="pub", two_phase=True, transport=transport,
+                     sql_split_bytes=1, read_timeout=0.2) as stream:
+            events = read_all(stream, 1 + before + after)
+            got.append([(ev.relation.name, r["_commit_lsn"], r["_seq"], int(r["id"]))
+                        for ev in events for r in ev.to_arrow().to_pylist()])
+            assert stream.read(0.3) == []
+            if transport == "sql":
+                assert stream.stats()["splits"] >= 1
+    assert got[1] == got[0]
+    assert [x[3] for x in got[0] if x[0] == "a"] == [1]   # the prepared row, once
 
 
 @pytest.mark.parametrize("pump", PUMPS)
@@ -585,6 +630,38 @@ def test_sql_transport_ack_semantics(pg_db, pump, slot):
     assert sorted(again) == sorted(x for x in rows if x[0] >= middle)
 
 
+@pytest.mark.parametrize("pump", PUMPS)
+def test_sql_transport_split_hands_out_every_row_once(pg_db, pump, slot):
+    """A backlog over `sql_split_bytes` is read as a split; the rows, their order and their (_commit_lsn, _seq)
+    are those of the same slot read call after call, and both cursor slots are gone at close."""
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    create_publication(pg_db.dsn, "pub")
+    create_slot(pg_db.dsn, slot, "pgoutput")
+    conn = pg_db.connect()
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        for i in range(60):
+            cur.execute("INSERT INTO t SELECT g, repeat('v', 40) || g FROM generate_series(%s, %s) g",
+                        (i * 1000, i * 1000 + 999))
+    conn.close()
+    runs = {}
+    for split_bytes in (1 << 20, 0):
+        # nothing acknowledged: each stream reads the whole backlog
+        with connect(pg_db.dsn, slot=slot, publication="pub", transport="sql", pump=pump,
+                     sql_batch_changes=20_000, sql_split_bytes=split_bytes) as stream:
+            rows = [(r["_commit_lsn"], r["_seq"], int(r["id"])) for ev in read_all(stream, 60_000)
+                    for r in ev.to_arrow().to_pylist()]
+            assert stream.read(0.3) == []
+            stats = stream.stats()
+        assert (stats["splits"] >= 1) == (split_bytes > 0)
+        assert stats["calls"] >= 4   # the head reaches the middle in two calls (20,000 changes each)
+        runs[split_bytes] = rows
+        assert pg_db.query("SELECT count(*) FROM pg_replication_slots "
+                           "WHERE temporary OR strpos(slot_name, '_swsql') > 0")[0][0] == 0
+    assert runs[1 << 20] == runs[0]
+    assert sorted(i for _, _, i in runs[0]) == list(range(60_000))
+
+
 @pytest.mark.parametrize("transport", ["replication", "sql"])
 @pytest.mark.parametrize("pump", PUMPS)
 def test_caught_up_once_the_server_has_sent_everything(pg_db, pump, transport, slot):
@@ -621,18 +698,23 @@ def test_caught_up_once_the_server_has_sent_everything(pg_db, pump, transport, s
             assert time.monotonic() - started < 5.0, "the read waited for its timeout"
 
 
-def test_sql_transport_drops_cursor_slot_of_dead_client(pg_db, slot):
-    """A client that dies mid-stream leaves its pipelined cursor slot (an ordinary slot); the next stream on the
-    same slot drops it once its backend is gone, and still reads everything not acknowledged."""
+@pytest.mark.parametrize("split_bytes", [0, 1], ids=["calls", "split"])
+def test_sql_transport_drops_cursor_slot_of_dead_client(pg_db, slot, split_bytes):
+    """A client that dies mid-stream leaves its pipelined cursor slot (an ordinary slot; after a split, the
+    tail's copy under the other name); the next stream on the same slot drops it once its backend is gone, and
+    still reads everything not acknowledged."""
     import psycopg2
 
     pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     create_publication(pg_db.dsn, "pub")
     create_slot(pg_db.dsn, slot, "pgoutput")
     pg_db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 300) g")
-    stream = connect(pg_db.dsn, slot=slot, publication="pub", transport="sql", sql_batch_changes=100)
+    stream = connect(pg_db.dsn, slot=slot, publication="pub", transport="sql", sql_batch_changes=100,
+                     sql_split_bytes=split_bytes)
     read_all(stream, 300)
+    assert (stream.stats()["splits"] > 0) == bool(split_bytes)
     cursor = stream._source.cursor_slot
+    assert ("_swsqls_" in cursor) == bool(split_bytes)   # a split hands the reading on to the tail's slot
     pids = [c.get_backend_pid() for c in stream._source.conns]
     # the client dies: its backends are terminated without close()
     killer = psycopg2.connect(pg_db.dsn)

@@ -14,6 +14,13 @@ Each call runs ``COPY (SELECT lsn, data FROM pg_logical_slot_get_binary_changes(
 <options>)) TO STDOUT (FORMAT binary)``; the pump (`CopyPump`) turns the binary rows into frame records, one
 bounded batch at a time, so a large call never sits in client memory. The server materializes one call's result
 (a tuplestore: memory up to work_mem, then a temporary file) before sending it.
+
+A backlog of at least `split_bytes` of WAL is read as two halves decoded side by side ("split"): the head, up to
+the middle LSN, on the cursor slot; the tail, from the middle on, on a copy of it advanced to the middle
+(``pg_replication_slot_advance``). A call with ``upto_lsn`` processes exactly the WAL records that start before
+it, and a slot whose confirmed position is the middle skips exactly the transactions whose commit record starts
+before it, so the two halves hand out every transaction once. Each call then costs the server its own half, plus,
+for the tail, reading the first half again in skip mode: two backends do in parallel what one would do in turn.
 """
 from __future__ import annotations
 
@@ -24,13 +31,18 @@ from .errors import ConnectionLost, ServerError
 from .session import pinned_kwargs
 from .slots import format_lsn, parse_lsn
 
-__all__ = ["SqlSource", "sql_options", "cursor_slot_name", "pipelined_cursor_slot_name", "drop_stale_cursor_slots",
-           "advance_slot"]
+__all__ = ["SqlSource", "sql_options", "cursor_slot_name", "pipelined_cursor_slot_name", "split_cursor_slot_name",
+           "drop_stale_cursor_slots", "advance_slot"]
 
 #: pause before the next call after one that reached the end of the WAL (lets a trickle gather)
 _CAUGHT_UP_PAUSE = 0.05
 #: at most this often the real slot is moved over WAL that had nothing for the stream (see `idle_advance`)
 IDLE_ADVANCE_INTERVAL = 0.5
+#: at most this much WAL in a split's head (its call reads all of it before sending a row)
+SPLIT_HEAD_MAX_BYTES = 1 << 30
+#: where the server's WAL ends for the SQL functions (their end of WAL: flushed, or replayed on a standby)
+_WAL_END = ("(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_flush_lsn() END)"
+            "::text")
 
 
 def sql_options(options: Mapping[str, str]) -> dict[str, str]:
@@ -63,11 +75,18 @@ class SqlSource:
     (persistent) slot named after the first connection's backend; `drop_cursor_slot` drops it at close, and a
     cursor slot left behind by a client that died is dropped by the next `SqlSource` on the same slot once its
     backend is gone (`drop_stale_cursor_slots`).
+
+    Pipelined, a call that starts with both connections idle and at least `split_bytes` of WAL (0: never) ahead
+    of the cursor slot is a split (see the module): the head on this connection, the tail on the other, both
+    decoding at once. The tail's slot, a copy of the cursor slot made just before, becomes the cursor slot once
+    the head's rows were handed out, and the head's is dropped. A head call that stops at `batch_changes` before
+    the middle is followed by another up to the middle before the tail's rows are handed out.
     """
 
     def __init__(self, conn: Any, pump_module: Any, *, slot: str, options: Mapping[str, str],
                  batch_changes: int, max_batch_bytes: int, start_lsn: int, flush_lsn: int,
-                 status_interval: float, max_idle_wait: float, second_conn: Any = None) -> None:
+                 status_interval: float, max_idle_wait: float, second_conn: Any = None,
+                 split_bytes: int = 0) -> None:
         self.conn = conn
         self.conns = [conn] if second_conn is None else [conn, second_conn]
         self.pipelined = second_conn is not None
@@ -77,6 +96,8 @@ class SqlSource:
         self.max_idle_wait = max(max_idle_wait, 0.05)
         self._flush_lsn = flush_lsn
         self.calls = 0
+        self.splits = 0
+        self.split_bytes = int(split_bytes) if second_conn is not None else 0
         self.status_sent = 0
         self.wal_end = 0
         self.write_lsn = 0
@@ -96,11 +117,19 @@ class SqlSource:
         self._started = [time.monotonic()] * len(self.conns)
         self._behind_since: float | None = None
         self._ahead = False  # the next call runs on the other connection
+        #: per connection: the cursor slot its running (or last) call reads
+        self._call_slot: list[str] = [""] * len(self.conns)
+        #: while a split's head runs or its rows are handed out: (head's connection, middle LSN, tail's slot)
+        self._split: tuple[int, int, str] | None = None
+        self._tail: int | None = None  # the connection of a split's tail (no call starts early beside it)
+        self._queries: dict[str, bytes] = {}
         with conn.cursor() as cur:
             cur.execute("SELECT pg_backend_pid()")
             pid = cur.fetchone()[0]
             self.cursor_slot = (pipelined_cursor_slot_name(slot, pid) if self.pipelined
                                 else cursor_slot_name(slot, pid))
+            #: the two names a pipelined source's cursor slot takes in turn (a split's tail reads the other)
+            self._slot_names = (self.cursor_slot, split_cursor_slot_name(slot, pid))
             cur.execute("SELECT confirmed_flush_lsn::text, active_pid FROM pg_replication_slots "
                         "WHERE slot_name = %s AND slot_type = 'logical'", (slot,))
             row = cur.fetchone()
@@ -119,13 +148,10 @@ class SqlSource:
             if self.start_position > self.real_confirmed:
                 cur.execute("SELECT pg_replication_slot_advance(%s, %s)",
                             (self.cursor_slot, format_lsn(self.start_position)))
-            pairs: list[str] = []
+            self._pairs: list[str] = []
             for key, value in options.items():
-                pairs += [key, value]
-            self._query = cur.mogrify(
-                "COPY (SELECT lsn, data FROM pg_logical_slot_get_binary_changes(%s, NULL, %s"
-                + ", %s" * len(pairs) + ")) TO STDOUT (FORMAT binary)",
-                [self.cursor_slot, self.batch_changes, *pairs])
+                self._pairs += [key, value]
+            self._queries[self.cursor_slot] = self._call_query(cur, self.cursor_slot)
         self.pumps = [pump_module.CopyPump(c.pgconn_ptr, max_batch_bytes=max_batch_bytes) for c in self.conns]
         self.pump = self.pumps[0]
 
@@ -163,8 +189,40 @@ class SqlSource:
 
     def counters(self) -> dict[str, int]:
         return {"messages": sum(p.messages for p in self.pumps), "bytes": sum(p.bytes for p in self.pumps),
-                "batches": sum(p.batches for p in self.pumps), "calls": self.calls,
+                "batches": sum(p.batches for p in self.pumps), "calls": self.calls, "splits": self.splits,
                 "status_sent": self.status_sent}
+
+    def _call_query(self, cur: Any, cursor_slot: str, upto_lsn: int | None = None,
+                    advance_to: int | None = None) -> bytes:
+        """One call's COPY: the changes after `cursor_slot`'s position, at most `batch_changes` of them (a split's
+        head: of the WAL records that start before `upto_lsn`; its tail: after advancing the slot to
+        `advance_to`, in the same statement so the server does both while this side reads the head)."""
+        options = ", %s" * len(self._pairs)
+        if advance_to is None:
+            return cur.mogrify(
+                "COPY (SELECT lsn, data FROM pg_logical_slot_get_binary_changes(%s, %s, %s" + options
+                + ")) TO STDOUT (FORMAT binary)",
+                [cursor_slot, None if upto_lsn is None else format_lsn(upto_lsn), self.batch_changes,
+                 *self._pairs])
+        # LATERAL: the function call takes its slot name from the advance's result, so the advance runs first
+        return cur.mogrify(
+            "COPY (SELECT c.lsn, c.data FROM pg_replication_slot_advance(%s, %s) a, "
+            "LATERAL pg_logical_slot_get_binary_changes(a.slot_name, NULL, %s" + options
+            + ") c) TO STDOUT (FORMAT binary)",
+            [cursor_slot, format_lsn(advance_to), self.batch_changes, *self._pairs])
+
+    def _query_for(self, cursor_slot: str) -> bytes:
+        query = self._queries.get(cursor_slot)
+        if query is None:
+            with self.conn.cursor() as cur:
+                query = self._queries[cursor_slot] = self._call_query(cur, cursor_slot)
+        return query
+
+    def _start_call(self, index: int, query: bytes, cursor_slot: str) -> None:
+        self.pumps[index].start(query)
+        self._started[index] = time.monotonic()
+        self._call_slot[index] = cursor_slot
+        self.calls += 1
 
     # ------------------------------------------------------------------------------------------------ reading
     def read(self, timeout: float) -> bytes:
@@ -180,13 +238,12 @@ class SqlSource:
                         return b""
                     time.sleep(self._next_call - now)
                 self.housekeeping()
-                pump.start(self._query)
-                self._started[self._cur] = time.monotonic()
-                self.calls += 1
+                if not self._start_split():
+                    self._start_call(self._cur, self._query_for(self.cursor_slot), self.cursor_slot)
             data = pump.read(max(deadline - time.monotonic(), 0.0))
             if pump.max_lsn > self.write_lsn:
                 self.write_lsn = pump.max_lsn
-            if (self.pipelined and not self._ahead and self._backoff == 0.0
+            if (self.pipelined and not self._ahead and self._backoff == 0.0 and self._tail is None
                     and (pump.rows > 0 or not pump.active)):
                 # this call is decoded (its first row came, or it ended) and the backlog was not exhausted by
                 # the previous call: have the server decode the next one meanwhile
@@ -200,10 +257,10 @@ class SqlSource:
             if data or time.monotonic() >= deadline:
                 return data
 
-    def _slot_position(self, conn: Any) -> int:
+    def _slot_position(self, conn: Any, cursor_slot: str) -> int:
         with conn.cursor() as cur:
             cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                        (self.cursor_slot,))
+                        (cursor_slot,))
             row = cur.fetchone()
         return parse_lsn(row[0]) if row is not None and row[0] is not None else 0
 
@@ -211,12 +268,80 @@ class SqlSource:
         other = 1 - self._cur
         conn = self.conns[other]
         # the running call has confirmed the cursor slot's position and released it: that position is its end
-        self._ends[self._cur] = self._slot_position(conn)
+        self._ends[self._cur] = self._slot_position(conn, self._call_slot[self._cur])
         self.housekeeping(conn)
-        self.pumps[other].start(self._query)
-        self._started[other] = time.monotonic()
-        self.calls += 1
+        self._start_call(other, self._query_for(self.cursor_slot), self.cursor_slot)
         self._ahead = True
+
+    def _start_split(self) -> bool:
+        """Start a split (head here, tail on the other connection) when at least `split_bytes` of WAL lie ahead;
+        False (nothing started) otherwise."""
+        import psycopg2
+
+        other = 1 - self._cur
+        if not self.split_bytes or self._ahead or self.pumps[other].active:
+            return False
+        # housekeeping's WAL position (at most a second old) filters out the calls of a stream that keeps up
+        if self.wal_end - max(self.read_end, self.start_position) < self.split_bytes:
+            return False
+        spare = self._slot_names[1] if self.cursor_slot == self._slot_names[0] else self._slot_names[0]
+        with self.conns[other].cursor() as cur:
+            cur.execute("SELECT confirmed_flush_lsn::text, " + _WAL_END + " FROM pg_replication_slots "
+                        "WHERE slot_name = %s", (self.cursor_slot,))
+            row = cur.fetchone()
+            start, end = parse_lsn(row[0]), parse_lsn(row[1])
+            if end - start < self.split_bytes:
+                return False
+            middle = start + min((end - start) // 2, SPLIT_HEAD_MAX_BYTES)
+            try:
+                # a spare left by a drop that failed goes first
+                cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                            "WHERE slot_name = %s AND active_pid IS NULL", (spare,))
+                cur.execute("SELECT pg_copy_logical_replication_slot(%s, %s, false)", (self.cursor_slot, spare))
+            except psycopg2.Error as exc:
+                if getattr(exc, "pgcode", None) != "53400":
+                    raise
+                self.split_bytes = 0  # no free slot for the tail (max_replication_slots): read in turn
+                return False
+            head = self._call_query(cur, self.cursor_slot, upto_lsn=middle)
+            tail = self._call_query(cur, spare, advance_to=middle)
+        self._split = (self._cur, middle, spare)
+        self._tail = other
+        self._start_call(self._cur, head, self.cursor_slot)
+        self._start_call(other, tail, spare)
+        self._ahead = True
+        self.splits += 1
+        return True
+
+    def _head_done(self, end: int, middle: int, spare: str) -> None:
+        """A call of a split's head has handed out all its rows (its connection is idle now)."""
+        conn, other = self.conns[self._cur], 1 - self._cur
+        self.read_end = max(self.read_end, end)
+        self._backoff, self._next_call = 0.0, time.monotonic()
+        if end < middle:
+            # stopped at batch_changes short of the middle: another call goes on to it before the tail's rows
+            with conn.cursor() as cur:
+                query = self._call_query(cur, self.cursor_slot, upto_lsn=middle)
+            self._split = (self._cur, middle, spare)
+            self._start_call(self._cur, query, self.cursor_slot)
+            return
+        # the head read every record that starts before the middle: the tail's rows follow on
+        self._drop_slot(conn, self.cursor_slot)
+        self.cursor_slot = spare
+        self._cur = other
+        self._ahead = False
+
+    @staticmethod
+    def _drop_slot(conn: Any, name: str) -> None:
+        import psycopg2
+
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+        except psycopg2.Error as exc:
+            if getattr(exc, "pgcode", None) in (None, "08000", "08003", "08006", "57P01"):
+                raise
+            # still in use for a moment: the next split or close() drops it
 
     def _call_done(self, rows: int) -> None:
         # where the call stopped reading: `get` confirms the end of the WAL it decoded on the cursor slot, also
@@ -224,7 +349,13 @@ class SqlSource:
         end = self._ends[self._cur]
         self._ends[self._cur] = None
         if end is None:
-            end = self._slot_position(self.conns[self._cur])
+            end = self._slot_position(self.conns[self._cur], self._call_slot[self._cur])
+        if self._split is not None and self._split[0] == self._cur:
+            split, self._split = self._split, None
+            self._head_done(end, split[1], split[2])
+            return
+        if self._tail == self._cur:
+            self._tail = None
         self.read_end = max(self.read_end, end)
         now = time.monotonic()
         if rows == 0:
@@ -303,9 +434,11 @@ class SqlSource:
         has finished exiting (temporary) or the next stream cleans up (pipelined). Best effort."""
         if self.busy:
             return
+        names = list(self._slot_names) if self.pipelined else [self.cursor_slot]
         try:
             with self.conn.cursor() as cur:
-                cur.execute("SELECT pg_drop_replication_slot(%s)", (self.cursor_slot,))
+                cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                            "WHERE slot_name = ANY(%s)", (names,))
         except Exception:  # noqa: BLE001 - see above
             pass
 
@@ -332,17 +465,24 @@ def pipelined_cursor_slot_name(slot: str, backend_pid: int) -> str:
     return f"{slot[:40]}_swsqlp_{backend_pid}"
 
 
+def split_cursor_slot_name(slot: str, backend_pid: int) -> str:
+    """The other name a pipelined source's cursor slot takes (a split's tail reads a copy by this name)."""
+    return f"{slot[:40]}_swsqls_{backend_pid}"
+
+
 def drop_stale_cursor_slots(cur: Any, slot: str) -> None:
     """Drop pipelined cursor slots of `slot` whose owning backend has exited (a client that died before close):
-    inactive slots named ``<slot>_swsqlp_<pid>`` with no backend `pid`."""
+    inactive slots named ``<slot>_swsqlp_<pid>`` or ``<slot>_swsqls_<pid>`` with no backend `pid`."""
     import psycopg2
 
-    prefix = f"{slot[:40]}_swsqlp_"
-    cur.execute("SELECT slot_name FROM pg_replication_slots WHERE active_pid IS NULL AND NOT temporary "
-                "AND left(slot_name, %s) = %s AND substr(slot_name, %s) ~ '^[0-9]+$' "
-                "AND substr(slot_name, %s)::int NOT IN (SELECT pid FROM pg_stat_activity)",
-                (len(prefix), prefix, len(prefix) + 1, len(prefix) + 1))
-    for (name,) in cur.fetchall():
+    names = []
+    for prefix in (f"{slot[:40]}_swsqlp_", f"{slot[:40]}_swsqls_"):
+        cur.execute("SELECT slot_name FROM pg_replication_slots WHERE active_pid IS NULL AND NOT temporary "
+                    "AND left(slot_name, %s) = %s AND substr(slot_name, %s) ~ '^[0-9]+$' "
+                    "AND substr(slot_name, %s)::int NOT IN (SELECT pid FROM pg_stat_activity)",
+                    (len(prefix), prefix, len(prefix) + 1, len(prefix) + 1))
+        names += [name for (name,) in cur.fetchall()]
+    for name in names:
         try:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (name,))
         except psycopg2.Error:

@@ -106,13 +106,16 @@ class ReplicationStream:
                  decoder_factory: Callable[[str], Any] | None = None,
                  connect_kwargs: Mapping[str, Any] | None = None, transport: str = "replication",
                  sql_batch_changes: int = 4_000_000, type_catalog: Any = "auto",
-                 heartbeat_interval: float | None = None) -> None:
+                 heartbeat_interval: float | None = None, sql_split_bytes: int = 16 << 20) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be 'replication' or 'sql', not {transport!r}")
         if sql_batch_changes < 1:
             raise ValueError("sql_batch_changes must be at least 1")
+        if sql_split_bytes < 0:
+            raise ValueError("sql_split_bytes must be 0 (never split) or more")
         self.transport = transport
         self.sql_batch_changes = int(sql_batch_changes)
+        self.sql_split_bytes = int(sql_split_bytes)
         self.dsn = dsn
         self.slot = slot
         self.plugin = plugin
@@ -184,7 +187,8 @@ class ReplicationStream:
         #: (events, committed LSN) the next read hands out first; an error it met, raised by the next read
         self._pending: tuple[list[Any], int] | None = None
         self._pending_error: BaseException | None = None
-        self._totals = {"messages": 0, "bytes": 0, "keepalives": 0, "status_sent": 0, "batches": 0, "calls": 0}
+        self._totals = {"messages": 0, "bytes": 0, "keepalives": 0, "status_sent": 0, "batches": 0, "calls": 0,
+                        "splits": 0}
         self._batches = 0
         self._write_lsn = 0
         self._wal_end = 0
@@ -411,7 +415,7 @@ class ReplicationStream:
                                batch_changes=self.sql_batch_changes, max_batch_bytes=self.max_batch_bytes,
                                start_lsn=self._start_lsn, flush_lsn=self._acked,
                                status_interval=self.status_interval, max_idle_wait=self.read_timeout,
-                               second_conn=second)
+                               second_conn=second, split_bytes=self.sql_split_bytes)
         except BaseException:
             conn.close()
             if second is not None:
@@ -771,7 +775,8 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
             connect_kwargs: Mapping[str, Any] | None = None,
             transport: Literal["replication", "sql"] = "replication",
             sql_batch_changes: int = 4_000_000, type_catalog: Any = "auto", heartbeat_interval: float | None = None,
-            types: Literal["typed", "raw"] = "typed", numeric: Literal["decimal", "text"] = "decimal",
+            sql_split_bytes: int = 16 << 20, types: Literal["typed", "raw"] = "typed",
+            numeric: Literal["decimal", "text"] = "decimal",
             on_unrepresentable: Literal["text", "error"] = "text",
             column_types: Mapping[str, Literal["text", "raw"]] | None = None) -> ReplicationStream:
     """Open a replication stream on `slot` and return it, streaming. See :class:`ReplicationStream`.
@@ -789,7 +794,9 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
       with a replication origin) are left out.
     * `transport`: "replication" (default: walsender connection, low latency, keepalives) or "sql" (an ordinary
       connection reading the slot with the SQL functions: catch-up throughput; `sql_batch_changes` = changes per
-      call, default 4,000,000). The events and the acknowledgement rules are the same.
+      call, default 4,000,000; `sql_split_bytes`: a backlog of at least this much WAL, default 16 MiB, is decoded
+      as two halves side by side by two server backends, 0: never). The events and the acknowledgement rules are
+      the same.
     * `extra_options`: more START_REPLICATION options, sent as given.
     * tuning: `status_interval` (10 s; sql: how often acknowledged positions move the slot), `reconnect` (True),
       `reconnect_timeout` (300 s; None: forever), `max_backoff` (5 s), `max_batch_bytes` (4 MiB), `read_timeout`
@@ -819,7 +826,7 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
                                max_batch_bytes=max_batch_bytes, read_timeout=read_timeout, pump=pump,
                                decoder_factory=decoder_factory, connect_kwargs=connect_kwargs, transport=transport,
                                sql_batch_changes=sql_batch_changes, type_catalog=type_catalog,
-                               heartbeat_interval=heartbeat_interval)
+                               heartbeat_interval=heartbeat_interval, sql_split_bytes=sql_split_bytes)
     if options:
         stream._decoder_factory = lambda p: _default_decoder_factory(p, stream.type_catalog, **options)
     try:
