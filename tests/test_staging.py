@@ -110,6 +110,40 @@ def test_commit_and_read_back(tmp_path, impl):
     assert everything.num_rows == sum(len(r) for r in expected.values())
 
 
+def test_dictionary_only_for_columns_of_few_values(tmp_path):
+    """A staged file dictionary-encodes the change columns that hold a few values per file and the table columns
+    with few distinct values among the rows it samples (a status column); a column of distinct values (a key, a
+    free text) is written with plain pages, and every value reads back."""
+    import pyarrow.parquet as pq
+
+    rel = relation(cols=("id", "status", "note"))
+    n = 20_000
+    rows = [(1000 + i // 500, i, (str(i), ("new", "paid", "sent")[i % 3], f"note {i * 7919}"))
+            for i in range(n)]
+    entry = stage_all(tmp_path, [batch(rel, rows[:n // 2]), batch(rel, rows[n // 2:])], 1000 + n // 500)
+    (f,) = entry["files"]
+    meta = pq.ParquetFile(tmp_path / f["path"]).metadata
+    chunks = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i)
+              for i in range(meta.num_columns)}
+
+    def has_dictionary(name: str) -> bool:
+        return chunks[name].dictionary_page_offset is not None
+
+    for name in ("_change_type", "_commit_lsn", "_commit_ts", "_xid", "_origin", "status"):
+        assert has_dictionary(name), name
+    for name in ("_seq", "id", "note"):
+        assert not has_dictionary(name), name
+    got = read_staging(tmp_path, "public.t").to_pylist()
+    assert [(r["_commit_lsn"], r["_seq"], r["id"], r["status"], r["note"]) for r in got] == \
+           [(lsn, seq, *values) for lsn, seq, values in rows]
+    # an empty table: nothing to sample
+    assert staging_mod.dictionary_columns(pa.table({"a": pa.array([], pa.string())})) == ["a"]
+    # the sample is taken chunk by chunk, at the same rows as over one chunk
+    chunked = pa.chunked_array([list(range(7)), [7], [], list(range(8, 30))])
+    for step in (1, 2, 3, 5, 40):
+        assert staging_mod._every_nth(chunked, step).to_pylist() == list(range(0, 30, step))
+
+
 def test_state_reports_resume_point_and_high_water(tmp_path, impl):
     events, lsn = decode_events(impl, PGOUTPUT)
     out = tmp_path / "out"

@@ -50,6 +50,48 @@ _U64 = pa.uint64()
 
 #: batches averaging fewer rows than this are combined into one chunk before they are encoded
 _COMBINE_MAX_MEAN_ROWS = 1024
+#: change columns of a few values per file: always dictionary-encoded
+_DICTIONARY_ALWAYS = frozenset(("_change_type", "_origin", "_unchanged_toast"))
+#: rows sampled (spread over the data) to decide whether a column gets a dictionary
+_DICTIONARY_SAMPLE = 4096
+
+
+def dictionary_columns(data: pa.Table | pa.RecordBatch) -> list[str]:
+    """The columns to dictionary-encode: the change columns that hold a few values per file, and every other
+    non-nested column with at most one distinct value in eight among about `_DICTIONARY_SAMPLE` rows spread over
+    `data`.
+
+    A column of mostly distinct values gains nothing from a dictionary: the Parquet writer hashes values into one
+    until it outgrows its page limit and then writes plain pages anyway. Measured on the ingest benchmark's
+    500,000 rows (7 columns, zstd): 0.142 s and 11.6 MB with a dictionary for every column, 0.109 s and 10.7 MB
+    with the columns this picks (the transaction columns, `qty`, `at`); the sample costs 4 ms.
+    """
+    rows = data.num_rows
+    if rows == 0:
+        return [f.name for f in data.schema]
+    step = max(rows // _DICTIONARY_SAMPLE, 1)
+    names = []
+    for i, field in enumerate(data.schema):
+        if field.name in _DICTIONARY_ALWAYS:
+            names.append(field.name)
+        elif not pa.types.is_nested(field.type):
+            sample = _every_nth(data.column(i), step)
+            if pc.count_distinct(sample, mode="all").as_py() * 8 <= len(sample):
+                names.append(field.name)
+    return names
+
+
+def _every_nth(column: pa.Array | pa.ChunkedArray, step: int) -> pa.ChunkedArray:
+    """Rows 0, step, 2 * step, ... of `column`, taken chunk by chunk (a chunked array's own `take` joins its chunks
+    into one copy of the column first)."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    parts, offset = [], 0   # offset: the next sampled row, from the start of the current chunk
+    for chunk in chunks:
+        if offset < len(chunk):
+            parts.append(chunk.take(pa.array(range(offset, len(chunk), step), pa.int64())))
+        offset = (offset - len(chunk)) % step
+    return pa.chunked_array(parts, column.type)
+
 
 class _Group:
     """Buffered batches of one table schema version."""
@@ -112,7 +154,8 @@ class _SnapshotFile:
         stored = store_batch(rb.replace_schema_metadata(_file_metadata(self.sv)))
         if self.writer is None:
             self.schema = stored.schema
-            self.writer = pq.ParquetWriter(str(self.tmp), self.schema, compression=self.compression)
+            self.writer = pq.ParquetWriter(str(self.tmp), self.schema, compression=self.compression,
+                                           use_dictionary=dictionary_columns(stored))
         elif stored.schema != self.schema:       # same version: the same Arrow types, field details may differ
             stored = pa.RecordBatch.from_arrays(stored.columns, schema=self.schema)
         self.writer.write_batch(stored)
@@ -502,7 +545,8 @@ class StagingWriter:
     # ------------------------------------------------------------------ committing
     def _encode_parquet(self, table: pa.Table) -> pa.Buffer:
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression=self.compression if self.compression != "none" else None)
+        pq.write_table(table, sink, compression=self.compression if self.compression != "none" else None,
+                       use_dictionary=dictionary_columns(table))
         return sink.getvalue()
 
     def _put(self, rel_dir: str, name: str, data: pa.Buffer, created: list[Path], dirs: set[Path]) -> None:
