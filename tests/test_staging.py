@@ -415,6 +415,87 @@ def test_disk_full_leaves_the_log_unchanged(tmp_path, monkeypatch, fail_on):
     assert entry["commit"] == 2 and read_staging(out, "public.t").num_rows == 2
 
 
+def _held_commits(monkeypatch, w: StagingWriter, fail_first: bool = False):
+    """Hold the first commit's encoding until the returned event is set (then fail it, with `fail_first`)."""
+    import threading
+
+    release, first = threading.Event(), []
+    real = w._encode_parquet
+
+    def encode(table):
+        if not first:
+            first.append(threading.current_thread())
+        if threading.current_thread() is first[0]:
+            assert release.wait(30)
+            if fail_first:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(table)
+
+    monkeypatch.setattr(w, "_encode_parquet", encode)
+    return release
+
+
+def _wait_until(condition, timeout: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_two_commits_in_flight_publish_in_order(tmp_path, monkeypatch):
+    """commit_async keeps two commits in flight: the newer one's file is written while the older one is still
+    encoding, but its log entry waits for the older one's; a third waits for the oldest (back-pressure)."""
+    import threading
+
+    out = tmp_path / "out"
+    rel = relation()
+    with StagingWriter(out, protocol="pgoutput") as w:
+        release = _held_commits(monkeypatch, w)
+        w.add(batch(rel, [(10, 0, ("1", "a"))]))
+        assert w.commit_async(10)
+        w.add(batch(rel, [(20, 0, ("2", "b"))]))
+        assert w.commit_async(20)
+        part2 = out / "public.t" / "v1" / "part-0000000000000014-0000000000000014-00000002.parquet"
+        _wait_until(part2.exists)                # commit 2's file is written and fsynced ...
+        assert read_log(out) == [] and w.poll() is None and w.committed_lsn == 0   # ... but nothing published
+        w.add(batch(rel, [(30, 0, ("3", "c"))]))
+        third = threading.Thread(target=w.commit_async, args=(30,))
+        third.start()
+        third.join(0.3)
+        assert third.is_alive()                  # two in flight: the third waits for the oldest
+        release.set()
+        third.join(30)
+        assert not third.is_alive()
+        w.wait()
+        assert [e["commit"] for e in w.completed] == [1, 2, 3]
+        assert [e["committed_lsn"] for e in read_log(out)] == [10, 20, 30] and w.committed_lsn == 30
+    assert read_staging(out, "public.t").column("id").to_pylist() == ["1", "2", "3"]
+
+
+def test_a_failed_commit_takes_the_newer_one_in_flight_with_it(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    rel = relation()
+    stage_all(out, [batch(rel, [(5, 0, ("0", "z"))])], 5)
+    before = staged_files(out)
+    with StagingWriter(out, protocol="pgoutput") as w:
+        release = _held_commits(monkeypatch, w, fail_first=True)
+        w.add(batch(rel, [(10, 0, ("1", "a"))]))
+        assert w.commit_async(10)
+        w.add(batch(rel, [(20, 0, ("2", "b"))]))
+        assert w.commit_async(20)
+        part2 = out / "public.t" / "v1" / "part-0000000000000014-0000000000000014-00000003.parquet"
+        _wait_until(part2.exists)
+        release.set()
+        with pytest.raises(StagingError, match="Input/output error"):
+            w.wait()
+        assert staged_files(out) == before       # neither commit left a file, the log ends at commit 1
+        assert [e["commit"] for e in read_log(out)] == [1] and w.committed_lsn == 5
+        with pytest.raises(StagingError, match="an earlier staging commit"):
+            w.commit_async(30)
+
+
 def test_one_writer_per_folder(tmp_path):
     out = tmp_path / "out"
     with StagingWriter(out, protocol="pgoutput"):

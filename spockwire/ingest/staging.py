@@ -10,6 +10,7 @@ in every log entry and refuses a folder whose recorded source differs. The full 
 """
 from __future__ import annotations
 
+import collections
 import datetime as _dt
 import json
 import os
@@ -48,6 +49,10 @@ _U64 = pa.uint64()
 
 # ---------------------------------------------------------------------------------------------------- the writer
 
+#: staging commits `commit_async` has being written at once: the newer one's files are encoded, written and
+#: fsynced while the older one finishes; its log entry waits for the older one's (the log has no gaps)
+MAX_COMMITS_IN_FLIGHT = 2
+
 #: batches averaging fewer rows than this are combined into one chunk before they are encoded
 _COMBINE_MAX_MEAN_ROWS = 1024
 #: change columns of a few values per file: always dictionary-encoded
@@ -57,9 +62,9 @@ _DICTIONARY_SAMPLE = 4096
 
 
 def dictionary_columns(data: pa.Table | pa.RecordBatch) -> list[str]:
-    """The columns to dictionary-encode: the change columns that hold a few values per file, and every other
-    non-nested column with at most one distinct value in eight among about `_DICTIONARY_SAMPLE` rows spread over
-    `data`.
+    """The columns to dictionary-encode: the change columns that hold a few values per file, dictionary-typed
+    columns (enums), and every other non-nested column with at most one distinct value in eight among about
+    `_DICTIONARY_SAMPLE` rows spread over `data`.
 
     A column of mostly distinct values gains nothing from a dictionary: the Parquet writer hashes values into one
     until it outgrows its page limit and then writes plain pages anyway. Measured on the ingest benchmark's
@@ -72,11 +77,15 @@ def dictionary_columns(data: pa.Table | pa.RecordBatch) -> list[str]:
     step = max(rows // _DICTIONARY_SAMPLE, 1)
     names = []
     for i, field in enumerate(data.schema):
-        if field.name in _DICTIONARY_ALWAYS:
+        if field.name in _DICTIONARY_ALWAYS or pa.types.is_dictionary(field.type):
             names.append(field.name)
         elif not pa.types.is_nested(field.type):
             sample = _every_nth(data.column(i), step)
-            if pc.count_distinct(sample, mode="all").as_py() * 8 <= len(sample):
+            try:
+                distinct = pc.count_distinct(sample, mode="all").as_py()
+            except pa.ArrowNotImplementedError:
+                distinct = 0   # a type the kernel does not count: the writer's default, a dictionary
+            if distinct * 8 <= len(sample):
                 names.append(field.name)
     return names
 
@@ -308,9 +317,10 @@ class StagingWriter:
         self._msg_hwm = self.state.message_high_water
         self._nontx_hwm = self.state.nontransactional_high_water
         self._version_cache: dict[str, tuple[Relation, pa.Schema, SchemaVersion]] = {}
-        # staging commits handed to the background writer (`commit_async`): at most one in flight
+        # staging commits handed to the background writers (`commit_async`), oldest first: at most
+        # MAX_COMMITS_IN_FLIGHT, each (Future of its entry, _Sealed)
         self._executor: Any = None
-        self._inflight: Any = None            # (Future of the entry, _Sealed)
+        self._inflight: collections.deque[tuple[Any, _Sealed]] = collections.deque()
         self._failed: BaseException | None = None
         #: log entries of `commit_async` commits that became durable, for the caller to take (and clear)
         self.completed: list[dict[str, Any]] = []
@@ -573,7 +583,7 @@ class StagingWriter:
     @property
     def busy(self) -> bool:
         """True while a commit handed to `commit_async` is being written (or written and not yet collected)."""
-        return self._inflight is not None
+        return bool(self._inflight)
 
     def _seal(self, committed_lsn: int, snapshot: dict[str, Any] | None) -> _Sealed | None:
         """What the next commit writes: the buffered events (taken as they are), its number and LSN."""
@@ -612,46 +622,65 @@ class StagingWriter:
     def commit_async(self, committed_lsn: int) -> bool:
         """Hand everything buffered to a background thread that writes it as the next staging commit, exactly as
         `commit` does, and return at once: the caller goes on adding events while the files are encoded,
-        compressed, written and fsynced (pyarrow and fsync release the GIL). At most one commit is in flight: if
-        one is, this waits for it first (back-pressure). The commit is durable -- and `committed_lsn` moves to it
-        -- only once `poll()` or `wait()` returned its entry; until then only the previous `committed_lsn` may be
-        acknowledged. A failure is raised by the next `poll`, `wait`, `commit` or `commit_async` (the same
-        StagingError `commit` raises); the events of the failed commit are not kept, and the writer refuses
-        further commits. Returns False when there was nothing to commit."""
+        compressed, written and fsynced (pyarrow and fsync release the GIL). At most `MAX_COMMITS_IN_FLIGHT`
+        commits are in flight, on as many threads: with that many, this waits for the oldest first
+        (back-pressure). A newer commit's files are written beside the older one's; its log entry only after the
+        older one's. The commit is durable -- and `committed_lsn` moves to it -- only once `poll()` or `wait()`
+        collected its entry (in `completed`); until then only the previous `committed_lsn` may be acknowledged.
+        A failure is raised by the next `poll`, `wait`, `commit` or `commit_async` (the same StagingError
+        `commit` raises); the events of the failed commit and of any newer one in flight are not kept (their files
+        are removed), and the writer refuses further commits. Returns False when there was nothing to commit."""
         self._check_open()
-        self.wait()
+        self._raise_failed()
+        while len(self._inflight) >= MAX_COMMITS_IN_FLIGHT:
+            self._collect_oldest()
         sealed = self._seal(committed_lsn, None)
         if sealed is None:
             return False
         if self._executor is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spockwire-staging")
+            self._executor = ThreadPoolExecutor(max_workers=MAX_COMMITS_IN_FLIGHT,
+                                                thread_name_prefix="spockwire-staging")
         self._sealed_commit, self._sealed_lsn = sealed.number, sealed.new_lsn
         self._reset_buffer()
-        self._inflight = (self._executor.submit(self._write_sealed, sealed), sealed)
+        before = self._inflight[-1][0] if self._inflight else None
+        self._inflight.append((self._executor.submit(self._write_sealed, sealed, before), sealed))
         return True
 
     def poll(self) -> dict[str, Any] | None:
-        """The log entry of the commit `commit_async` started, once it is durable (else None, without waiting)."""
-        if self._inflight is None or not self._inflight[0].done():
-            self._raise_failed()
-            return None
-        return self.wait()
+        """Collect the commits `commit_async` started that are durable, oldest first, without waiting; the newest
+        one's log entry (None if none was)."""
+        entry = None
+        while self._inflight and self._inflight[0][0].done():
+            entry = self._collect_oldest()
+        self._raise_failed()
+        return entry
 
     def wait(self) -> dict[str, Any] | None:
-        """Wait for the commit `commit_async` started; returns its log entry (None if none was in flight)."""
+        """Wait for every commit `commit_async` started; returns the newest log entry (None if none was in
+        flight)."""
         self._raise_failed()
-        if self._inflight is None:
-            return None
-        future, sealed = self._inflight
+        entry = None
+        while self._inflight:
+            entry = self._collect_oldest()
+        return entry
+
+    def _collect_oldest(self) -> dict[str, Any]:
+        future, _sealed = self._inflight[0]
         try:
             entry = future.result()
         except BaseException as exc:
-            self._inflight = None
+            # the newer commits in flight fail too (each waits for the one before it) and remove their files
+            for later, _ in list(self._inflight)[1:]:
+                try:
+                    later.result()
+                except BaseException:  # noqa: BLE001 - reported as this failure
+                    pass
+            self._inflight.clear()
             self._failed = exc
             raise
-        self._inflight = None
+        self._inflight.popleft()
         self._apply_entry(entry)
         self.completed.append(entry)
         return entry
@@ -688,9 +717,11 @@ class StagingWriter:
                   for item in pc.value_counts(table.column("_change_type")).to_pylist()}
         return table, counts
 
-    def _write_sealed(self, sealed: _Sealed) -> dict[str, Any]:
-        """Write one sealed commit: the files, durably, then the log entry (the commit point). Changes nothing
-        in the writer's memory, so it can run on the background thread; on failure removes what it wrote."""
+    def _write_sealed(self, sealed: _Sealed, before: Any = None) -> dict[str, Any]:
+        """Write one sealed commit: the files, durably, then -- once the commit `before` (a Future, the previous
+        commit in flight) has its log entry -- the log entry (the commit point). Changes nothing in the writer's
+        memory, so it can run on a background thread; on failure (its own, or `before`'s) removes what it
+        wrote."""
         number, previous, new_lsn = sealed.number, sealed.previous, sealed.new_lsn
         created: list[Path] = []
         dirs: set[Path] = set()
@@ -731,6 +762,9 @@ class StagingWriter:
             step = "syncing the folders"
             for folder in sorted(dirs):
                 _fsync_dir(folder)
+            if before is not None:
+                step = f"waiting for commit {number - 1}"
+                before.result()   # its log entry first: the log has no gaps
             entry = {
                 "format": FORMAT_VERSION, "commit": number, "committed_lsn": new_lsn,
                 "committed_lsn_text": format_lsn(new_lsn), "previous_committed_lsn": previous,
@@ -788,7 +822,7 @@ class StagingWriter:
         `commit_async` started is finished first (its failure is not raised here: it was never acknowledged)."""
         if self._lock is not None:
             try:
-                if self._inflight is not None:
+                if self._inflight:
                     try:
                         self.wait()
                     except BaseException:  # noqa: BLE001 - not committed, not acknowledged; the files are gone
