@@ -380,7 +380,7 @@ def test_a_backlog_is_committed_when_the_stream_catches_up(pg_db, tmp_path, capl
     rows = 200_000
     for lo in range(0, rows, 1000):   # a backlog that takes longer than --flush-seconds to read
         pg_db.execute("INSERT INTO b SELECT g, 'row ' || g FROM generate_series(%s, %s) g", (lo, lo + 999))
-    flush = 0.3
+    flush = 0.1   # shorter than reading the backlog takes, even over the SQL transport
     worker = IngestWorker(IngestConfig(dsn=pg_db.dsn, slot=slot, out=str(tmp_path / "staging"), publication=["pub"],
                                        flush_seconds=flush, progress=False, transport=transport,
                                        extra={"pump": pump}))
@@ -422,6 +422,42 @@ def test_a_backlog_is_committed_when_the_stream_catches_up(pg_db, tmp_path, capl
     text = worker.metrics.render()
     for reason, n in by_reason.items():
         assert f'spockwire_staging_commits_by_reason_total{{reason="{reason}"}} {n}\n' in text, text
+
+
+@pytest.mark.pg_servers("pg15", "pg18")
+@pytest.mark.parametrize("transport,pump", [("replication", "python"), ("sql", "c")])
+def test_a_backlog_read_in_less_than_flush_seconds_is_committed_when_caught_up(pg_db, tmp_path, caplog, transport,
+                                                                               pump):
+    """A backlog of at least 1/64 of --flush-rows is staged when the stream catches up even when it was read in
+    far less than --flush-seconds; a small transaction after it waits for the age limit."""
+    pg_db.execute("CREATE TABLE b (id int PRIMARY KEY, v text)")
+    create_publication(pg_db.dsn, "pub")
+    slot = f"{pg_db.name}_s"
+    create_slot(pg_db.dsn, slot, "pgoutput")
+    for lo in range(0, 20_000, 1000):
+        pg_db.execute("INSERT INTO b SELECT g, 'row ' || g FROM generate_series(%s, %s) g", (lo, lo + 999))
+    worker = IngestWorker(IngestConfig(dsn=pg_db.dsn, slot=slot, out=str(tmp_path / "staging"), publication=["pub"],
+                                       flush_seconds=60, flush_rows=64_000, progress=False, transport=transport,
+                                       extra={"pump": pump}))
+    result: list[int] = []
+    caplog.set_level("INFO", logger="spockwire.ingest")
+    thread = threading.Thread(target=lambda: result.append(worker.run()))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while sum(e["rows"] for e in _staged_events(caplog.records)) < 20_000:
+            assert time.monotonic() < deadline and thread.is_alive(), _staged_events(caplog.records)
+            time.sleep(0.05)
+        assert [e["reason"] for e in _staged_events(caplog.records)] == ["caught_up"]
+        pg_db.execute("INSERT INTO b SELECT g, 'small' FROM generate_series(20000, 20009) g")   # under 1,000 rows
+        time.sleep(2.0)
+        assert sum(e["rows"] for e in _staged_events(caplog.records)) == 20_000
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+    assert result == [0]
+    assert [(e["reason"], e["rows"]) for e in _staged_events(caplog.records)] == [("caught_up", 20_000),
+                                                                                 ("stop", 10)]
 
 
 def test_metrics_endpoint_and_progress(pg_db, tmp_path):

@@ -33,6 +33,10 @@ __all__ = ["IngestConfig", "IngestWorker", "Metrics", "IngestError", "ProgressLi
 
 log = logging.getLogger("spockwire.ingest")
 
+#: a backlog is committed when the stream catches up once at least 1 / BACKLOG_FRACTION of --flush-rows was
+#: handed out since it was last caught up, however fast it was read (else only after --flush-seconds behind)
+BACKLOG_FRACTION = 64
+
 
 class IngestError(SpockwireError):
     """The worker cannot start or go on (bad DSN, missing slot or publication, permissions, staging errors)."""
@@ -317,6 +321,7 @@ class IngestWorker:
         #: when the stream was first seen behind the server since it was last caught up (None: caught up)
         self._behind_since: float | None = None
         self._backlog_read = False  # a backlog was read to its end: commit once its events are handed out
+        self._rows_when_caught_up = 0  # rows handed out when the stream was last caught up
         #: since when a commit inside a drain left the log's LSN behind the events handed to the writer
         self._lsn_owed_since: float | None = None
         #: why each commit in flight was made, by commit number (logged when it is durable)
@@ -495,7 +500,7 @@ class IngestWorker:
                 if cut_inside and self._lsn_owed_since is None:
                     self._lsn_owed_since = now
                 owed = self._lsn_owed_since is not None and stream.delivered_lsn > writer.sealed_lsn
-                backlog_done = self._backlog_done(stream, now) and (
+                backlog_done = self._backlog_done(stream, now, rows_seen) and (
                     writer.buffered_rows > 0 or writer.buffered_bytes > 0 or stream.delivered_lsn > writer.sealed_lsn)
                 reason, block = None, True
                 if writer.buffered_bytes >= cfg.flush_bytes or writer.buffered_rows >= cfg.flush_rows:
@@ -639,21 +644,27 @@ class IngestWorker:
             log.debug("cannot read the server version: %s", exc)
             return 0
 
-    def _backlog_done(self, stream: Any, now: float) -> bool:
+    def _backlog_done(self, stream: Any, now: float, rows_seen: int) -> bool:
         """True once per backlog, at the read where the stream catches up after having been behind the server for
-        at least --flush-seconds (`behind_since`: the walsender had not yet reached the end of the WAL, or the SQL
+        at least --flush-seconds, or after having handed out at least 1/`BACKLOG_FRACTION` of --flush-rows since
+        it was last caught up (`behind_since`: the walsender had not yet reached the end of the WAL, or the SQL
         transport's call had not read to it; `caught_up`: it has, and every event received was handed out). A
-        trickle is never behind that long, so it keeps the --flush-seconds rhythm; the end of a backlog is
-        committed at once instead of waiting for the age limit."""
+        trickle is neither behind that long nor that large, so it keeps the --flush-seconds rhythm; the end of a
+        backlog is committed at once instead of waiting for the age limit, however fast it was read (one SQL
+        call may hand out a whole backlog in the read that also finds the stream caught up)."""
         behind = getattr(stream, "behind_since", None)
         if behind is not None:
             self._behind_since = behind
             return False
         # the server has nothing more; events received may still wait to be handed out (the next read has them)
         since, self._behind_since = self._behind_since, None
-        self._backlog_read = self._backlog_read or (since is not None and now - since >= self.config.flush_seconds)
+        cfg = self.config
+        large = (rows_seen - self._rows_when_caught_up) * BACKLOG_FRACTION >= cfg.flush_rows
+        self._backlog_read = self._backlog_read or large or (since is not None
+                                                             and now - since >= cfg.flush_seconds)
         if not getattr(stream, "caught_up", False):
             return False
+        self._rows_when_caught_up = rows_seen
         done, self._backlog_read = self._backlog_read, False
         return done
 
@@ -666,12 +677,15 @@ class IngestWorker:
         """Hand everything buffered to the background writer as the next staging commit, recording `lsn`.
 
         The writer thread encodes, compresses, writes and fsyncs it while the stream goes on being read and
-        decoded. One commit is in flight at a time: with `block` (a size limit reached, or stopping) this waits
-        for the previous one (back-pressure); without it, a busy writer means the events stay buffered and go
-        into the next commit (group commit). Acknowledgement happens in `_collect`, after the log entry is
-        durable. `reason` (size, age, caught_up, lsn, stop) is logged with the commit."""
+        decoded. A commit at a size limit first waits for the one in flight (back-pressure: memory holds at most
+        one commit being written and one buffer). Other commits with `block` (the end of a backlog, an LSN owed
+        too long, stopping) go beside the one in flight (two at most: staging.MAX_COMMITS_IN_FLIGHT), so the last
+        rows of a backlog are encoded while the previous commit finishes; without `block`, a busy writer means
+        the events stay buffered and go into the next commit (group commit). Acknowledgement happens in
+        `_collect`, after the log entry is durable. `reason` (size, age, caught_up, lsn, stop) is logged with the
+        commit."""
         writer = self.writer
-        self._collect()
+        self._collect(wait=reason == "size")
         if writer.busy and not block:
             return
         if writer.commit_async(lsn):
