@@ -434,20 +434,25 @@ def test_resume_after_server_crash(major, transport, impl, monkeypatch):
 # ------------------------------------------------------------------------------------------------------------------
 # clean close: the last acknowledgement survives a close while the server is still sending
 
+def backlog_of_text_rows(db, slot: str, transactions: int) -> None:
+    """Table t (id, v text), publication pub, a pgoutput slot, then `transactions` transactions of 1,000 rows."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    create_publication(db.dsn, "pub")
+    create_slot(db.dsn, slot, "pgoutput")
+    conn = db.connect()
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        for i in range(transactions):
+            cur.execute("INSERT INTO t SELECT g, repeat('v', 40) || g FROM generate_series(%s, %s) g",
+                        (i * 1000, i * 1000 + 999))
+    conn.close()
+
+
 @pytest.mark.parametrize("transport", ["replication", "sql"])
 @pytest.mark.parametrize("pump", PUMPS)
 def test_close_mid_stream_keeps_the_acknowledgement(pg_db, pump, transport, slot, monkeypatch):
     monkeypatch.setenv("SPOCKWIRE_IMPL", pump)   # the decoder too, not only the pump
-    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    create_publication(pg_db.dsn, "pub")
-    create_slot(pg_db.dsn, slot, "pgoutput")
-    conn = pg_db.connect()
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        for i in range(300):
-            cur.execute("INSERT INTO t SELECT g, repeat('v', 40) FROM generate_series(%s, %s) g",
-                        (i * 1000, i * 1000 + 999))
-    conn.close()
+    backlog_of_text_rows(pg_db, slot, 300)
     previous = slot_info(pg_db.dsn, slot).confirmed_flush_lsn
     for _ in range(5):
         stream = connect(pg_db.dsn, slot=slot, publication="pub", pump=pump, max_batch_bytes=64 << 10,
@@ -634,16 +639,7 @@ def test_sql_transport_ack_semantics(pg_db, pump, slot):
 def test_sql_transport_split_hands_out_every_row_once(pg_db, pump, slot):
     """A backlog over `sql_split_bytes` is read as a split; the rows, their order and their (_commit_lsn, _seq)
     are those of the same slot read call after call, and both cursor slots are gone at close."""
-    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    create_publication(pg_db.dsn, "pub")
-    create_slot(pg_db.dsn, slot, "pgoutput")
-    conn = pg_db.connect()
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        for i in range(60):
-            cur.execute("INSERT INTO t SELECT g, repeat('v', 40) || g FROM generate_series(%s, %s) g",
-                        (i * 1000, i * 1000 + 999))
-    conn.close()
+    backlog_of_text_rows(pg_db, slot, 60)
     runs = {}
     for split_bytes in (1 << 20, 0):
         # nothing acknowledged: each stream reads the whole backlog

@@ -367,6 +367,24 @@ def _staged_events(records: list[Any]) -> list[dict[str, Any]]:
                         and r.getMessage().startswith("{")) if e.get("event") == "staged"]
 
 
+def _worker_in_thread(db, slot: str, tmp_path: Path, caplog, transport: str, pump: str, **config: Any):
+    """An ingest worker on `slot` into tmp_path/staging, run in a thread; its staged events logged to caplog."""
+    worker = IngestWorker(IngestConfig(dsn=db.dsn, slot=slot, out=str(tmp_path / "staging"), publication=["pub"],
+                                       progress=False, transport=transport, extra={"pump": pump}, **config))
+    result: list[int] = []
+    caplog.set_level("INFO", logger="spockwire.ingest")
+    thread = threading.Thread(target=lambda: result.append(worker.run()))
+    thread.start()
+    return worker, thread, result
+
+
+def _wait_staged(caplog, thread: threading.Thread, rows: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while sum(e["rows"] for e in _staged_events(caplog.records)) < rows:
+        assert time.monotonic() < deadline and thread.is_alive(), _staged_events(caplog.records)
+        time.sleep(0.05)
+
+
 @pytest.mark.pg_servers("pg15", "pg18")
 @pytest.mark.parametrize("transport,pump", [("replication", "c"), ("replication", "python"), ("sql", "c")])
 def test_a_backlog_is_committed_when_the_stream_catches_up(pg_db, tmp_path, caplog, transport, pump):
@@ -381,18 +399,10 @@ def test_a_backlog_is_committed_when_the_stream_catches_up(pg_db, tmp_path, capl
     for lo in range(0, rows, 1000):   # a backlog that takes longer than --flush-seconds to read
         pg_db.execute("INSERT INTO b SELECT g, 'row ' || g FROM generate_series(%s, %s) g", (lo, lo + 999))
     flush = 0.1   # shorter than reading the backlog takes, even over the SQL transport
-    worker = IngestWorker(IngestConfig(dsn=pg_db.dsn, slot=slot, out=str(tmp_path / "staging"), publication=["pub"],
-                                       flush_seconds=flush, progress=False, transport=transport,
-                                       extra={"pump": pump}))
-    result: list[int] = []
-    caplog.set_level("INFO", logger="spockwire.ingest")
-    thread = threading.Thread(target=lambda: result.append(worker.run()))
-    thread.start()
+    worker, thread, result = _worker_in_thread(pg_db, slot, tmp_path, caplog, transport, pump, flush_seconds=flush)
     try:
+        _wait_staged(caplog, thread, rows, 120)
         deadline = time.monotonic() + 120
-        while sum(e["rows"] for e in _staged_events(caplog.records)) < rows:
-            assert time.monotonic() < deadline and thread.is_alive(), _staged_events(caplog.records)
-            time.sleep(0.05)
         backlog = _staged_events(caplog.records)
         # then a trickle: a transaction every 20 ms for six flush intervals
         started = time.monotonic()
@@ -436,18 +446,10 @@ def test_a_backlog_read_in_less_than_flush_seconds_is_committed_when_caught_up(p
     create_slot(pg_db.dsn, slot, "pgoutput")
     for lo in range(0, 20_000, 1000):
         pg_db.execute("INSERT INTO b SELECT g, 'row ' || g FROM generate_series(%s, %s) g", (lo, lo + 999))
-    worker = IngestWorker(IngestConfig(dsn=pg_db.dsn, slot=slot, out=str(tmp_path / "staging"), publication=["pub"],
-                                       flush_seconds=60, flush_rows=64_000, progress=False, transport=transport,
-                                       extra={"pump": pump}))
-    result: list[int] = []
-    caplog.set_level("INFO", logger="spockwire.ingest")
-    thread = threading.Thread(target=lambda: result.append(worker.run()))
-    thread.start()
+    worker, thread, result = _worker_in_thread(pg_db, slot, tmp_path, caplog, transport, pump, flush_seconds=60,
+                                               flush_rows=64_000)
     try:
-        deadline = time.monotonic() + 30
-        while sum(e["rows"] for e in _staged_events(caplog.records)) < 20_000:
-            assert time.monotonic() < deadline and thread.is_alive(), _staged_events(caplog.records)
-            time.sleep(0.05)
+        _wait_staged(caplog, thread, 20_000, 30)
         assert [e["reason"] for e in _staged_events(caplog.records)] == ["caught_up"]
         pg_db.execute("INSERT INTO b SELECT g, 'small' FROM generate_series(20000, 20009) g")   # under 1,000 rows
         time.sleep(2.0)
