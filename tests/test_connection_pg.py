@@ -694,6 +694,25 @@ def test_caught_up_once_the_server_has_sent_everything(pg_db, pump, transport, s
             assert time.monotonic() - started < 5.0, "the read waited for its timeout"
 
 
+def test_sql_transport_reads_without_splitting_when_no_slot_is_free():
+    """With max_replication_slots taken by the slot and the cursor slot, the split's second copy cannot be made
+    (SQLSTATE 53400): the stream reads the backlog call after call instead, every row once."""
+    with PostgresCluster({"max_replication_slots": 2}, major=15) as pg:
+        db = pg.create_database("slots")
+        pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)", dbname=db)
+        dsn = pg.dsn(dbname=db)
+        create_publication(dsn, "pub")
+        create_slot(dsn, "only", "pgoutput")
+        for lo in range(1, 5001, 500):
+            pg.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(%s, %s) g", (lo, lo + 499), dbname=db)
+        with connect(dsn, slot="only", publication="pub", transport="sql", sql_split_bytes=1,
+                     sql_batch_changes=1000) as stream:
+            rows = [int(r["id"]) for ev in read_all(stream, 5000) for r in ev.to_arrow().to_pylist()]
+            assert stream.stats()["splits"] == 0 and stream.stats()["calls"] >= 5
+        assert rows == list(range(1, 5001))
+        assert pg.scalar("SELECT count(*) FROM pg_replication_slots", dbname=db) == 1
+
+
 @pytest.mark.parametrize("split_bytes", [0, 1], ids=["calls", "split"])
 def test_sql_transport_drops_cursor_slot_of_dead_client(pg_db, slot, split_bytes):
     """A client that dies mid-stream leaves its pipelined cursor slot (an ordinary slot; after a split, the
