@@ -289,6 +289,8 @@ class SqlSource:
             cur.execute("SELECT confirmed_flush_lsn::text, " + _WAL_END + " FROM pg_replication_slots "
                         "WHERE slot_name = %s", (self.cursor_slot,))
             row = cur.fetchone()
+            if row is None or row[0] is None or row[1] is None:
+                return False   # the cursor slot is gone: the plain call reports it as the server words it
             start, end = parse_lsn(row[0]), parse_lsn(row[1])
             if end - start < self.split_bytes:
                 return False
