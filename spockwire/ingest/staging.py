@@ -318,9 +318,9 @@ class StagingWriter:
         self._nontx_hwm = self.state.nontransactional_high_water
         self._version_cache: dict[str, tuple[Relation, pa.Schema, SchemaVersion]] = {}
         # staging commits handed to the background writers (`commit_async`), oldest first: at most
-        # MAX_COMMITS_IN_FLIGHT, each (Future of its entry, _Sealed)
+        # MAX_COMMITS_IN_FLIGHT Futures of their log entries
         self._executor: Any = None
-        self._inflight: collections.deque[tuple[Any, _Sealed]] = collections.deque()
+        self._inflight: collections.deque[Any] = collections.deque()
         self._failed: BaseException | None = None
         #: log entries of `commit_async` commits that became durable, for the caller to take (and clear)
         self.completed: list[dict[str, Any]] = []
@@ -644,15 +644,15 @@ class StagingWriter:
                                                 thread_name_prefix="spockwire-staging")
         self._sealed_commit, self._sealed_lsn = sealed.number, sealed.new_lsn
         self._reset_buffer()
-        before = self._inflight[-1][0] if self._inflight else None
-        self._inflight.append((self._executor.submit(self._write_sealed, sealed, before), sealed))
+        before = self._inflight[-1] if self._inflight else None
+        self._inflight.append(self._executor.submit(self._write_sealed, sealed, before))
         return True
 
     def poll(self) -> dict[str, Any] | None:
         """Collect the commits `commit_async` started that are durable, oldest first, without waiting; the newest
         one's log entry (None if none was)."""
         entry = None
-        while self._inflight and self._inflight[0][0].done():
+        while self._inflight and self._inflight[0].done():
             entry = self._collect_oldest()
         self._raise_failed()
         return entry
@@ -667,12 +667,11 @@ class StagingWriter:
         return entry
 
     def _collect_oldest(self) -> dict[str, Any]:
-        future, _sealed = self._inflight[0]
         try:
-            entry = future.result()
+            entry = self._inflight[0].result()
         except BaseException as exc:
             # the newer commits in flight fail too (each waits for the one before it) and remove their files
-            for later, _ in list(self._inflight)[1:]:
+            for later in list(self._inflight)[1:]:
                 try:
                     later.result()
                 except BaseException:  # noqa: BLE001 - reported as this failure
