@@ -189,6 +189,77 @@ class Crash(BaseException):
     """Stands for kill -9: no `except Exception` cleanup runs."""
 
 
+def test_statistics_only_where_they_can_prune(tmp_path):
+    """Min/max statistics for the change columns and numeric ones, none for text (a change file's rows come in
+    commit order: a text range prunes nothing, and it is the dearest to compute)."""
+    import pyarrow.parquet as pq
+
+    rel = Relation(100, "public", "t", (Column("id", 20, -1, True), Column("note", 25, -1, False)), "d", 1)
+    rb = finish_batch(rel, pa.array([0, 0], pa.int8()), pa.array([5, 5], pa.uint64()),
+                      pa.array([0, 0], pa.int64()).cast(pa.timestamp("us", tz="UTC")), pa.array([7, 7], pa.uint32()),
+                      pa.array([0, 1], pa.int64()), pa.array([None, None], pa.string()), None, None, None,
+                      [pa.array([1, 2], pa.int64()), pa.array(["a", "b"], pa.string())])
+    (f,) = stage_all(tmp_path, [ChangeBatch(rel, rb)], 5)["files"]
+    group = pq.ParquetFile(tmp_path / f["path"]).metadata.row_group(0)
+    stats = {group.column(i).path_in_schema: group.column(i).is_stats_set for i in range(group.num_columns)}
+    assert {name for name, on in stats.items() if on} == {"_commit_lsn", "_commit_ts", "_xid", "_seq", "id"}
+    assert group.column(1).statistics.min == 5 and group.column(4).statistics.max == 1
+
+
+def test_a_large_commit_is_written_as_several_files_encoded_side_by_side(tmp_path, monkeypatch):
+    """With at least 2 x PART_MIN_ROWS rows of one table schema version a commit writes up to ENCODE_THREADS part
+    files, in row order, encoded at the same time on threads of their own; a transaction may span two files. They
+    read back as the rows staged and survive a reopen (the crash-leftover sweep knows their names); a failure in
+    one of them takes back the commit's files, and a transaction larger than a file gets files told apart by their
+    number alone."""
+    import threading
+
+    monkeypatch.setattr(staging_mod, "PART_MIN_ROWS", 100)
+    monkeypatch.setattr(staging_mod, "ENCODE_THREADS", 3)
+    together = threading.Barrier(3, timeout=30)
+    failing: list[int] = []
+    real = StagingWriter._encode_parquet
+
+    def encode(self, table):
+        together.wait()      # all three files are being encoded at once, or this times out
+        if table.column("_seq")[0].as_py() in failing:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(self, table)
+
+    monkeypatch.setattr(StagingWriter, "_encode_parquet", encode)
+    rel = relation()
+    rows = [(1000 + i // 40, i, (str(i), f"v{i}")) for i in range(350)]   # transactions of 40 rows
+    out = tmp_path / "out"
+    entry = stage_all(out, [batch(rel, rows[:200]), batch(rel, rows[200:])], 1008)
+    files = entry["files"]
+    assert [f["rows"] for f in files] == [117, 117, 116]
+    assert [(f["first_commit_lsn"], f["first_seq"], f["last_commit_lsn"], f["last_seq"]) for f in files] == \
+           [(1000, 0, 1002, 116), (1002, 117, 1005, 233), (1005, 234, 1008, 349)]
+    assert [f["path"].rsplit("/", 1)[1] for f in files] == [
+        "part-00000000000003E8-00000000000003EA-00000001-1.parquet",
+        "part-00000000000003EA-00000000000003ED-00000001-2.parquet",
+        "part-00000000000003ED-00000000000003F0-00000001-3.parquet"]
+    assert [f["change_counts"] for f in files] == [{"insert": 117}, {"insert": 117}, {"insert": 116}]
+    got = read_staging(out, "public.t").to_pylist()
+    assert [(r["_commit_lsn"], r["_seq"], r["id"]) for r in got] == [(lsn, seq, v[0]) for lsn, seq, v in rows]
+    state = StagingState.open(out)
+    assert state.removed == [] and [f.rows for f in state.files["public.t"]] == [117, 117, 116]
+
+    before, log_before = staged_files(out), read_log(out)
+    one_transaction = [(2000, i, (str(i), "x")) for i in range(300)]
+    with StagingWriter(out, protocol="pgoutput") as w:
+        w.add(batch(rel, one_transaction))
+        failing.append(100)       # the second file fails; the other two were written and are taken back
+        with pytest.raises(StagingError, match="Input/output error"):
+            w.commit(2000)
+        assert staged_files(out) == before and read_log(out) == log_before
+        failing.clear()
+        entry = w.commit(2000)
+    assert [f["path"].rsplit("/", 1)[1] for f in entry["files"]] == [
+        f"part-00000000000007D0-00000000000007D0-00000002-{n}.parquet" for n in (1, 2, 3)]
+    assert read_staging(out, "public.t").num_rows == 650
+
+
 def test_leftovers_of_a_crash_between_parquet_and_log_are_removed(tmp_path, monkeypatch):
     out = tmp_path / "out"
     rel = relation()

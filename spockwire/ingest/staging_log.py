@@ -7,7 +7,7 @@ OUT/
   _spockwire/lock                                  held (flock) by the one writer of OUT
   _spockwire/log/00000000000000000001.json         one entry per staging commit (tmp + fsync + rename + fsync dir)
   _spockwire/messages/part-<first>-<last>-<commit>.parquet     logical messages
-  <namespace>.<table>/v<schema version>/part-<first_commit_lsn:016X>-<last_commit_lsn:016X>-<commit:08d>.parquet
+  <namespace>.<table>/v<schema version>/part-<first_commit_lsn:016X>-<last_commit_lsn:016X>-<commit:08d>[-<n>].parquet
 ```
 
 A Parquet file exists for readers only once a log entry names it. `StagingState.open` reads the log, removes crash
@@ -47,7 +47,7 @@ MESSAGES_DIR = f"{META_DIR}/messages"
 LOCK_FILE = f"{META_DIR}/lock"
 
 _LOG_NAME = re.compile(r"^(\d{20})\.json$")
-_PART_NAME = re.compile(r"^part-[0-9A-F]{16}-[0-9A-F]{16}-\d{8,}\.parquet$")
+_PART_NAME = re.compile(r"^part-[0-9A-F]{16}-[0-9A-F]{16}-\d{8,}(-[1-9]\d*)?\.parquet$")
 _TMP_NAME = re.compile(r"^\..+\.tmp$")
 _VERSION_DIR = re.compile(r"^v[1-9]\d*$")
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_$-")
@@ -100,8 +100,11 @@ def table_folder_name(namespace: str, name: str) -> str:
     return f"{_encode_part(namespace, leading=True)}.{_encode_part(name, leading=False)}"
 
 
-def part_name(first_lsn: int, last_lsn: int, commit: int) -> str:
-    return f"part-{first_lsn:016X}-{last_lsn:016X}-{commit:08d}.parquet"
+def part_name(first_lsn: int, last_lsn: int, commit: int, part: int | None = None) -> str:
+    """A part file's name; `part` numbers (from 1) the files one commit writes for one table schema version when
+    it writes several."""
+    suffix = "" if part is None else f"-{part}"
+    return f"part-{first_lsn:016X}-{last_lsn:016X}-{commit:08d}{suffix}.parquet"
 
 
 def log_name(commit: int) -> str:
