@@ -462,6 +462,49 @@ def test_a_backlog_read_in_less_than_flush_seconds_is_committed_when_caught_up(p
                                                                                  ("stop", 10)]
 
 
+@pytest.mark.pg_servers("pg15")
+@pytest.mark.parametrize("transport", ["replication", "sql"])
+def test_acknowledgements_go_with_the_status_updates_while_behind(pg_db, tmp_path, caplog, transport):
+    """While the stream reads a backlog, the staging commits' acknowledgements reach the server with the next status
+    update (every 10 s), not one at a time (over the SQL transport each would cost the server a fast-forward pass
+    over the WAL while the reading waits); once the stream is caught up the slot is at the last staged position at
+    once."""
+    pg_db.execute("CREATE TABLE b (id int PRIMARY KEY, v text)")
+    create_publication(pg_db.dsn, "pub")
+    slot = f"{pg_db.name}_s"
+    create_slot(pg_db.dsn, slot, "pgoutput")
+    rows = 200_000
+    for lo in range(0, rows, 1000):
+        pg_db.execute("INSERT INTO b SELECT g, 'row ' || g FROM generate_series(%s, %s) g", (lo, lo + 999))
+
+    def confirmed() -> int:
+        return parse_lsn(pg_db.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                                     "WHERE slot_name = %s", (slot,))[0][0])
+
+    seen = [confirmed()]
+    worker, thread, result = _worker_in_thread(pg_db, slot, tmp_path, caplog, transport, "c", flush_seconds=60,
+                                               flush_rows=10_000)
+    try:
+        deadline = time.monotonic() + 60
+        while sum(e["rows"] for e in _staged_events(caplog.records)) < rows:
+            assert time.monotonic() < deadline and thread.is_alive(), _staged_events(caplog.records)
+            if confirmed() != seen[-1]:
+                seen.append(confirmed())
+            time.sleep(0.005)
+        last = parse_lsn(_staged_events(caplog.records)[-1]["committed_lsn"])
+        deadline = time.monotonic() + 5
+        while confirmed() < last:
+            assert time.monotonic() < deadline, (seen, last)
+            time.sleep(0.01)
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+    assert result == [0]
+    reasons = [e["reason"] for e in _staged_events(caplog.records)]
+    assert reasons.count("size") >= 2, reasons          # commits during the backlog ...
+    assert len(seen) <= 2, (seen, reasons)               # ... acknowledged together, not one at a time
+
+
 def test_metrics_endpoint_and_progress(pg_db, tmp_path):
     pg_db.execute("CREATE TABLE m (id int PRIMARY KEY)")
     create_publication(pg_db.dsn, "pub")

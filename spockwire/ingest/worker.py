@@ -711,8 +711,11 @@ class IngestWorker:
                                  "committed_lsn": entry["committed_lsn_text"],
                                  "files": len(entry["files"]), "rows": sum(f["rows"] for f in entry["files"])}))
         if entries or wait:
-            # acknowledge only what the newest durable log entry covers
-            acked = self.stream.ack(min(writer.committed_lsn, self.stream.delivered_lsn), send=True)
+            # acknowledge only what the newest durable log entry covers; while behind, with the next status update
+            # (forced, the SQL transport would advance the slot now: a fast-forward pass over the WAL on the server
+            # while the reading waits)
+            acked = self.stream.ack(min(writer.committed_lsn, self.stream.delivered_lsn),
+                                    send=getattr(self.stream, "behind_since", None) is None)
             with self.metrics.lock:
                 self.metrics.acked_lsn = max(acked, self.start_lsn)
 
