@@ -116,3 +116,52 @@ def test_staging_as_batch_and_stream(spark, pg_db, tmp_path):
     offsets = [p["sources"][0]["endOffset"] for p in query.recentProgress if p["numInputRows"]]
     assert [json.loads(o)["commit"] if isinstance(o, str) else o["commit"] for o in offsets] == [1, 2]
     assert spark.table("staged_t").count() == batch.count()
+
+
+def test_a_commit_written_as_several_part_files_reads_as_one(spark, pg_db, tmp_path, monkeypatch):
+    """A staging commit large enough to be written as several part files (row-ordered, a transaction spanning
+    two, encoded side by side) reads back in Spark, batch and stream, as the rows staged; applied, it gives the
+    server's table, including a key change whose preimage and postimage lie on both sides of a file boundary."""
+    from spockwire.ingest import staging as staging_mod
+
+    monkeypatch.setattr(staging_mod, "PART_MIN_ROWS", 32)
+    monkeypatch.setattr(staging_mod, "ENCODE_THREADS", 3)
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text, amount numeric(10,2))")
+    pg_db.execute("CREATE PUBLICATION pub FOR TABLE t")
+    slot = f"{pg_db.name}_s1"[:63]
+    pg_db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    # 97 rows in one commit, three files of 33, 33 and 31 rows: the 50 inserts and 15 updates are rows 0-64, the
+    # key change's preimage row 65 (the last of file 2) and its postimage row 66 (the first of file 3)
+    pg_db.execute("INSERT INTO t SELECT g, 'v' || g, g FROM generate_series(1, 50) g")
+    pg_db.execute("UPDATE t SET amount = amount + 1 WHERE id <= 15")
+    pg_db.execute("UPDATE t SET id = 1000 WHERE id = 50")
+    pg_db.execute("DELETE FROM t WHERE id BETWEEN 16 AND 45")
+    rows = pg_db.query("SELECT lsn::text, data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, "
+                       "'proto_version', '1', 'publication_names', 'pub')", (slot,))
+    dec = spockwire.Decoder("pgoutput")
+    for _lsn, data in rows:
+        dec.feed(bytes(data))
+    out = tmp_path / "staging"
+    with StagingWriter(out, protocol="pgoutput") as staging:
+        staging.add_all(dec.drain())
+        entry = staging.commit(dec.committed_lsn)
+    files = entry["files"]
+    staged = sum(f["rows"] for f in files)
+    assert staged == 50 + 15 + 2 + 30 and [f["rows"] for f in files] == [33, 33, 31]
+    assert [f["path"].rsplit("-", 1)[1] for f in files] == ["1.parquet", "2.parquet", "3.parquet"]
+    # the key change: preimage the last row of file 2, postimage the first of file 3
+    assert (files[1]["last_commit_lsn"], files[1]["last_seq"] + 1) == (files[2]["first_commit_lsn"],
+                                                                        files[2]["first_seq"])
+    batch = read_staging(spark, str(out), "public.t")
+    assert batch.count() == staged
+    changes = batch.filter("_change_type LIKE 'update_%'").orderBy("_commit_lsn", "_seq").collect()
+    assert [(r["_change_type"], r["id"]) for r in changes[-2:]] == [("update_preimage", 50),
+                                                                    ("update_postimage", 1000)]
+    applied = apply_changes(batch, None, format="memory", keys=["id"]).select("id", "v", "amount")
+    assert sorted(tuple(r) for r in applied.collect()) == \
+        sorted(tuple(r) for r in pg_db.query("SELECT id, v, amount FROM t"))
+    query = (read_staging_stream(spark, str(out), "public.t", maxCommitsPerBatch=1)
+             .writeStream.format("memory").queryName("staged_parts")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert spark.table("staged_parts").count() == staged
