@@ -486,17 +486,17 @@ def test_disk_full_leaves_the_log_unchanged(tmp_path, monkeypatch, fail_on):
     assert entry["commit"] == 2 and read_staging(out, "public.t").num_rows == 2
 
 
-def _held_commits(monkeypatch, w: StagingWriter, fail_first: bool = False):
-    """Hold the first commit's encoding until the returned event is set (then fail it, with `fail_first`)."""
+def _held_commits(monkeypatch, w: StagingWriter, fail_first: bool = False, held_lsn: int = 10):
+    """Hold the encoding of the commit whose rows start at `held_lsn` until the returned event is set (then fail it,
+    with `fail_first`). Chosen by its rows, not by which writer thread gets to the encoder first: two commits in
+    flight start at the same moment."""
     import threading
 
-    release, first = threading.Event(), []
+    release = threading.Event()
     real = w._encode_parquet
 
     def encode(table):
-        if not first:
-            first.append(threading.current_thread())
-        if threading.current_thread() is first[0]:
+        if table.column("_commit_lsn")[0].as_py() == held_lsn:
             assert release.wait(30)
             if fail_first:
                 raise OSError(errno.EIO, os.strerror(errno.EIO))

@@ -15,6 +15,7 @@ import datetime as _dt
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -127,22 +128,21 @@ def _every_nth(column: pa.Array | pa.ChunkedArray, step: int) -> pa.ChunkedArray
 class _Group:
     """Buffered batches of one table schema version."""
 
-    __slots__ = ("schema", "batches", "rows", "nbytes", "first", "last")
+    __slots__ = ("schema", "batches", "rows", "nbytes")
 
     def __init__(self, schema: SchemaVersion) -> None:
         self.schema = schema
         self.batches: list[pa.RecordBatch] = []
         self.rows = 0
         self.nbytes = 0
-        self.first: tuple[int, int] | None = None
-        self.last: tuple[int, int] | None = None
 
 
 def _row_ranges(rows: int, parts: int) -> list[tuple[int, int]]:
-    """(offset, length) of the part files `rows` rows are written as: up to `parts` of at least PART_MIN_ROWS."""
+    """(offset, length) of the part files `rows` (at least 1) rows are written as: up to `parts` of at least
+    PART_MIN_ROWS."""
     count = max(1, min(parts, rows // PART_MIN_ROWS))
     step = -(-rows // count)
-    return [(offset, min(step, rows - offset)) for offset in range(0, rows, step)] or [(0, 0)]
+    return [(offset, min(step, rows - offset)) for offset in range(0, rows, step)]
 
 
 def _batch_bounds(rb: pa.RecordBatch) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -466,10 +466,7 @@ class StagingWriter:
         group = self._groups.get((table, sv.schema_version))
         if group is None:
             group = self._groups[(table, sv.schema_version)] = _Group(sv)
-        lo, hi = bounds
-        group.first = lo if group.first is None else min(group.first, lo)
-        group.last = _max_key(group.last, hi)
-        self._hwm[table] = _max_key(hwm, hi)
+        self._hwm[table] = _max_key(hwm, bounds[1])
         group.batches.append(kept)
         rows = kept.num_rows
         group.rows += rows
@@ -669,8 +666,6 @@ class StagingWriter:
         if sealed is None:
             return False
         if self._executor is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             self._executor = ThreadPoolExecutor(max_workers=MAX_COMMITS_IN_FLIGHT,
                                                 thread_name_prefix="spockwire-staging")
         self._sealed_commit, self._sealed_lsn = sealed.number, sealed.new_lsn
@@ -771,11 +766,7 @@ class StagingWriter:
             return [write(0, table.num_rows, None)]
         _ensure_dir(self.out_dir, rel_dir)
         if self._encoders is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             self._encoders = ThreadPoolExecutor(max_workers=ENCODE_THREADS, thread_name_prefix="spockwire-encode")
-        from concurrent.futures import wait
-
         futures = [self._encoders.submit(write, offset, length, part)
                    for part, (offset, length) in enumerate(ranges, 1)]
         wait(futures)     # all of them end before a failure is raised: the undo then finds every file
