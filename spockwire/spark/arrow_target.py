@@ -1,0 +1,200 @@
+"""A target held as Arrow tables: its rows, its remembered deletes (tombstones) and truncates. Applying a
+:class:`~spockwire.spark.resolve.Resolution` to it gives the table after the batch; the in-memory and Parquet
+formats of `apply_changes` keep their tables this way, and the tests replay histories through it.
+
+No Spark here."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .resolve import DELETE, OP, Plan, Resolution, Stored
+
+__all__ = ["ArrowTarget", "STATE_KIND", "keys_in", "before", "state_rows", "unify"]
+
+#: state rows: delete (a tombstone) | truncate
+STATE_KIND = "_sw_state"
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def keys_in(table: pa.Table, keys: Sequence[str], wanted: pa.Table) -> np.ndarray:
+    """Rows of `table` whose key is among `wanted`'s keys (NULL matches NULL)."""
+    if table.num_rows == 0 or wanted.num_rows == 0:
+        return np.zeros(table.num_rows, dtype=bool)
+    if len(keys) == 1:
+        k = keys[0]
+        col = table.column(k)
+        vals = wanted.column(k).cast(col.type)
+        hit = pc.fill_null(pc.is_in(col, value_set=vals.drop_null().unique()), False)
+        out = np.asarray(hit.to_numpy(zero_copy_only=False), dtype=bool)
+        if vals.null_count:
+            out |= col.is_null().to_numpy(zero_copy_only=False)
+        return out
+    marker = "__sw_row"
+    left = table.select(list(keys)).append_column(marker, pa.array(np.arange(table.num_rows)))
+    right = unify(wanted.select(list(keys)), left.select(list(keys)).schema).group_by(list(keys)).aggregate([])
+    joined = left.join(right, list(keys), join_type="left semi")
+    out = np.zeros(table.num_rows, dtype=bool)
+    out[joined.column(marker).to_numpy()] = True
+    return out
+
+
+def unify(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with the columns of `schema` (missing ones NULL), cast to its types."""
+    cols = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+            for f in schema]
+    return pa.table(cols, schema=schema)
+
+
+def before(table: pa.Table, cols: Sequence[str], pos: tuple, *, after: bool = False) -> np.ndarray:
+    """Rows whose sequence (`cols`, lexicographic; NULL first) is before `pos` (`after`: after it)."""
+    n = table.num_rows
+    result = np.zeros(n, dtype=bool)
+    undecided = np.ones(n, dtype=bool)
+    for c, v in zip(cols, pos):
+        col = table.column(c) if c in table.column_names else pa.nulls(n, pa.int64())
+        isnull = np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        if v is None:
+            lt = np.zeros(n, dtype=bool)
+            gt = ~isnull
+        else:
+            scalar = pa.scalar(v).cast(col.type) if col.type != pa.null() else None
+            if scalar is None:
+                lt, gt = isnull.copy(), np.zeros(n, dtype=bool)
+            else:
+                lt = isnull | np.asarray(pc.fill_null(pc.less(col, scalar), False).to_numpy(zero_copy_only=False))
+                gt = np.asarray(pc.fill_null(pc.greater(col, scalar), False).to_numpy(zero_copy_only=False))
+        hit = gt if after else lt
+        result |= undecided & hit
+        undecided &= ~(lt | gt)
+    return result
+
+
+def state_rows(res: Resolution, plan: Plan, new_truncates: Sequence[tuple[tuple, Any]],
+               seq_types: dict[str, pa.DataType]) -> pa.Table | None:
+    """The state rows a resolution adds: its deletes (keys, sequence, commit time: SCD 2 only) and new truncates."""
+    rows = res.rows
+    pos_cols = plan.seq if plan.scd == 1 else plan.start_cols[:-1]
+    parts = []
+    dels = rows.filter(pc.equal(rows.column(OP), DELETE))
+    if dels.num_rows:
+        n = dels.num_rows
+        parts.append(pa.table(
+            {STATE_KIND: pa.array(["delete"] * n, pa.string()), **{k: dels.column(k) for k in plan.keys},
+             **{c: dels.column(p).cast(seq_types[c]) for c, p in zip(plan.seq, pos_cols)},
+             "_commit_ts": (pa.nulls(n, _TS) if plan.scd == 1 else dels.column(plan.start_cols[-1]).cast(_TS))}))
+    if new_truncates:
+        n = len(new_truncates)
+        parts.append(pa.table(
+            {STATE_KIND: pa.array(["truncate"] * n, pa.string()),
+             **{k: pa.nulls(n, rows.schema.field(k).type) for k in plan.keys},
+             **{c: pa.array([p[i] for p, _ in new_truncates], seq_types[c]) for i, c in enumerate(plan.seq)},
+             "_commit_ts": pa.array([t for _, t in new_truncates], _TS)}))
+    return pa.concat_tables(parts) if parts else None
+
+
+def truncate_positions(state: pa.Table | None, plan: Plan) -> list[tuple[tuple, Any]]:
+    """The truncates remembered in a state table: ((sequence...), commit time), in order."""
+    if state is None or state.num_rows == 0:
+        return []
+    tr = state.filter(pc.equal(state.column(STATE_KIND), "truncate"))
+    seqs = [tr.column(c).to_pylist() for c in plan.seq]
+    ts = tr.column("_commit_ts").to_pylist()
+    found = {tuple(s[i] for s in seqs): ts[i] for i in range(tr.num_rows)}
+    return sorted(found.items(), key=lambda t: tuple((x is not None, x) for x in t[0]))
+
+
+@dataclass
+class ArrowTarget:
+    """A table and its state as Arrow tables (None: empty)."""
+
+    plan: Plan
+    table: pa.Table | None = None
+    state: pa.Table | None = None
+    extra: dict = field(default_factory=dict)
+
+    def stored(self, batch_keys: pa.Table) -> Stored:
+        """The stored state of the keys of `batch_keys`."""
+        plan = self.plan
+        rows = None
+        if self.table is not None and self.table.num_rows:
+            rows = self.table.filter(pa.array(keys_in(self.table, plan.keys, batch_keys)))
+        tombs = None
+        if self.state is not None and self.state.num_rows:
+            dels = self.state.filter(pc.equal(self.state.column(STATE_KIND), "delete"))
+            tombs = dels.filter(pa.array(keys_in(dels, plan.keys, batch_keys)))
+        return Stored(rows, tombs, truncate_positions(self.state, plan))
+
+    def apply(self, res: Resolution, table_cols: Sequence[str]) -> None:
+        """Write a resolution: the batch's truncates first, then the changed rows, then the state."""
+        plan = self.plan
+        rows = res.rows
+        known = {p for p, _ in truncate_positions(self.state, plan)}
+        new_truncates = [t for t in res.truncates if t[0] not in known]
+        out_cols = list(table_cols) + [c for c in plan.bookkeeping() if c not in table_cols]
+        table = self.table
+        if table is not None:
+            for pos, ts in res.truncates:
+                table = self._truncate(table, pos, ts)
+        written = rows.filter(pc.not_equal(rows.column(OP), DELETE))
+        if plan.scd == 1:
+            # every key of the resolution: its row is replaced (or removed, for a delete)
+            if table is not None and table.num_rows and rows.num_rows:
+                table = table.filter(pa.array(~keys_in(table, plan.keys, rows)))
+        else:
+            if table is not None and table.num_rows and written.num_rows:
+                by = plan.keys + plan.start_cols[:-1]
+                table = table.filter(pa.array(~keys_in(table, by, written)))
+        new = written.select(out_cols)
+        if table is None:
+            self.table = new
+        else:
+            schema = _merged_schema(table.schema, new.schema, out_cols)
+            self.table = pa.concat_tables([unify(table, schema), unify(new, schema)])
+        seq_types = {c: res.rows.schema.field(p).type
+                     for c, p in zip(plan.seq, plan.seq if plan.scd == 1 else plan.start_cols[:-1])}
+        add = state_rows(res, plan, new_truncates, seq_types)
+        if add is not None:
+            state = self.state
+            if state is not None and plan.scd == 1:
+                dels = add.filter(pc.equal(add.column(STATE_KIND), "delete"))
+                if dels.num_rows:   # one tombstone per key: the latest
+                    old = pc.equal(state.column(STATE_KIND), "delete")
+                    hit = np.asarray(old.to_numpy(zero_copy_only=False)) & keys_in(state, plan.keys, dels)
+                    state = state.filter(pa.array(~hit))
+            self.state = add if state is None else pa.concat_tables([state, unify(add, state.schema)])
+
+    def _truncate(self, table: pa.Table, pos: tuple, ts: Any) -> pa.Table:
+        plan = self.plan
+        if plan.scd == 1:
+            return table.filter(pa.array(~before(table, plan.seq, pos)))
+        start, end = plan.start_cols, plan.end_cols
+        alive = before(table, start[:-1], pos) & (
+            np.asarray(table.column(end[0]).is_null().to_numpy(zero_copy_only=False), dtype=bool)
+            | before(table, end[:-1], pos, after=True))
+        if not alive.any():
+            return table
+        mask = pa.array(alive)
+        cols = []
+        for f in table.schema:
+            col = table.column(f.name)
+            if f.name in end:
+                i = end.index(f.name)
+                value = ts if i == len(end) - 1 else pos[i]
+                col = pc.if_else(mask, pa.scalar(value, f.type) if value is not None else pa.nulls(1, f.type)[0],
+                                 col)
+            cols.append(col)
+        return pa.table(cols, schema=table.schema)
+
+
+def _merged_schema(old: pa.Schema, new: pa.Schema, order: Sequence[str]) -> pa.Schema:
+    fields = {f.name: f for f in old}
+    for f in new:
+        if f.name not in fields or fields[f.name].type == pa.null():
+            fields[f.name] = f
+    names = [f.name for f in old] + [c for c in order if c not in {f.name for f in old}]
+    return pa.schema([fields[n] for n in names])

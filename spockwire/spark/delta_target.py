@@ -1,0 +1,265 @@
+"""A Delta table as the target of `apply_changes`, through delta-rs (the `deltalake` package).
+
+Per batch: the stored rows of the touched keys are read from the files whose statistics may hold them (keys
+first, full rows only of the keys found), the state table ``_spockwire_state`` gives the keys' remembered deletes
+and the truncates; :func:`spockwire.spark.resolve.resolve` decides the rows to write. Then at most two commits:
+
+1. the state (only when the batch deletes or truncates): tombstones merged by key, truncates appended -- first,
+   so a batch retried after a failure in between finds them and resolves the same rows again;
+2. the table: an append when every resolved row is a new key's (a snapshot, an insert-only stream: no file is
+   read or rewritten), else one MERGE; a batch's truncates are a delete (SCD 1) or an update (SCD 2) before it.
+
+With an idempotence token ``(application id, version)`` the table's commit carries it as a Delta transaction
+action (``txn``, as Spark's own Delta sink does); a batch whose version the table already holds is skipped whole.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from typing import Any, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .arrow_target import STATE_KIND, state_rows, truncate_positions, unify
+from .resolve import DELETE, OP, UPSERT, Plan, Resolution, Stored
+
+__all__ = ["DeltaTarget", "STATE_DIR", "deltalake_module", "open_delta"]
+
+#: the directory, inside a Parquet or Delta target, holding its tombstones and truncates
+STATE_DIR = "_spockwire_state"
+_PRUNABLE = (int, float, str, _dt.date)
+
+
+def deltalake_module() -> Any:
+    try:
+        import deltalake
+    except ImportError as exc:  # pragma: no cover
+        raise ImportError("format='delta' without delta-spark needs the deltalake package "
+                          "(pip install deltalake)") from exc
+    return deltalake
+
+
+def open_delta(path: str) -> Any:
+    """The Delta table at `path`, or None when there is none."""
+    DeltaTable = deltalake_module().DeltaTable
+    try:
+        return DeltaTable(path)
+    except Exception:  # noqa: BLE001 - deltalake raises TableNotFoundError (the name differs across versions)
+        return None
+
+
+def _key_pruning(keys: Sequence[str], touched: pa.Table, max_in: int = 512) -> list | None:
+    """delta-rs file pruning for the touched keys: per key column its range, and the values themselves when
+    few (files whose min/max statistics cannot hold any of them are not read)."""
+    if touched.num_rows == 0:
+        return None
+    filters: list = []
+    for k in keys:
+        col = touched.column(k)
+        mm = pc.min_max(col).as_py()
+        lo, hi = mm["min"], mm["max"]
+        if lo is None or not isinstance(lo, _PRUNABLE) or isinstance(lo, bool):
+            continue
+        if len(keys) == 1 and touched.num_rows <= max_in:
+            filters.append((k, "in", sorted(set(col.to_pylist()) - {None})))
+        else:
+            filters += [(k, ">=", lo), (k, "<=", hi)]
+    return filters or None
+
+
+def _key_filter(keys: Sequence[str], touched: pa.Table) -> Any:
+    expr = None
+    for k in keys:
+        vals = touched.column(k).drop_null().unique()
+        if len(vals) == 0:
+            continue
+        e = pc.field(k).isin(vals)
+        expr = e if expr is None else expr & e
+    return expr
+
+
+def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table) -> tuple[pa.Table, int, int]:
+    """The rows of `dt` whose key is in `touched`, reading only the files that may hold them: first their key
+    columns, then whole rows of the keys found only. Returns (rows, files read, files in the table)."""
+    total = len(dt.file_uris())
+    ds = dt.to_pyarrow_dataset(file_pruning_predicate=_key_pruning(keys, touched))
+    files = len(ds.files)
+    expr = _key_filter(keys, touched)
+    found = ds.to_table(columns=list(keys), filter=expr) if expr is not None else ds.to_table(columns=list(keys))
+    if len(keys) > 1 and found.num_rows:
+        found = found.join(unify(touched.select(list(keys)), found.schema), list(keys), join_type="left semi")
+    if found.num_rows == 0:
+        return ds.schema.empty_table(), files, total
+    rows = ds.to_table(filter=_key_filter(keys, found))
+    if len(keys) > 1:
+        rows = rows.join(unify(found, rows.select(list(keys)).schema), list(keys), join_type="left semi")
+    return rows, files, total
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sql_literal(v: Any) -> str:
+    import decimal
+
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float, decimal.Decimal)):
+        return str(v)
+    if isinstance(v, _dt.datetime):
+        if v.tzinfo is None:
+            return f"TIMESTAMP '{v.isoformat(sep=' ')}'"
+        return f"TIMESTAMP '{v.astimezone(_dt.timezone.utc).replace(tzinfo=None).isoformat(sep=' ')}Z'"
+    if isinstance(v, _dt.date):
+        return f"DATE '{v.isoformat()}'"
+    return "'" + str(v).replace("'", "''") + "'"
+
+
+def sql_pos_cmp(cols: Sequence[str], pos: tuple, op: str, quote: Any = _q) -> str:
+    """SQL: the row's sequence (cols) compares with `pos` by `op` ("<" or ">"), lexicographically."""
+    expr = None
+    for i in range(len(cols) - 1, -1, -1):
+        here = f"{quote(cols[i])} {op} {_sql_literal(pos[i])}"
+        if expr is not None:
+            here = f"({here} OR ({quote(cols[i])} = {_sql_literal(pos[i])} AND {expr}))"
+        expr = here
+    return expr or "false"
+
+
+class DeltaTarget:
+    """One Delta table (and its state table) written through delta-rs."""
+
+    def __init__(self, path: str, plan: Plan) -> None:
+        self.path = path
+        self.plan = plan
+        self.dt = open_delta(path)
+        self.state_path = os.path.join(path, STATE_DIR)
+        self.state = open_delta(self.state_path)
+
+    def applied(self, token: tuple[str, int] | None) -> bool:
+        """Whether the table already holds the batch of this idempotence token."""
+        if token is None or self.dt is None:
+            return False
+        version = self.dt.transaction_version(token[0])
+        return version is not None and version >= token[1]
+
+    def columns(self) -> tuple[list[str], dict[str, pa.DataType]]:
+        """The table's columns (bookkeeping excluded) and the Arrow type of each."""
+        if self.dt is None:
+            return [], {}
+        schema = pa.schema(self.dt.schema().to_arrow())
+        book = set(self.plan.bookkeeping()) | {STATE_KIND}
+        cols = [f.name for f in schema if f.name not in book]
+        return cols, {f.name: _plain(f.type) for f in schema}
+
+    def stored(self, touched: pa.Table, metrics: Any) -> Stored:
+        plan = self.plan
+        rows = tombs = None
+        if self.dt is not None:
+            rows, metrics.files_read, metrics.files_in_table = read_keys(self.dt, plan.keys, touched)
+        truncates: list = []
+        if self.state is not None:
+            state = self.state.to_pyarrow_dataset().to_table()
+            truncates = truncate_positions(state, plan)
+            dels = state.filter(pc.equal(state.column(STATE_KIND), "delete"))
+            if dels.num_rows:
+                from .arrow_target import keys_in
+
+                tombs = dels.filter(pa.array(keys_in(dels, plan.keys, touched)))
+        metrics.stored_rows_read = (rows.num_rows if rows is not None else 0) + \
+            (tombs.num_rows if tombs is not None else 0)
+        return Stored(rows, tombs, truncates)
+
+    def write(self, res: Resolution, table_cols: list[str], token: tuple[str, int] | None, metrics: Any,
+              append_only: bool) -> None:
+        """Write a resolution: the state, the batch's truncates, the rows (append or MERGE)."""
+        dl = deltalake_module()
+        plan = self.plan
+        rows = res.rows
+        metrics.rows_written = rows.num_rows
+        known = {p for p, _ in truncate_positions(self._state_table(), plan)} if res.truncates else set()
+        new_truncates = [t for t in res.truncates if t[0] not in known]
+        self._write_state(res, new_truncates)
+        commit = None
+        if token is not None:
+            commit = dl.CommitProperties(app_transactions=[dl.Transaction(token[0], token[1])])
+        cols = list(table_cols) + [c for c in plan.bookkeeping() if c not in table_cols]
+        if self.dt is not None:
+            for pos, ts in res.truncates:
+                self._truncate(pos, ts)
+        written = rows.filter(pc.not_equal(rows.column(OP), DELETE))
+        if self.dt is None or append_only:
+            # the target holds none of the keys: their rows are appended, no file read or rewritten
+            if written.num_rows or self.dt is None or commit is not None:
+                dl.write_deltalake(self.dt if self.dt is not None else self.path, written.select(cols),
+                                   mode="append", schema_mode="merge", commit_properties=commit)
+                metrics.commits += 1
+                metrics.appended = written.num_rows
+            return
+        on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in plan.keys)
+        if plan.scd == 1:
+            merge = (self.dt.merge(rows.select(cols + [OP]), on, source_alias="s", target_alias="t",
+                                   merge_schema=True, commit_properties=commit)
+                     .when_matched_delete(predicate=f"s.{OP} = '{DELETE}'")
+                     .when_matched_update_all(predicate=f"s.{OP} = '{UPSERT}'", except_cols=[OP])
+                     .when_not_matched_insert_all(predicate=f"s.{OP} = '{UPSERT}'", except_cols=[OP]))
+        else:
+            on += "".join(f" AND t.{_q(c)} = s.{_q(c)}" for c in plan.start_cols[:-1])
+            if written.num_rows == 0 and commit is None:
+                return
+            merge = (self.dt.merge(written.select(cols), on, source_alias="s", target_alias="t", merge_schema=True,
+                                   commit_properties=commit)
+                     .when_matched_update_all().when_not_matched_insert_all())
+        metrics.merge = merge.execute()
+        metrics.commits += 1
+
+    def _state_table(self) -> pa.Table | None:
+        return self.state.to_pyarrow_dataset().to_table() if self.state is not None else None
+
+    def _truncate(self, pos: tuple, ts: Any) -> None:
+        plan = self.plan
+        if plan.scd == 1:
+            self.dt.delete(sql_pos_cmp(plan.seq, pos, "<"))
+            return
+        start, end = plan.start_cols, plan.end_cols
+        alive = f"{sql_pos_cmp(start[:-1], pos, '<')} AND ({_q(end[0])} IS NULL OR {sql_pos_cmp(end[:-1], pos, '>')})"
+        updates = {_q(c): _sql_literal(p) for c, p in zip(end[:-1], pos)}
+        updates[_q(end[-1])] = _sql_literal(ts) if ts is not None else "NULL"
+        self.dt.update(updates=updates, predicate=alive)
+
+    def _write_state(self, res: Resolution, new_truncates: list) -> None:
+        dl = deltalake_module()
+        plan = self.plan
+        pos_cols = plan.seq if plan.scd == 1 else plan.start_cols[:-1]
+        seq_types = {c: res.rows.schema.field(p).type for c, p in zip(plan.seq, pos_cols)}
+        rows = state_rows(res, plan, new_truncates, seq_types)
+        if rows is None:
+            return
+        if self.state is None:
+            dl.write_deltalake(self.state_path, rows, mode="append")
+            self.state = open_delta(self.state_path)
+            return
+        tombs = rows.filter(pc.equal(rows.column(STATE_KIND), "delete"))
+        if tombs.num_rows:
+            # SCD 1: one tombstone per key (the latest); SCD 2: every delete
+            on = f"t.{STATE_KIND} = 'delete' AND " + " AND ".join(
+                [f"t.{_q(k)} = s.{_q(k)}" for k in plan.keys]
+                + ([f"t.{_q(c)} = s.{_q(c)}" for c in plan.seq] if plan.scd == 2 else []))
+            (self.state.merge(tombs, on, source_alias="s", target_alias="t")
+             .when_matched_update_all().when_not_matched_insert_all().execute())
+        truncs = rows.filter(pc.equal(rows.column(STATE_KIND), "truncate"))
+        if truncs.num_rows:
+            dl.write_deltalake(self.state, truncs, mode="append")
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """The plain Arrow type for a type delta-rs reads as a view or large type."""
+    if hasattr(pa, "string_view") and t == pa.string_view() or t == pa.large_string():
+        return pa.string()
+    if hasattr(pa, "binary_view") and t == pa.binary_view() or t == pa.large_binary():
+        return pa.binary()
+    if pa.types.is_large_list(t):
+        return pa.list_(_plain(t.value_type))
+    return t
