@@ -73,8 +73,11 @@ def replay_scd2(rows: list[dict]) -> set[tuple]:
 
 
 def workload(seed: int, transactions: int, *, toast: bool = True, truncates: bool = True,
-             keys: int = 12) -> list[list[dict]]:
-    """Random transactions (lists of change rows); commit LSNs 100, 200, ...; `_seq` from 0 in each."""
+             keys: int = 12, truncate_at: frozenset[int] | None = None) -> list[list[dict]]:
+    """Random transactions (lists of change rows); commit LSNs 100, 200, ...; `_seq` from 0 in each.
+
+    `truncate_at`: the transactions (by index) that are truncates, instead of random ones (histories that share
+    them can be applied to one table, a truncate ending every history's keys at the same place)."""
     rnd = random.Random(seed)
     alive: dict[int, dict] = {}
     out = []
@@ -87,7 +90,7 @@ def workload(seed: int, transactions: int, *, toast: bool = True, truncates: boo
                          "_seq": len(rows), "_origin": None, "_unchanged_toast": unchanged,
                          "id": rid, "name": name, "doc": doc})
 
-        if truncates and t > 2 and rnd.random() < 0.08:
+        if (t in truncate_at) if truncate_at is not None else (truncates and t > 2 and rnd.random() < 0.08):
             add("truncate", None)
             alive.clear()
             out.append(rows)

@@ -206,22 +206,31 @@ def _events(changes: pa.Table, plan: Plan, table_cols: Sequence[str]) -> _Events
     that follows it, at the next `_seq` of the same commit, has another key): then it is a delete of the old key."""
     ct = changes.column("_change_type")
     pre = np.asarray(pc.fill_null(pc.equal(ct, "update_preimage"), False).to_numpy(zero_copy_only=False))
-    keep = ~pre
+    keep = np.ones(len(pre), dtype=bool)
     if pre.any() and {"_commit_lsn", "_seq"} <= set(changes.column_names):
-        # the row after each preimage in (commit, seq) order: its postimage when at the next seq
+        # in (commit, seq) order, a row repeated (a duplicate of the same change) counts once; then the row
+        # after each preimage is its postimage when at the next seq
         order = pc.sort_indices(changes, sort_keys=[("_commit_lsn", "ascending"), ("_seq", "ascending")]).to_numpy()
-        n = changes.num_rows
+        lsn, seq, kinds = (changes.column(c).take(order) for c in ("_commit_lsn", "_seq", "_change_type"))
+        if len(order) > 1:
+            repeat = _same_as_previous(lsn) & _same_as_previous(seq) & _same_as_previous(kinds)
+            for k in plan.keys:
+                repeat &= _same_as_previous(changes.column(k).take(order))
+            if repeat.any():
+                keep[order[1:][repeat]] = False
+                order = order[np.concatenate([[True], ~repeat])]
+                lsn, seq, kinds = (changes.column(c).take(order) for c in ("_commit_lsn", "_seq", "_change_type"))
+        n = len(order)
         if n > 1:
-            lsn = changes.column("_commit_lsn").take(order)
-            seq = changes.column("_seq").take(order)
-            kinds = ct.take(order)
             follows = pc.and_(pc.fill_null(pc.equal(lsn.slice(1), lsn.slice(0, n - 1)), False),
                               pc.fill_null(pc.equal(seq.slice(1), pc.add(seq.slice(0, n - 1), 1)), False))
             follows = pc.and_(follows, pc.fill_null(pc.equal(kinds.slice(1), "update_postimage"), False))
             same = np.asarray(follows.to_numpy(zero_copy_only=False)) & pre[order[:-1]]
             for k in plan.keys:
                 same &= _same_as_previous(changes.column(k).take(order))
-            keep = ~pre | (pre & ~_mark(n, order[:-1][same]))
+            keep[order[:-1][same]] = False
+    else:
+        keep = ~pre      # no (commit, seq) to pair a preimage with its postimage: preimages are left out
     rows = changes.filter(pa.array(keep)) if not keep.all() else changes
     kinds = rows.column("_change_type")
     op = np.asarray(pc.fill_null(pc.is_in(kinds, pa.array(["delete", "update_preimage"])), False)
