@@ -33,6 +33,7 @@ Options (all strings, as Spark passes them):
 | snapshotChunkPages | snapshot: table pages per Spark task (default 4096) |
 | snapshotChunksPerBatch | snapshot: tasks per micro-batch (default 8) |
 | pluginOption.NAME | any extra output-plugin option, passed as is |
+| stagingPath | a folder: each task writes its changes there as Arrow files, one per table, and the DataFrame holds one row per file (see batch_files.py; the pipeline job reads them), so the rows never pass through the JVM |
 """
 from __future__ import annotations
 
@@ -161,9 +162,22 @@ class _Layout:
         return pa.StructArray.from_arrays(children, fields=list(stype), mask=is_truncate)
 
 
-def _read(spec: SlotSpec, layout_args: tuple, start: int, end: int) -> Iterator[pa.RecordBatch]:
+def _staging(options: Any) -> str | None:
+    opts = {str(k).lower(): v for k, v in dict(options).items()}
+    return opts.get("stagingpath") or None
+
+
+def _deliver(staging: str | None, layout_args: tuple, partition: Any, pairs: Iterator[tuple[str, pa.RecordBatch]]
+             ) -> Iterator[pa.RecordBatch]:
+    """The task's output: its changes in the query's layout, or (stagingPath) written as Arrow files, one manifest
+    row per file."""
     layout = _Layout(*layout_args)
-    for table, batch in read_range(spec, start, end, layout.tables):
+    if staging:
+        from .batch_files import partition_name, write_files
+
+        yield from write_files(staging, partition_name(partition), pairs, layout.target, layout.multi)
+        return
+    for table, batch in pairs:
         yield layout.convert(table, batch)
 
 
@@ -172,14 +186,6 @@ def _table_columns(layout: _Layout, table: str) -> list[str]:
     if layout.multi:
         return [f.name for f in layout.struct_types[table]]
     return [f.name for f in layout.target if f.name not in S.CHANGE_COLUMNS]
-
-
-def _read_snapshot(spec: SlotSpec, layout_args: tuple, chunk: Any) -> Iterator[pa.RecordBatch]:
-    from .snapshot import read_chunk
-
-    layout = _Layout(*layout_args)
-    for table, batch in read_chunk(spec, chunk, _table_columns(layout, chunk.table)):
-        yield layout.convert(table, batch)
 
 
 class SpockwireDataSource(DataSource):
@@ -193,6 +199,14 @@ class SpockwireDataSource(DataSource):
         return options_to_spec(self.options)
 
     def schema(self) -> Any:
+        if _staging(self.options):
+            from .batch_files import MANIFEST_SCHEMA
+
+            return MANIFEST_SCHEMA
+        return self._data_schema()
+
+    def _data_schema(self) -> Any:
+        """The schema of the change rows (what the DataFrame holds unless stagingPath is set)."""
         spec = self._spec()
         tables, multi = _tables(self.options)
         catalog = _catalog(spec.dsn) if spec.types != "raw" else None
@@ -210,10 +224,12 @@ class SpockwireDataSource(DataSource):
         return S.spark_schema(found, multi_table=multi)
 
     def reader(self, schema: Any) -> "SpockwireBatchReader":
-        return SpockwireBatchReader(self._spec(), schema, self.options)
+        return SpockwireBatchReader(self._spec(), self._data_schema() if _staging(self.options) else schema,
+                                    self.options)
 
     def streamReader(self, schema: Any) -> "SpockwireStreamReader":
-        return SpockwireStreamReader(self._spec(), schema, self.options)
+        return SpockwireStreamReader(self._spec(), self._data_schema() if _staging(self.options) else schema,
+                                     self.options)
 
 
 class SpockwireBatchReader(DataSourceReader):
@@ -223,6 +239,7 @@ class SpockwireBatchReader(DataSourceReader):
         self.spec = spec
         tables, multi = _tables(options)
         self.layout_args = (schema, tables, multi)
+        self.staging = _staging(options)
         opts = {str(k).lower(): v for k, v in dict(options).items()}
         with _connect(spec.dsn) as conn, conn.cursor() as cur:
             pos = slot_position(cur, spec.slot)
@@ -235,7 +252,8 @@ class SpockwireBatchReader(DataSourceReader):
         return [LsnRange(self.start, self.end)]
 
     def read(self, partition: LsnRange) -> Iterator[pa.RecordBatch]:
-        yield from _read(self.spec, self.layout_args, partition.start, partition.end)
+        pairs = read_range(self.spec, partition.start, partition.end, self.layout_args[1])
+        yield from _deliver(self.staging, self.layout_args, partition, pairs)
 
 
 class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -246,6 +264,7 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         tables, multi = _tables(options)
         self.layout_args = (schema, tables, multi)
         opts = {str(k).lower(): v for k, v in dict(options).items()}
+        self.staging = _staging(options)
         self.create_slot = _flag(opts.get("createslot"))
         self.max_messages = int(opts["maxchangesperbatch"]) if opts.get("maxchangesperbatch") else None
         self.max_wal_bytes = int(opts["maxwalbytesperbatch"]) if opts.get("maxwalbytesperbatch") else None
@@ -336,9 +355,12 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, LsnRange):
-            yield from _read(self.spec, self.layout_args, partition.start, partition.end)
+            pairs = read_range(self.spec, partition.start, partition.end, self.layout_args[1])
         else:
-            yield from _read_snapshot(self.spec, self.layout_args, partition)
+            from .snapshot import read_chunk
+
+            pairs = read_chunk(self.spec, partition, _table_columns(_Layout(*self.layout_args), partition.table))
+        yield from _deliver(self.staging, self.layout_args, partition, pairs)
 
     def commit(self, end: dict) -> None:
         if is_snapshot_offset(end):

@@ -4,10 +4,12 @@
         --table public.orders=id --table public.customers=id --target /lake/tables --checkpoint /lake/_ck
 
 One streaming query reads the slot (the ``spockwire`` source, multi-table layout); every micro-batch is read
-once (``localCheckpoint``) and applied with :func:`spockwire.spark.apply_changes` to one Delta table per source
-table, ``<target>/<schema>.<table>``. The query's checkpoint and the idempotence of ``apply_changes`` make it
-exactly-once: a batch that was applied but not yet committed to the checkpoint when the driver died is read again
-from the same LSN range and applied again, which leaves the tables as they were. Killing the driver (even with
+once, into the driver as Arrow (its one Spark job), and applied with :func:`spockwire.spark.apply_changes` to one
+Delta table per source table, ``<target>/<schema>.<table>`` (resolved per key in Arrow, written through
+delta-rs: an append for new keys, a MERGE otherwise). The query's checkpoint and the idempotence of
+``apply_changes`` make it exactly-once: a batch that was applied but not yet committed to the checkpoint when the
+driver died is read again from the same LSN range and applied again, which leaves the tables as they were (each
+table's commit also records the batch, so a table that holds it skips it). Killing the driver (even with
 SIGKILL) and starting the same command again therefore neither loses nor repeats a change.
 
 `spockwire demo` runs this pipeline in its own process; the kill -9 test (tests/test_spark_exactly_once.py)
@@ -20,8 +22,8 @@ import json
 import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -56,6 +58,23 @@ class BatchReport:
     end_lsn: int | None = None       # the last commit LSN among its changes
     snapshot_rows: int = 0           # rows of the initial snapshot among them
     snapshot_by_table: dict[str, int] = field(default_factory=dict)
+    lag_p50: float | None = None     # commit-to-Delta lag of its changes (seconds; snapshot rows left out)
+    lag_p95: float | None = None
+    read_seconds: float = 0.0        # reading the micro-batch into the driver (the source's read, Spark's job)
+
+
+def staging_path(cfg: JobConfig) -> str:
+    """Where the source's tasks hand each micro-batch over (Arrow files): inside the query's checkpoint."""
+    return cfg.checkpoint.rstrip("/") + "/spockwire-batches"
+
+
+def report_line(b: BatchReport) -> dict:
+    """The job's JSON line for one micro-batch."""
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 3)
+
+    return {"batch": b.batch_id, "rows": b.rows, "snapshot_rows": b.snapshot_rows, "seconds": r(b.seconds),
+            "read_seconds": r(b.read_seconds), "lag_p50": r(b.lag_p50), "lag_p95": r(b.lag_p95)}
 
 
 def target_path(target: str, table: str, history: bool = False) -> str:
@@ -107,60 +126,194 @@ def _reader(spark: Any, cfg: JobConfig) -> Any:
         reader = reader.option("maxChangesPerBatch", str(cfg.max_changes_per_batch))
     if cfg.create_slot:
         reader = reader.option("createSlot", "true")
+    reader = reader.option("stagingPath", staging_path(cfg))
     for k, v in cfg.extra_options.items():
         reader = reader.option(k, v)
     return reader.load()
 
 
-def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None = None
-                ) -> Callable[[Any, int], None]:
-    """The foreachBatch function: the micro-batch, read once, applied to each table's Delta table."""
-    from pyspark.sql import functions as F
+def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None = None,
+                query_id: Callable[[], str] | None = None) -> Callable[[Any, int], None]:
+    """The foreachBatch function: the micro-batch's one Spark job (the source's tasks decode and write each table's
+    changes as Arrow files: batch_files.py), each table's changes read on the driver, resolved and written to its
+    Delta table(s) through delta-rs, the tables side by side.
 
-    from .apply import apply_changes, select_table
+    Each table's commit carries the idempotence token (``spockwire-<query id>``, batch id): a micro-batch replayed
+    after the driver died between the Delta commit and Spark's checkpoint is skipped by the tables that hold it
+    (and would change nothing anyway: `apply_changes` is idempotent per key)."""
+    from .apply import apply_changes
+
+    keys = table_keys(cfg)
 
     def run(df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
-        batch = df.localCheckpoint(eager=True)
+        batch = _MicroBatch.read(df, cfg)
         timings = {"read": time.monotonic() - t0}
-        snapshot_row = (F.col("_change_type") == "insert") & F.col("_xid").isNull()
-        found = batch.groupBy("_table").agg(F.count(F.lit(1)).alias("n"), F.max("_commit_lsn").alias("lsn"),
-                                            F.count(F.when(snapshot_row, 1)).alias("snap")).collect()
-        counts = {r["_table"]: r["n"] for r in found}
-        snapshot_rows = {r["_table"]: int(r["snap"]) for r in found}
-        last = max((r["lsn"] for r in found if r["lsn"] is not None), default=None)
+        token = (f"spockwire-{query_id()}", int(batch_id)) if query_id is not None else None
+        commit_ts: list[Any] = []
 
-        def one(table: str, history: bool) -> None:
-            path = target_path(cfg.target, table, history)
-            if not counts.get(table) and os.path.exists(os.path.join(path, "_delta_log")):
-                return
-            t1 = time.monotonic()
-            keys = cfg.tables[table]
-            apply_changes(select_table(batch, table), path, format="delta", keys=list(keys) if keys else None,
-                          stored_as_scd_type=2 if history else 1)
-            timings[table + ("_history" if history else "")] = time.monotonic() - t1
+        def one(table: str) -> None:
+            changes = batch.changes(table)
+            if changes is not None:
+                commit_ts.append(_change_times(changes))
+            for history in ((False, True) if cfg.history else (False,)):
+                path = target_path(cfg.target, table, history)
+                if changes is None and os.path.exists(os.path.join(path, "_delta_log")):
+                    continue
+                if changes is None:
+                    continue
+                t1 = time.monotonic()
+                apply_changes(changes, path, format="delta", engine="delta-rs", keys=keys[table],
+                              stored_as_scd_type=2 if history else 1, idempotence=token)
+                timings[table + ("_history" if history else "")] = time.monotonic() - t1
 
-        # the tables are independent: their Spark jobs run side by side (the driver's planning and the
-        # delta-rs commits overlap the executors' work)
-        work = [(t, h) for t in cfg.tables for h in ((False, True) if cfg.history else (False,))]
-        with ThreadPoolExecutor(max_workers=min(4, len(work))) as pool:
-            for done in [pool.submit(one, t, h) for t, h in work]:
+        # the tables are independent: their resolution and delta-rs writes run side by side
+        with ThreadPoolExecutor(max_workers=min(4, len(cfg.tables))) as pool:
+            for done in [pool.submit(one, t) for t in cfg.tables]:
                 done.result()
+        lag = _lag(commit_ts, time.time())
+        batch.done()
         if os.environ.get("SPOCKWIRE_JOB_TIMINGS"):
             print("timings", {k: round(v, 2) for k, v in timings.items()}, file=sys.stderr, flush=True)
         if on_batch is not None:
-            on_batch(BatchReport(batch_id, {t: int(counts.get(t, 0)) for t in cfg.tables}, time.monotonic() - t0,
-                                 last, sum(snapshot_rows.values()),
-                                 {t: snapshot_rows.get(t, 0) for t in cfg.tables}))
+            on_batch(BatchReport(batch_id, {t: int(batch.rows.get(t, 0)) for t in cfg.tables},
+                                 time.monotonic() - t0, batch.last_lsn, sum(batch.snapshot.values()),
+                                 {t: batch.snapshot.get(t, 0) for t in cfg.tables}, lag[0], lag[1],
+                                 timings["read"]))
 
     return run
 
 
+class _MicroBatch:
+    """A micro-batch on the driver: Arrow files written by the source's tasks (stagingPath), or the DataFrame's
+    rows read into Arrow."""
+
+    def __init__(self, files: dict[str, list[str]] | None, rows_table: Any, rows: dict[str, int],
+                 snapshot: dict[str, int], last_lsn: int | None) -> None:
+        self.files = files
+        self.rows_table = rows_table
+        self.rows = rows
+        self.snapshot = snapshot
+        self.last_lsn = last_lsn
+
+    @classmethod
+    def read(cls, df: Any, cfg: JobConfig) -> "_MicroBatch":
+        import pyarrow.compute as pc
+
+        from .batch_files import MANIFEST_ARROW
+
+        table = df.toArrow()            # the micro-batch's one Spark job
+        if table.schema.names == MANIFEST_ARROW.names:
+            files: dict[str, list[str]] = {}
+            rows: dict[str, int] = {}
+            snap: dict[str, int] = {}
+            for r in table.to_pylist():
+                files.setdefault(r["_table"], []).append(r["path"])
+                rows[r["_table"]] = rows.get(r["_table"], 0) + r["rows"]
+                snap[r["_table"]] = snap.get(r["_table"], 0) + r["snapshot_rows"]
+            last = pc.max(table.column("last_lsn")).as_py() if table.num_rows else None
+            return cls(files, None, rows, snap, last)
+        s = _summary(table)
+        return cls(None, table, s.rows, s.snapshot, s.last_lsn)
+
+    def changes(self, table: str) -> Any:
+        """One table's changes (change columns + the table's columns), or None when the batch has none."""
+        from .apply import select_table_arrow
+        from .batch_files import read_files
+
+        if self.files is not None:
+            return read_files(self.files[table]) if table in self.files else None
+        if not self.rows.get(table):
+            return None
+        return select_table_arrow(self.rows_table, table)
+
+    def done(self) -> None:
+        """The batch is applied: its files go."""
+        from .batch_files import delete_files
+
+        if self.files:
+            delete_files([p for paths in self.files.values() for p in paths])
+
+
+@dataclass
+class _Summary:
+    rows: dict[str, int]
+    snapshot: dict[str, int]
+    last_lsn: int | None
+
+
+def _summary(batch: Any) -> _Summary:
+    """Rows per table, snapshot rows per table, and the last commit LSN of a micro-batch (Arrow)."""
+    import pyarrow.compute as pc
+
+    if batch.num_rows == 0:
+        return _Summary({}, {}, None)
+    snapshot = pc.and_(pc.equal(batch.column("_change_type"), "insert"), pc.is_null(batch.column("_xid")))
+    counts = batch.select(["_table"]).append_column("snap", pc.cast(snapshot, "int64")).group_by("_table") \
+        .aggregate([([], "count_all"), ("snap", "sum")]).to_pylist()
+    last = pc.max(batch.column("_commit_lsn")).as_py()
+    return _Summary({r["_table"]: r["count_all"] for r in counts}, {r["_table"]: int(r["snap_sum"]) for r in counts},
+                    last)
+
+
+def _change_times(changes: Any) -> Any:
+    """The commit times of a table's changes (snapshot rows, whose commit time is the snapshot's, left out)."""
+    import pyarrow.compute as pc
+
+    keep = pc.or_(pc.not_equal(changes.column("_change_type"), "insert"), pc.is_valid(changes.column("_xid")))
+    return pc.cast(changes.column("_commit_ts").filter(keep).drop_null(), "int64")
+
+
+def _lag(times: list[Any], now: float) -> tuple[float | None, float | None]:
+    """p50 and p95 of the commit-to-Delta lag (now - `_commit_ts`) of a micro-batch's changes, in seconds."""
+    import numpy as np
+
+    micros = [t.to_numpy() for t in times if len(t)]
+    if not micros:
+        return None, None
+    ages = now - np.concatenate(micros) / 1e6
+    return float(np.percentile(ages, 50)), float(np.percentile(ages, 95))
+
+
+def table_keys(cfg: JobConfig) -> dict[str, list[str]]:
+    """Each table's key columns: the job's ``--table NAME=KEY``, else the table's replica identity read from the
+    server. A table with neither is an error here, before the query starts."""
+    from .schema import read_table_relation
+    from .slot import _connect
+
+    out: dict[str, list[str]] = {t: list(k) for t, k in cfg.tables.items() if k}
+    missing = [t for t in cfg.tables if t not in out]
+    if missing:
+        with _connect(cfg.dsn) as conn, conn.cursor() as cur:
+            for table in missing:
+                keys = [c.name for c in read_table_relation(cur, table).columns if c.is_key]
+                if not keys:
+                    raise ValueError(f"{table} has no key: its replica identity names no column (REPLICA IDENTITY "
+                                     f"FULL or NOTHING, or no primary key); give one with --table {table}=COLUMN[,...]")
+                out[table] = keys
+    return out
+
+
 def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None = None) -> Any:
     """Start the streaming query (from its checkpoint, when there is one)."""
-    return (_reader(spark, cfg).writeStream.foreachBatch(apply_batch(cfg, on_batch))
-            .option("checkpointLocation", cfg.checkpoint).queryName(f"spockwire_{cfg.slot}")
-            .trigger(processingTime=f"{int(cfg.trigger_seconds * 1000)} milliseconds").start())
+    started = threading.Event()
+    holder: dict[str, str] = {}
+
+    def query_id() -> str:
+        # the query's id is kept in its checkpoint: a replayed batch has the same one, a new checkpoint a new one
+        if not started.wait(120):
+            raise RuntimeError("the streaming query did not report its id")
+        return holder["id"]
+
+    from .batch_files import clear
+
+    clear(staging_path(cfg))         # files of a batch in flight when an earlier run stopped
+    query = (_reader(spark, cfg).writeStream.foreachBatch(apply_batch(cfg, on_batch, query_id))
+             .option("checkpointLocation", cfg.checkpoint).queryName(f"spockwire_{cfg.slot}")
+             .trigger(processingTime=f"{int(cfg.trigger_seconds * 1000)} milliseconds").start())
+    holder["id"] = str(query.id)
+    started.set()
+    return query
 
 
 def end_lsn(progress: Any) -> int | None:
@@ -241,8 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def report(b: BatchReport) -> None:
         with lock:
-            print(json.dumps({"batch": b.batch_id, "rows": b.rows, "snapshot_rows": b.snapshot_rows,
-                              "seconds": round(b.seconds, 3)}), flush=True)
+            print(json.dumps(report_line(b)), flush=True)
 
     target = flush_lsn(cfg.dsn) if args.until_caught_up else None
     query = start(spark, cfg, report)
