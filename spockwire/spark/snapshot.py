@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
@@ -81,9 +82,14 @@ class SnapshotChunk(InputPartition):
         return f"SnapshotChunk({self.source}, pages {self.first_page}..{self.stop_page})"
 
 
+def _repeat(value: Any, n: int, typ: pa.DataType) -> pa.Array:
+    """`value` n times (one take of a one-element array: no Python list of n items)."""
+    return pa.array([value], typ).take(pa.array(np.zeros(n, np.int32)))
+
+
 def _change_columns(n: int, lsn: int, ts_us: int, change: str, seq: Any) -> list[pa.Array]:
-    return [pa.array([change] * n, pa.string()), pa.array([lsn] * n, pa.uint64()),
-            pa.array([ts_us] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")), pa.nulls(n, pa.uint32()),
+    return [_repeat(change, n, pa.string()), _repeat(lsn, n, pa.uint64()),
+            _repeat(ts_us, n, pa.int64()).cast(pa.timestamp("us", tz="UTC")), pa.nulls(n, pa.uint32()),
             seq, pa.nulls(n, pa.string()), pa.nulls(n, pa.list_(pa.string()))]
 
 
@@ -111,7 +117,7 @@ def read_chunk(spec: SlotSpec, chunk: SnapshotChunk, columns: Sequence[str]) -> 
         n = values.num_rows
         if not n:
             continue
-        seq = pa.array(range(base + row, base + row + n), pa.int64())
+        seq = pa.array(np.arange(base + row, base + row + n, dtype=np.int64))
         fields = change_fields() + list(values.schema)
         arrays = _change_columns(n, chunk.lsn, chunk.ts_us, "insert", seq) + list(values.columns)
         yield chunk.table, pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
