@@ -317,7 +317,8 @@ def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | 
 
 
 def end_lsn(progress: Any) -> int | None:
-    """The end offset (an LSN) of the last completed micro-batch in a query progress report."""
+    """The end offset (an LSN) of the last completed micro-batch in a query progress report; None while the
+    initial snapshot is still being read (its offsets hold the slot's consistent point from the first batch on)."""
     from ..connection.slots import parse_lsn
 
     sources = (progress or {}).get("sources") or []
@@ -326,7 +327,11 @@ def end_lsn(progress: Any) -> int | None:
         return None
     if isinstance(end, str):
         end = json.loads(end)
-    lsn = end.get("lsn") if isinstance(end, dict) else None
+    if not isinstance(end, dict):
+        return None
+    if "snapshot" in end and int(end.get("done", 0)) < len(end.get("chunks") or ()):
+        return None
+    lsn = end.get("lsn")
     return parse_lsn(lsn) if lsn else None
 
 

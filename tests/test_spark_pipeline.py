@@ -1,0 +1,90 @@
+"""The pipeline job (spockwire.spark.job) in this process, on the suite's SparkSession, against a live server: the
+snapshot and then changes of two tables land in Delta; every micro-batch is one Spark job (counted from the
+query's job group with Spark's status tracker), its Arrow files are gone once it is applied, its commit-to-Delta
+lag is reported, and each Delta commit carries the batch as a transaction (a replayed batch is skipped)."""
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from spockwire.spark.job import JobConfig, flush_lsn, staging_path, start, table_keys, target_path, wait_caught_up
+from tests.spark_session import spark_session
+from tests.test_spark_source import COLUMNS, ORDERS_DDL, _norm, _pg_rows, _slot, _workload
+
+pytestmark = pytest.mark.pg
+
+
+@pytest.fixture(scope="module")
+def spark():
+    return spark_session()
+
+
+def _delta_rows(path: str) -> list[tuple]:
+    import deltalake
+
+    rows = deltalake.DeltaTable(path).to_pyarrow_table(columns=list(COLUMNS)).to_pylist()
+    return sorted(tuple(_norm(r[c]) for c in COLUMNS) for r in rows)
+
+
+def _jobs(spark, query) -> int:
+    """Spark jobs the streaming query ran so far (its micro-batches run in a job group named by its run id)."""
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(str(query.runId)))
+
+
+def test_one_spark_job_per_micro_batch_snapshot_then_changes(spark, pg_db, tmp_path):
+    pg_db.execute(ORDERS_DDL)
+    pg_db.execute("CREATE TABLE items (k text PRIMARY KEY, n int)")
+    pg_db.execute("CREATE PUBLICATION pub FOR TABLE orders, items")
+    _workload(pg_db, random.Random(5), 200)
+    pg_db.execute("INSERT INTO items SELECT 'k' || g, g FROM generate_series(1, 300) g")
+    cfg = JobConfig(dsn=pg_db.dsn, slot=_slot(pg_db), publication=["pub"],
+                    tables={"public.orders": None, "public.items": ("k",)}, target=str(tmp_path / "delta"),
+                    checkpoint=str(tmp_path / "ck"), starting_position="snapshot", trigger_seconds=0.2,
+                    extra_options={"snapshotChunkPages": "4", "snapshotChunksPerBatch": "2"}, history=True)
+    assert table_keys(cfg) == {"public.orders": ["id"], "public.items": ["k"]}   # orders: its primary key
+    reports = []
+    query = start(spark, cfg, reports.append)
+    try:
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        snapshot_batches = len(reports)
+        assert sum(r.snapshot_rows for r in reports) == len(_pg_rows(pg_db)) + 300
+        _workload(pg_db, random.Random(6), 150, start_id=10_000)
+        pg_db.execute("UPDATE items SET n = n + 1 WHERE n % 7 = 0")
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        time.sleep(0.5)   # the last batch's report
+        batches = {p["batchId"] for p in query.recentProgress if p["numInputRows"] or p["batchId"] == 0}
+        jobs = _jobs(spark, query)
+    finally:
+        query.stop()
+    assert len(reports) > snapshot_batches >= 2
+    # one Spark job for every micro-batch that ran (empty ones included), all tables together
+    ran = len({p["batchId"] for p in query.recentProgress})
+    assert len(batches) <= jobs <= ran, (jobs, ran, batches)
+    # the changes' commit-to-Delta lag is reported; snapshot rows do not count
+    changed = [r for r in reports[snapshot_batches:] if sum(r.rows.values())]
+    assert changed and all(r.lag_p50 is not None and 0 <= r.lag_p50 <= r.lag_p95 < 300 for r in changed)
+    assert _delta_rows(target_path(cfg.target, "public.orders")) == _pg_rows(pg_db)
+    items = sorted(pg_db.query("SELECT k, n FROM items"))
+    import deltalake
+
+    got = deltalake.DeltaTable(target_path(cfg.target, "public.items")).to_pyarrow_table(columns=["k", "n"])
+    assert sorted(zip(*got.to_pydict().values())) == items
+    history = deltalake.DeltaTable(target_path(cfg.target, "public.items", history=True)).to_pyarrow_table()
+    assert history.num_rows > len(items)    # the updated rows' earlier versions are kept
+    # every batch's files were deleted once it was applied
+    assert not list((tmp_path / "ck" / "spockwire-batches").glob("*.arrow*"))
+    assert staging_path(cfg).startswith(cfg.checkpoint)
+    # each table commit carries the batch: the idempotence token of the query
+    dt = deltalake.DeltaTable(target_path(cfg.target, "public.orders"))
+    assert dt.transaction_version(f"spockwire-{query.id}") == max(r.batch_id for r in reports)
+
+
+def test_a_table_without_a_key_is_an_error_at_start(pg_db, tmp_path):
+    pg_db.execute("CREATE TABLE logs (at timestamptz, line text)")     # no primary key: no replica identity
+    cfg = JobConfig(dsn=pg_db.dsn, slot="x", publication=["p"], tables={"public.logs": None},
+                    target=str(tmp_path), checkpoint=str(tmp_path / "ck"))
+    with pytest.raises(ValueError, match=r"public\.logs has no key: .* give one with --table public\.logs=COLUMN"):
+        table_keys(cfg)
+    assert table_keys(JobConfig(**{**cfg.__dict__, "tables": {"public.logs": ("at",)}})) == {"public.logs": ["at"]}
