@@ -552,3 +552,60 @@ def test_planning_moves_over_wal_without_output_in_empty_ranges(pg_db):
     assert not found.empty and found.messages > 0 and found.end >= after
     batches = [b for _t, b in read_range(spec, skip.end, found.end)]
     assert [b.column(0).to_pylist() for b in batches] == [["insert"]]
+
+
+def test_a_large_range_is_read_as_two_halves_side_by_side(spark, pg_db, tmp_path):
+    """A range over at least 16 MiB of WAL is read as two partitions, the second from a copy of the slot advanced
+    to the middle: the rows equal the unsplit read, each once; the copies are dropped at the end, and one left by
+    a task that died is dropped by the next planning."""
+    from spockwire.spark.slot import SPLIT_WAL_BYTES, read_range
+
+    opts = _setup_orders(pg_db, extra_slots=("oracle",))
+    start = _slot_lsn(pg_db, opts["slot"])
+    for lo in range(0, 18_000, 3_000):            # several transactions on both sides of the middle
+        pg_db.execute("INSERT INTO orders (id, qty, note) SELECT g, g %% 7, repeat('n', 1100) || g "
+                      "FROM generate_series(%s, %s) g", (lo + 1, lo + 3_000))
+    pg_db.execute("UPDATE orders SET qty = qty + 1 WHERE id % 100 = 0")
+    end = _flush_lsn(pg_db)
+    assert end - start >= SPLIT_WAL_BYTES, end - start
+
+    def copies() -> list[str]:
+        return [name for (name,) in pg_db.query("SELECT slot_name FROM pg_replication_slots "
+                                                "WHERE slot_name LIKE %s", (opts["slot"][:40] + "_swspk_%",))]
+
+    key = ["_commit_lsn", "_seq", "_change_type", "id", "qty"]
+    df = spark.read.format("spockwire").options(**opts).option("endingLsn", format_lsn(end)).load()
+    assert df.rdd.getNumPartitions() == 2
+    split = sorted(map(tuple, df.select(*key).collect()))
+    assert copies() == []
+    whole = (spark.read.format("spockwire").options(**opts).option("endingLsn", format_lsn(end))
+             .option("splitWalBytes", "0").load())
+    assert whole.rdd.getNumPartitions() == 1
+    assert split == sorted(map(tuple, whole.select(*key).collect()))
+    assert len(split) == 18_000 + 180 and len(set((r[0], r[1]) for r in split)) == len(split)
+    # the second half alone, from a copy: exactly the transactions committed in it
+    middle = start + (end - start) // 2
+    spec = SlotSpec(dsn=pg_db.dsn, slot=opts["slot"], publication=("pub",))
+    tail: set[tuple[int, int]] = set()
+    seen_copies: list = []
+    for _t, b in read_range(spec, middle, end, from_copy=True):
+        if not seen_copies:                        # while it reads: the copy, at the middle
+            seen_copies = pg_db.query("SELECT slot_name, confirmed_flush_lsn::text FROM pg_replication_slots "
+                                      "WHERE slot_name LIKE %s", (opts["slot"][:40] + "_swspk_%",))
+        tail |= {(b.column(1)[i].as_py(), b.column(4)[i].as_py()) for i in range(b.num_rows)}
+    assert [parse_lsn(lsn) for _name, lsn in seen_copies] == [middle]
+    assert tail == {(r[0], r[1]) for r in split if r[0] >= middle} and tail
+    assert _slot_lsn(pg_db, opts["slot"]) == start and copies() == []
+    # a copy left behind by a task that died: dropped by the next planning (here: of a batch read)
+    pg_db.query("SELECT pg_copy_logical_replication_slot(%s, %s, false)",
+                (opts["slot"], opts["slot"][:40] + "_swspk_deadbeef"))
+    assert copies() == [opts["slot"][:40] + "_swspk_deadbeef"]
+    spark.read.format("spockwire").options(**opts).option("endingLsn", format_lsn(start)).load().collect()
+    assert copies() == []
+    # a stream's micro-batch over the whole backlog is split too, and reads the same rows
+    query = (spark.readStream.format("spockwire").options(**opts).load().writeStream.format("memory")
+             .queryName("split_stream").option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(300) and query.exception() is None
+    assert sorted(map(tuple, spark.table("split_stream").select(*key).collect())) == split
+    assert copies() == []

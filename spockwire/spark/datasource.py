@@ -30,6 +30,7 @@ Options (all strings, as Spark passes them):
 | maxChangesPerBatch | streaming: about this many plugin messages per micro-batch, estimated from a sample at its start |
 | maxWalBytesPerBatch | streaming: at most this many bytes of WAL per micro-batch (with maxChangesPerBatch: the smaller) |
 | idleAdvanceBytes | streaming: move the slot over this much WAL without output for the tables (default 16 MiB) |
+| splitWalBytes | a range over at least this much WAL is read as two partitions side by side (default 16 MiB; 0: never) |
 | startingLsn / endingLsn | batch reads: the range (default: the slot's position / the server's flush LSN) |
 | startingPosition | streaming: ``slot`` (default, the slot's position) or ``snapshot`` (rows first: snapshot.py) |
 | snapshotChunkPages | snapshot: table pages per Spark task (default 4096) |
@@ -49,8 +50,9 @@ from ..model import Relation
 from . import schema as S
 from ..values.catalog import parse_column_types
 from .snapshot import is_snapshot_offset
-from .slot import IDLE_ADVANCE_BYTES, ReusedConnection, SlotSpec, _catalog, _connect, current_flush_lsn, \
-    decoder_types_supported, ensure_slot, plan_end, read_range, slot_position, advance_slot
+from .slot import IDLE_ADVANCE_BYTES, SPLIT_WAL_BYTES, ReusedConnection, SlotSpec, _catalog, _connect, \
+    current_flush_lsn, decoder_types_supported, drop_stale_range_copies, ensure_slot, plan_end, read_range, \
+    slot_position, split_range, advance_slot
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python streaming sources
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -115,15 +117,27 @@ def _qualify(name: str) -> str:
 
 
 class LsnRange(InputPartition):
-    """One read: the transactions committed in ``[start, end)``."""
+    """One read: the transactions committed in ``[start, end)`` (`from_copy`: over a copy of the slot advanced to
+    `start`, the second half of a split range)."""
 
-    def __init__(self, start: int, end: int) -> None:
-        super().__init__((start, end))
+    def __init__(self, start: int, end: int, from_copy: bool = False) -> None:
+        super().__init__((start, end, from_copy))
         self.start = start
         self.end = end
+        self.from_copy = from_copy
 
     def __repr__(self) -> str:
-        return f"LsnRange({format_lsn(self.start)}, {format_lsn(self.end)})"
+        copy = ", from a copy" if self.from_copy else ""
+        return f"LsnRange({format_lsn(self.start)}, {format_lsn(self.end)}{copy})"
+
+
+def _ranges(start: int, end: int, split_bytes: int) -> list[LsnRange]:
+    return [LsnRange(lo, hi, copy) for lo, hi, copy in split_range(start, end, split_bytes)]
+
+
+def _split_bytes(opts: dict) -> int:
+    value = opts.get("splitwalbytes")
+    return SPLIT_WAL_BYTES if value in (None, "") else int(value)
 
 
 class _Layout:
@@ -163,9 +177,9 @@ class _Layout:
         return pa.StructArray.from_arrays(children, fields=list(stype), mask=is_truncate)
 
 
-def _read(spec: SlotSpec, layout_args: tuple, start: int, end: int) -> Iterator[pa.RecordBatch]:
+def _read(spec: SlotSpec, layout_args: tuple, part: LsnRange) -> Iterator[pa.RecordBatch]:
     layout = _Layout(*layout_args)
-    for table, batch in read_range(spec, start, end, layout.tables):
+    for table, batch in read_range(spec, part.start, part.end, layout.tables, from_copy=part.from_copy):
         yield layout.convert(table, batch)
 
 
@@ -232,12 +246,14 @@ class SpockwireBatchReader(DataSourceReader):
                 raise ValueError(f"replication slot {spec.slot!r} does not exist")
             self.start = parse_lsn(opts["startinglsn"]) if opts.get("startinglsn") else pos[0]
             self.end = parse_lsn(opts["endinglsn"]) if opts.get("endinglsn") else current_flush_lsn(cur)
+            drop_stale_range_copies(cur, spec.slot)
+        self.split_bytes = _split_bytes(opts)
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [LsnRange(self.start, self.end)]
+        return _ranges(self.start, self.end, self.split_bytes)
 
     def read(self, partition: LsnRange) -> Iterator[pa.RecordBatch]:
-        yield from _read(self.spec, self.layout_args, partition.start, partition.end)
+        yield from _read(self.spec, self.layout_args, partition)
 
 
 class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -253,6 +269,7 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.max_wal_bytes = int(opts["maxwalbytesperbatch"]) if opts.get("maxwalbytesperbatch") else None
         idle = opts.get("idleadvancebytes")
         self.idle_advance = int(idle) if idle not in (None, "") else IDLE_ADVANCE_BYTES
+        self.split_bytes = _split_bytes(opts)
         self.starting = parse_lsn(opts["startinglsn"]) if opts.get("startinglsn") else None
         position = str(opts.get("startingposition") or "slot").lower()
         if position not in STARTING_POSITIONS:
@@ -348,11 +365,11 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         lo, hi = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
         if hi <= lo or (lo, hi) in self._empty:
             return []
-        return [LsnRange(lo, hi)]
+        return _ranges(lo, hi, self.split_bytes)
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, LsnRange):
-            yield from _read(self.spec, self.layout_args, partition.start, partition.end)
+            yield from _read(self.spec, self.layout_args, partition)
         else:
             yield from _read_snapshot(self.spec, self.layout_args, partition)
 

@@ -25,7 +25,7 @@ from ..model import ChangeBatch, Truncate
 
 __all__ = ["SlotSpec", "SlotAheadError", "make_decoder", "read_range", "advance_slot", "slot_position",
            "plan_end", "Plan", "ReusedConnection", "pooled_connection", "decoder_types_supported",
-           "IDLE_ADVANCE_BYTES", "PLAN_WINDOW_BYTES"]
+           "IDLE_ADVANCE_BYTES", "PLAN_WINDOW_BYTES", "SPLIT_WAL_BYTES", "split_range", "drop_stale_range_copies"]
 
 #: rows fetched from the server per round trip while reading a range
 FETCH_ROWS = 2000
@@ -419,6 +419,7 @@ def plan_end(spec: SlotSpec, start: int, *, max_messages: int | None = None, max
 
 def _plan(conn: Any, cur: Any, spec: SlotSpec, start: int, max_messages: int | None, max_wal_bytes: int | None,
           until: int | None, idle_advance_bytes: int) -> Plan:
+    drop_stale_range_copies(cur, spec.slot)     # every earlier batch is committed: no read runs
     _advance(cur, spec, start)
     flush = current_flush_lsn(cur)
     upto = flush
@@ -505,15 +506,23 @@ def select_events(events: Sequence[Any], tables: Sequence[str] | None, start: in
 
 
 def read_range(spec: SlotSpec, start: int, end: int, tables: Sequence[str] | None = None, *,
-               catalog: Any = None, fetch_rows: int = FETCH_ROWS) -> Iterator[tuple[str, pa.RecordBatch]]:
+               catalog: Any = None, fetch_rows: int = FETCH_ROWS,
+               from_copy: bool = False) -> Iterator[tuple[str, pa.RecordBatch]]:
     """Decode the slot's transactions committed in ``[start, end)``; yield (table, record batch) in commit order.
 
     Replayable: the slot is only peeked. Raises SlotAheadError when the slot was already advanced beyond
     `start` (those changes can no longer be read). Reads over this process's connection for the dsn
     (`pooled_connection`: Spark reuses its Python workers, so the micro-batches of a stream share one), opened
     again when it broke while idle.
+
+    `from_copy`: peek a copy of the slot advanced to `start` instead (the second half of a split range, see
+    `split_range`), dropped at the end; the slot itself when no more slots can be created.
     """
     if end <= start:
+        return
+    if from_copy:
+        with _range_copy(spec, start) as copy:
+            yield from read_range(copy, start, end, tables, catalog=catalog, fetch_rows=fetch_rows)
         return
     protocol = spec.protocol
     if catalog is None and spec.types != "raw":
@@ -564,6 +573,90 @@ def _prepare_read(conn: Any, spec: SlotSpec, start: int) -> tuple[Any, dict[str,
             conn.rollback()
         raise
     return conn, opts
+
+
+#: a range over at least this much WAL is read as two partitions side by side (the data source option
+#: splitWalBytes; 0: never)
+SPLIT_WAL_BYTES = 16 << 20
+#: in the name of a slot's temporary copies (``<slot>_swspk_<random>``) that the second halves of split ranges read
+RANGE_COPY_INFIX = "_swspk_"
+
+
+def split_range(start: int, end: int, split_bytes: int = SPLIT_WAL_BYTES) -> list[tuple[int, int, bool]]:
+    """The reads of the range ``[start, end)``: (start, end, from_copy) each.
+
+    A range over at least `split_bytes` of WAL is two halves decoded side by side by two server backends, as the
+    SQL transport splits a backlog (spockwire/connection/sql.py): the first on the slot, peeked up to the middle
+    (its call decodes exactly the WAL records that start before it); the second on a copy of the slot advanced to
+    the middle (it skips exactly the transactions whose commit record starts before it). Each read keeps the
+    transactions whose commit LSN falls in its half, so every transaction comes out once. The second backend also
+    reads the first half again, without decoding its output, to reach the middle.
+    """
+    if not split_bytes or end - start < split_bytes:
+        return [(start, end, False)]
+    middle = start + (end - start) // 2
+    return [(start, middle, False), (middle, end, True)]
+
+
+def _copy_prefix(slot: str) -> str:
+    return f"{slot[:40]}{RANGE_COPY_INFIX}"
+
+
+@contextlib.contextmanager
+def _range_copy(spec: SlotSpec, start: int) -> Iterator[SlotSpec]:
+    """A copy of the slot advanced to `start` (a persistent slot: the reading backend is not the one that makes
+    it), dropped at the end; stale ones (a task that died) go at the next planning (`drop_stale_range_copies`).
+    Without room for another slot (max_replication_slots), the slot itself."""
+    import dataclasses
+    import secrets
+
+    import psycopg2
+
+    name = _copy_prefix(spec.slot) + secrets.token_hex(4)
+    with _connect(spec.dsn) as conn, conn.cursor() as cur:
+        _require_slot(cur, spec)
+        try:
+            cur.execute("SELECT pg_copy_logical_replication_slot(%s, %s, false)", (spec.slot, name))
+        except psycopg2.Error as exc:
+            if getattr(exc, "pgcode", None) != "53400":
+                raise
+            name = ""                    # no free slot: read the slot itself (it decodes the whole range)
+        if name:
+            try:
+                cur.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (name, format_lsn(start)))
+            except BaseException:
+                _drop_copy(cur, name)
+                raise
+    if not name:
+        yield spec
+        return
+    try:
+        yield dataclasses.replace(spec, slot=name)
+    finally:
+        with _connect(spec.dsn) as conn, conn.cursor() as cur:
+            _drop_copy(cur, name)
+
+
+def _drop_copy(cur: Any, name: str) -> None:
+    import psycopg2
+
+    try:
+        cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                    (name,))
+    except psycopg2.Error:
+        pass                             # still held for a moment: the next planning drops it
+
+
+def drop_stale_range_copies(cur: Any, slot: str) -> list[str]:
+    """Drop the copies of `slot` that no backend holds (left by a task that died before dropping its own); the
+    names dropped. Called while no read of the slot runs (a micro-batch's planning)."""
+    prefix = _copy_prefix(slot)
+    cur.execute("SELECT slot_name FROM pg_replication_slots WHERE active_pid IS NULL AND left(slot_name, %s) = %s",
+                (len(prefix), prefix))
+    names = [name for (name,) in cur.fetchall()]
+    for name in names:
+        _drop_copy(cur, name)
+    return names
 
 
 def _catalog(dsn: str) -> Any:
