@@ -609,3 +609,19 @@ def test_a_large_range_is_read_as_two_halves_side_by_side(spark, pg_db, tmp_path
     assert query.awaitTermination(300) and query.exception() is None
     assert sorted(map(tuple, spark.table("split_stream").select(*key).collect())) == split
     assert copies() == []
+
+
+def test_the_smaller_of_the_two_bounds_wins(pg_db):
+    """maxWalBytesPerBatch and maxChangesPerBatch together: whichever bound is smaller ends the range."""
+    opts = _setup_orders(pg_db)
+    spec = SlotSpec(dsn=pg_db.dsn, slot=opts["slot"], publication=("pub",))
+    start = _slot_lsn(pg_db, opts["slot"])
+    _uniform_backlog(pg_db, 400)                 # 4 messages a transaction
+    flush = _flush_lsn(pg_db)
+    per_txn = (flush - start) / 400
+    by_bytes = plan_end(spec, start, max_messages=100_000, max_wal_bytes=8192)
+    assert by_bytes.end == start + 8192 and not by_bytes.estimated
+    by_count = plan_end(spec, start, max_messages=200, max_wal_bytes=1 << 30)
+    assert by_count.estimated and by_count.end < flush
+    # about 50 transactions: the estimate comes from a sample of the same kind of transactions
+    assert 25 * per_txn <= by_count.end - start <= 100 * per_txn, (by_count, per_txn)
