@@ -367,10 +367,12 @@ def _staged_events(records: list[Any]) -> list[dict[str, Any]]:
                         and r.getMessage().startswith("{")) if e.get("event") == "staged"]
 
 
-def _worker_in_thread(db, slot: str, tmp_path: Path, caplog, transport: str, pump: str, **config: Any):
+def _worker_in_thread(db, slot: str, tmp_path: Path, caplog, transport: str, pump: str, *,
+                      connect: Any = None, **config: Any):
     """An ingest worker on `slot` into tmp_path/staging, run in a thread; its staged events logged to caplog."""
     worker = IngestWorker(IngestConfig(dsn=db.dsn, slot=slot, out=str(tmp_path / "staging"), publication=["pub"],
-                                       progress=False, transport=transport, extra={"pump": pump}, **config))
+                                       progress=False, transport=transport, extra={"pump": pump}, **config),
+                          connect=connect)
     result: list[int] = []
     caplog.set_level("INFO", logger="spockwire.ingest")
     thread = threading.Thread(target=lambda: result.append(worker.run()))
@@ -466,9 +468,15 @@ def test_a_backlog_read_in_less_than_flush_seconds_is_committed_when_caught_up(p
 @pytest.mark.parametrize("transport", ["replication", "sql"])
 def test_acknowledgements_go_with_the_status_updates_while_behind(pg_db, tmp_path, caplog, transport):
     """While the stream reads a backlog, the staging commits' acknowledgements reach the server with the next status
-    update (every 10 s), not one at a time (over the SQL transport each would cost the server a fast-forward pass
-    over the WAL while the reading waits); once the stream is caught up the slot is at the last staged position at
-    once."""
+    update (every `status_interval` s), not one at a time (over the SQL transport each would cost the server a
+    fast-forward pass over the WAL while the reading waits); once the stream is caught up the slot is at the last
+    staged position at once.
+
+    Observed on the send path (every acknowledgement the worker makes, forced or not, and whether the stream was
+    behind then) and on the slot: it moves at most once per status interval that elapsed, plus once when caught
+    up -- however long the backlog takes to read on this machine."""
+    from spockwire.connection import connect as real_connect
+
     pg_db.execute("CREATE TABLE b (id int PRIMARY KEY, v text)")
     create_publication(pg_db.dsn, "pub")
     slot = f"{pg_db.name}_s"
@@ -481,16 +489,33 @@ def test_acknowledgements_go_with_the_status_updates_while_behind(pg_db, tmp_pat
         return parse_lsn(pg_db.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
                                      "WHERE slot_name = %s", (slot,))[0][0])
 
+    acks: list[tuple[bool, bool]] = []      # (forced, behind) of each acknowledgement the worker made
+    streams: list[Any] = []
+
+    def recording_connect(*args: Any, **kwargs: Any) -> Any:
+        stream = real_connect(*args, **kwargs)
+        ack = stream.ack
+
+        def recording_ack(lsn: Any = None, *, send: bool = False) -> int:
+            acks.append((send, stream.behind_since is not None))
+            return ack(lsn, send=send)
+
+        stream.ack = recording_ack
+        streams.append(stream)
+        return stream
+
     seen = [confirmed()]
+    started = time.monotonic()
     worker, thread, result = _worker_in_thread(pg_db, slot, tmp_path, caplog, transport, "c", flush_seconds=60,
-                                               flush_rows=10_000)
+                                               flush_rows=10_000, connect=recording_connect)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while sum(e["rows"] for e in _staged_events(caplog.records)) < rows:
             assert time.monotonic() < deadline and thread.is_alive(), _staged_events(caplog.records)
             if confirmed() != seen[-1]:
                 seen.append(confirmed())
             time.sleep(0.005)
+        elapsed = time.monotonic() - started
         last = parse_lsn(_staged_events(caplog.records)[-1]["committed_lsn"])
         deadline = time.monotonic() + 5
         while confirmed() < last:
@@ -500,9 +525,15 @@ def test_acknowledgements_go_with_the_status_updates_while_behind(pg_db, tmp_pat
         worker.stop()
         thread.join(timeout=60)
     assert result == [0]
+    assert len(streams) == 1, "the stream reconnected: the counts below would mix two streams"
     reasons = [e["reason"] for e in _staged_events(caplog.records)]
     assert reasons.count("size") >= 2, reasons          # commits during the backlog ...
-    assert len(seen) <= 2, (seen, reasons)               # ... acknowledged together, not one at a time
+    behind = [forced for forced, was_behind in acks if was_behind]
+    assert len(behind) >= 2, acks                        # ... acknowledged while behind ...
+    assert not any(behind), acks                         # ... left to the status updates, never forced
+    # and the slot followed the status updates: at most one move per elapsed interval, and one when caught up
+    intervals = int(elapsed // streams[0].status_interval) + 1
+    assert len(seen) - 1 <= intervals + 1, (seen, reasons, elapsed)
 
 
 def test_metrics_endpoint_and_progress(pg_db, tmp_path):

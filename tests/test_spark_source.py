@@ -365,3 +365,264 @@ def test_reading_past_an_advanced_slot_is_refused(spark, pg_db):
     from spockwire.spark.slot import read_range
     with pytest.raises(SlotAheadError):
         list(read_range(SlotSpec(dsn=pg_db.dsn, slot=_slot(pg_db), publication=("pub",)), start, _flush_lsn(pg_db)))
+
+
+# ------------------------------------------------------------------------------------------- micro-batch planning
+
+def _uniform_backlog(db, txns: int, rows: int = 2, start_id: int = 1) -> None:
+    """`txns` transactions of `rows` small inserts each (begin, `rows` inserts, commit: rows + 2 messages)."""
+    conn = db.connect(autocommit=False)
+    try:
+        cur = conn.cursor()
+        for t in range(txns):
+            first = start_id + t * rows
+            cur.execute("INSERT INTO orders (id, qty, note) SELECT g, g %% 7, 'n' || g FROM generate_series(%s, %s) g",
+                        (first, first + rows - 1))
+            conn.commit()
+    finally:
+        conn.close()
+
+
+def _slot_stats(db, slot: str) -> tuple[int, int]:
+    """(total_txns, total_bytes) the slot decoded so far, peeks included (pg_stat_replication_slots, PG 14+)."""
+    (txns, size), = db.query("SELECT total_txns, total_bytes FROM pg_stat_replication_slots WHERE slot_name = %s",
+                             (slot,))
+    return int(txns), int(size)
+
+
+def _sessions(db) -> int:
+    """Sessions established to the database so far (pg_stat_database, PG 14+; a session that ended is counted)."""
+    return int(db.query("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")[0][0])
+
+
+def _available_now(spark, opts: dict, name: str, ck: str, **options: str) -> list[dict]:
+    """Run the stream with Trigger.AvailableNow into a memory table; its progress reports of micro-batches with
+    an offset range (empty ones included)."""
+    reader = spark.readStream.format("spockwire").options(**opts)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    query = (reader.load().writeStream.format("memory").queryName(name).option("checkpointLocation", ck)
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(300), "the AvailableNow query did not finish"
+    if query.exception() is not None:
+        raise query.exception()
+    return [p for p in query.recentProgress if _end_lsn(p) is not None]
+
+
+def _spans(batches: list[dict], first_start: int) -> list[int]:
+    """The WAL bytes each micro-batch covered (the first starts at `first_start`: its progress names no start)."""
+    ends = [_end_lsn(p) for p in batches]
+    return [end - start for start, end in zip([first_start, *ends], ends)]
+
+
+def _assert_exactly_the_oracles_rows(spark, db, opts: dict, name: str) -> None:
+    """The memory table `name` holds every change the untouched slot "oracle" holds, each once."""
+    got = spark.table(name)
+    expected = spark.read.format("spockwire").options(**{**opts, "slot": _slot(db, "oracle")}).load()
+    key = ["_commit_lsn", "_seq", "_change_type", "id"]
+    assert got.groupBy("_commit_lsn", "_seq").count().filter("count > 1").count() == 0
+    assert sorted(map(tuple, got.select(*key).collect())) == sorted(map(tuple, expected.select(*key).collect()))
+
+
+def test_max_wal_bytes_alone_bounds_the_micro_batches(spark, pg_db, tmp_path):
+    """maxWalBytesPerBatch without maxChangesPerBatch: a backlog is read in several micro-batches, each over at most
+    that much WAL, every change exactly once."""
+    opts = _setup_orders(pg_db, extra_slots=("oracle",))
+    _uniform_backlog(pg_db, 300)
+    start = _slot_lsn(pg_db, _slot(pg_db))
+    backlog = _flush_lsn(pg_db) - start
+    bound = 16 << 10
+    assert backlog > 4 * bound, backlog
+    batches = _available_now(spark, opts, "wal_bounded", str(tmp_path / "ck"), maxWalBytesPerBatch=str(bound))
+    spans = _spans(batches, start)
+    assert len([p for p in batches if p["numInputRows"]]) >= backlog // bound, spans
+    assert all(0 < span <= bound for span in spans), spans
+    assert sum(p["numInputRows"] for p in batches) == 600
+    _assert_exactly_the_oracles_rows(spark, pg_db, opts, "wal_bounded")
+
+
+def test_max_changes_splits_a_backlog_decoded_once_over_reused_connections(spark, pg_db, tmp_path):
+    """maxChangesPerBatch splits a backlog into micro-batches of about that many messages; the server decodes the
+    backlog about once over the whole run (the planning peeks only a sample at each batch's start, which the
+    executor decodes again), not twice; and the micro-batches share connections (the driver's one, each Python
+    worker's one) instead of opening new ones."""
+    opts = _setup_orders(pg_db, extra_slots=("oracle",))
+    txns, rows = 400, 2
+    _uniform_backlog(pg_db, txns, rows)
+    decoded_before = _slot_stats(pg_db, _slot(pg_db))[0]
+    sessions_before = _sessions(pg_db)
+    wanted = 100                      # messages: about 25 transactions of 4 (begin, 2 inserts, commit)
+    batches = _available_now(spark, opts, "count_bounded", str(tmp_path / "ck"), maxChangesPerBatch=str(wanted))
+    sizes = [p["numInputRows"] for p in batches if p["numInputRows"]]
+    assert sum(sizes) == txns * rows
+    per_batch = wanted * rows // (rows + 2)          # the rows of about `wanted` messages
+    assert len(sizes) >= txns * rows // per_batch // 2, sizes
+    assert all(s <= 3 * per_batch for s in sizes), sizes
+    assert all(s >= per_batch // 3 for s in sizes[:-1]), sizes
+    deadline = time.monotonic() + 30
+    while (decoded := _slot_stats(pg_db, _slot(pg_db))[0] - decoded_before) < txns and time.monotonic() < deadline:
+        time.sleep(0.2)                # the stats of the last read's backend may land a moment later
+    # each planning's sample is about a tenth of its batch (plus the transaction that reaches it), decoded twice
+    assert txns <= decoded <= txns * 1.25 + len(batches), (decoded, len(batches))
+    # the driver plans and commits over one connection; each Python worker reads over one of its own (a new
+    # connection for each planning, read and commit would be three a micro-batch)
+    sessions = _sessions(pg_db) - sessions_before
+    assert len(batches) >= 12 and sessions <= 10, (sessions, len(batches))
+    _assert_exactly_the_oracles_rows(spark, pg_db, opts, "count_bounded")
+
+
+def test_planning_and_reads_reuse_their_connections_and_reconnect(pg_db):
+    """The driver's planning connection and a process's reading connection are kept across calls, opened again
+    when their backend went away, and a read abandoned mid-way leaves its connection without a transaction (and
+    the slot free)."""
+    from spockwire.spark.slot import ReusedConnection, pooled_connection, read_range
+
+    opts = _setup_orders(pg_db)
+    spec = SlotSpec(dsn=pg_db.dsn, slot=opts["slot"], publication=("pub",))
+    start = _slot_lsn(pg_db, opts["slot"])
+    _uniform_backlog(pg_db, 30, rows=100)
+    end = _flush_lsn(pg_db)
+
+    def terminate(pid: int) -> None:
+        pg_db.query("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 10
+        while pg_db.query("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))[0][0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    def rows() -> list[tuple]:
+        return [(b.column(0)[i].as_py(), b.column(4)[i].as_py()) for _t, b in read_range(spec, start, end)
+                for i in range(b.num_rows)]
+
+    def reading_pid() -> int:
+        with pooled_connection(pg_db.dsn) as held:
+            return held.get()[0].get_backend_pid()
+
+    expected = rows()
+    assert len(expected) == 3000
+    pid = reading_pid()
+    assert rows() == expected and reading_pid() == pid            # the same backend read again
+    terminate(pid)
+    assert rows() == expected and reading_pid() != pid            # a new one after it went away
+    partial = read_range(spec, start, end)
+    next(partial)
+    partial.close()                                               # abandoned mid-way
+    with pooled_connection(pg_db.dsn) as held:
+        conn = held.get()[0]
+        assert conn.info.transaction_status == 0                  # psycopg2 TRANSACTION_STATUS_IDLE
+    assert pg_db.query("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                       (opts["slot"],))[0][0] is None
+    assert rows() == expected
+
+    planner = ReusedConnection(pg_db.dsn)
+    try:
+        plans = [plan_end(spec, start, connection=planner)]
+        pid = planner.get()[0].get_backend_pid()
+        plans.append(plan_end(spec, start, connection=planner))
+        assert planner.opened == 1
+        terminate(pid)
+        plans.append(plan_end(spec, start, connection=planner))
+        assert planner.opened == 2
+        assert all(p.end >= end and p.messages > 0 and not p.empty for p in plans), plans
+    finally:
+        planner.close()
+
+
+def test_planning_moves_over_wal_without_output_in_empty_ranges(pg_db):
+    """WAL of tables outside the publication: the planning peeks a 1 MiB window, then looks further for the first
+    transaction with output; the WAL before it becomes an empty range (nothing to read), and the next planning
+    starts at that transaction. A little such WAL and nothing else makes no range at all."""
+    from spockwire.spark.slot import PLAN_WINDOW_BYTES, read_range
+
+    opts = _setup_orders(pg_db)
+    pg_db.execute("CREATE TABLE other (id int, pad text)")
+    spec = SlotSpec(dsn=pg_db.dsn, slot=opts["slot"], publication=("pub",))
+    start = _slot_lsn(pg_db, opts["slot"])
+    pg_db.execute("INSERT INTO other SELECT g, repeat('p', 100) FROM generate_series(1, 100) g")    # ~15 kB
+    idle = plan_end(spec, start)
+    assert (idle.end, idle.messages, idle.empty) == (start, 0, False)       # no micro-batch for that
+    pg_db.execute("INSERT INTO other SELECT g, repeat('p', 200) FROM generate_series(1, 20000) g")  # ~5 MB
+    before = _flush_lsn(pg_db)
+    assert before - start > 2 * PLAN_WINDOW_BYTES
+    pg_db.execute("INSERT INTO orders (id, qty) VALUES (1, 1)")
+    after = _flush_lsn(pg_db)
+    skip = plan_end(spec, start)
+    assert skip.empty and start + PLAN_WINDOW_BYTES < skip.end <= before, (skip, before)
+    assert list(read_range(spec, start, skip.end)) == []                    # indeed nothing in it
+    found = plan_end(spec, skip.end)
+    assert not found.empty and found.messages > 0 and found.end >= after
+    batches = [b for _t, b in read_range(spec, skip.end, found.end)]
+    assert [b.column(0).to_pylist() for b in batches] == [["insert"]]
+
+
+def test_a_large_range_is_read_as_two_halves_side_by_side(spark, pg_db, tmp_path):
+    """A range over at least 16 MiB of WAL is read as two partitions, the second from a copy of the slot advanced
+    to the middle: the rows equal the unsplit read, each once; the copies are dropped at the end, and one left by
+    a task that died is dropped by the next planning."""
+    from spockwire.spark.slot import SPLIT_WAL_BYTES, read_range
+
+    opts = _setup_orders(pg_db, extra_slots=("oracle",))
+    start = _slot_lsn(pg_db, opts["slot"])
+    for lo in range(0, 18_000, 3_000):            # several transactions on both sides of the middle
+        pg_db.execute("INSERT INTO orders (id, qty, note) SELECT g, g %% 7, repeat('n', 1100) || g "
+                      "FROM generate_series(%s, %s) g", (lo + 1, lo + 3_000))
+    pg_db.execute("UPDATE orders SET qty = qty + 1 WHERE id % 100 = 0")
+    end = _flush_lsn(pg_db)
+    assert end - start >= SPLIT_WAL_BYTES, end - start
+
+    def copies() -> list[str]:
+        return [name for (name,) in pg_db.query("SELECT slot_name FROM pg_replication_slots "
+                                                "WHERE slot_name LIKE %s", (opts["slot"][:40] + "_swspk_%",))]
+
+    key = ["_commit_lsn", "_seq", "_change_type", "id", "qty"]
+    df = spark.read.format("spockwire").options(**opts).option("endingLsn", format_lsn(end)).load()
+    assert df.rdd.getNumPartitions() == 2
+    split = sorted(map(tuple, df.select(*key).collect()))
+    assert copies() == []
+    whole = (spark.read.format("spockwire").options(**opts).option("endingLsn", format_lsn(end))
+             .option("splitWalBytes", "0").load())
+    assert whole.rdd.getNumPartitions() == 1
+    assert split == sorted(map(tuple, whole.select(*key).collect()))
+    assert len(split) == 18_000 + 180 and len(set((r[0], r[1]) for r in split)) == len(split)
+    # the second half alone, from a copy: exactly the transactions committed in it
+    middle = start + (end - start) // 2
+    spec = SlotSpec(dsn=pg_db.dsn, slot=opts["slot"], publication=("pub",))
+    tail: set[tuple[int, int]] = set()
+    seen_copies: list = []
+    for _t, b in read_range(spec, middle, end, from_copy=True):
+        if not seen_copies:                        # while it reads: the copy, at the middle
+            seen_copies = pg_db.query("SELECT slot_name, confirmed_flush_lsn::text FROM pg_replication_slots "
+                                      "WHERE slot_name LIKE %s", (opts["slot"][:40] + "_swspk_%",))
+        tail |= {(b.column(1)[i].as_py(), b.column(4)[i].as_py()) for i in range(b.num_rows)}
+    assert [parse_lsn(lsn) for _name, lsn in seen_copies] == [middle]
+    assert tail == {(r[0], r[1]) for r in split if r[0] >= middle} and tail
+    assert _slot_lsn(pg_db, opts["slot"]) == start and copies() == []
+    # a copy left behind by a task that died: dropped by the next planning (here: of a batch read)
+    pg_db.query("SELECT pg_copy_logical_replication_slot(%s, %s, false)",
+                (opts["slot"], opts["slot"][:40] + "_swspk_deadbeef"))
+    assert copies() == [opts["slot"][:40] + "_swspk_deadbeef"]
+    spark.read.format("spockwire").options(**opts).option("endingLsn", format_lsn(start)).load().collect()
+    assert copies() == []
+    # a stream's micro-batch over the whole backlog is split too, and reads the same rows
+    query = (spark.readStream.format("spockwire").options(**opts).load().writeStream.format("memory")
+             .queryName("split_stream").option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(300) and query.exception() is None
+    assert sorted(map(tuple, spark.table("split_stream").select(*key).collect())) == split
+    assert copies() == []
+
+
+def test_the_smaller_of_the_two_bounds_wins(pg_db):
+    """maxWalBytesPerBatch and maxChangesPerBatch together: whichever bound is smaller ends the range."""
+    opts = _setup_orders(pg_db)
+    spec = SlotSpec(dsn=pg_db.dsn, slot=opts["slot"], publication=("pub",))
+    start = _slot_lsn(pg_db, opts["slot"])
+    _uniform_backlog(pg_db, 400)                 # 4 messages a transaction
+    flush = _flush_lsn(pg_db)
+    per_txn = (flush - start) / 400
+    by_bytes = plan_end(spec, start, max_messages=100_000, max_wal_bytes=8192)
+    assert by_bytes.end == start + 8192 and not by_bytes.estimated
+    by_count = plan_end(spec, start, max_messages=200, max_wal_bytes=1 << 30)
+    assert by_count.estimated and by_count.end < flush
+    # about 50 transactions: the estimate comes from a sample of the same kind of transactions
+    assert 25 * per_txn <= by_count.end - start <= 100 * per_txn, (by_count, per_txn)

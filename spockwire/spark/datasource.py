@@ -9,7 +9,9 @@
 Offsets are LSNs (``{"lsn": "16/B374D848"}``). A micro-batch holds the transactions committed in
 ``[start, end)``; its single partition peeks the slot up to `end` with ``pg_logical_slot_peek_binary_changes``
 (replayable: nothing moves), decodes on the executor and yields Arrow record batches. Once Spark has committed a
-batch to the checkpoint, the slot is advanced with ``pg_replication_slot_advance``. See docs/spark.md.
+batch to the checkpoint, the slot is advanced with ``pg_replication_slot_advance``. The planning peeks only a
+small window at the batch's start (`slot.plan_end`), so the server decodes each range about once; see
+docs/spark.md, "How a micro-batch is planned".
 
 Options (all strings, as Spark passes them):
 
@@ -25,9 +27,10 @@ Options (all strings, as Spark passes them):
 | protoVersion | pgoutput protocol version (default: the server's highest) |
 | types | auto (default: typed values when the decoder has them) / typed / raw |
 | createSlot | true: create the slot when it does not exist (default false) |
-| maxChangesPerBatch | streaming: about this many plugin messages per micro-batch (whole transactions) |
-| maxWalBytesPerBatch | streaming: at most this many bytes of WAL per micro-batch |
-| idleAdvanceBytes | streaming: move the slot over this much WAL without output for the tables (default 64 MiB) |
+| maxChangesPerBatch | streaming: about this many plugin messages per micro-batch, estimated from a sample at its start |
+| maxWalBytesPerBatch | streaming: at most this many bytes of WAL per micro-batch (with maxChangesPerBatch: the smaller) |
+| idleAdvanceBytes | streaming: move the slot over this much WAL without output for the tables (default 16 MiB) |
+| splitWalBytes | a range over at least this much WAL is read as two partitions side by side (default 16 MiB; 0: never) |
 | startingLsn / endingLsn | batch reads: the range (default: the slot's position / the server's flush LSN) |
 | startingPosition | streaming: ``slot`` (default, the slot's position) or ``snapshot`` (rows first: snapshot.py) |
 | snapshotChunkPages | snapshot: table pages per Spark task (default 4096) |
@@ -48,8 +51,9 @@ from ..model import Relation
 from . import schema as S
 from ..values.catalog import parse_column_types
 from .snapshot import is_snapshot_offset
-from .slot import IDLE_ADVANCE_BYTES, SlotSpec, _catalog, _connect, current_flush_lsn, decoder_types_supported, \
-    ensure_slot, plan_end, read_range, slot_position, advance_slot
+from .slot import IDLE_ADVANCE_BYTES, SPLIT_WAL_BYTES, ReusedConnection, SlotSpec, _catalog, _connect, \
+    current_flush_lsn, decoder_types_supported, drop_stale_range_copies, ensure_slot, plan_end, read_range, \
+    slot_position, split_range, advance_slot
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python streaming sources
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -114,15 +118,27 @@ def _qualify(name: str) -> str:
 
 
 class LsnRange(InputPartition):
-    """One read: the transactions committed in ``[start, end)``."""
+    """One read: the transactions committed in ``[start, end)`` (`from_copy`: over a copy of the slot advanced to
+    `start`, the second half of a split range)."""
 
-    def __init__(self, start: int, end: int) -> None:
-        super().__init__((start, end))
+    def __init__(self, start: int, end: int, from_copy: bool = False) -> None:
+        super().__init__((start, end, from_copy))
         self.start = start
         self.end = end
+        self.from_copy = from_copy
 
     def __repr__(self) -> str:
-        return f"LsnRange({format_lsn(self.start)}, {format_lsn(self.end)})"
+        copy = ", from a copy" if self.from_copy else ""
+        return f"LsnRange({format_lsn(self.start)}, {format_lsn(self.end)}{copy})"
+
+
+def _ranges(start: int, end: int, split_bytes: int) -> list[LsnRange]:
+    return [LsnRange(lo, hi, copy) for lo, hi, copy in split_range(start, end, split_bytes)]
+
+
+def _split_bytes(opts: dict) -> int:
+    value = opts.get("splitwalbytes")
+    return SPLIT_WAL_BYTES if value in (None, "") else int(value)
 
 
 class _Layout:
@@ -247,12 +263,15 @@ class SpockwireBatchReader(DataSourceReader):
                 raise ValueError(f"replication slot {spec.slot!r} does not exist")
             self.start = parse_lsn(opts["startinglsn"]) if opts.get("startinglsn") else pos[0]
             self.end = parse_lsn(opts["endinglsn"]) if opts.get("endinglsn") else current_flush_lsn(cur)
+            drop_stale_range_copies(cur, spec.slot)
+        self.split_bytes = _split_bytes(opts)
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [LsnRange(self.start, self.end)]
+        return _ranges(self.start, self.end, self.split_bytes)
 
     def read(self, partition: LsnRange) -> Iterator[pa.RecordBatch]:
-        pairs = read_range(self.spec, partition.start, partition.end, self.layout_args[1])
+        pairs = read_range(self.spec, partition.start, partition.end, self.layout_args[1],
+                           from_copy=partition.from_copy)
         yield from _deliver(self.staging, self.layout_args, partition, pairs)
 
 
@@ -270,6 +289,7 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.max_wal_bytes = int(opts["maxwalbytesperbatch"]) if opts.get("maxwalbytesperbatch") else None
         idle = opts.get("idleadvancebytes")
         self.idle_advance = int(idle) if idle not in (None, "") else IDLE_ADVANCE_BYTES
+        self.split_bytes = _split_bytes(opts)
         self.starting = parse_lsn(opts["startinglsn"]) if opts.get("startinglsn") else None
         position = str(opts.get("startingposition") or "slot").lower()
         if position not in STARTING_POSITIONS:
@@ -282,6 +302,10 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                                            int(opts.get("snapshotchunksperbatch") or CHUNKS_PER_BATCH))
         self._until: int | None = None
         self._known_start: int | None = None
+        # planning and committing on the driver: one connection for the query's life (opened again if it broke)
+        self._conn = ReusedConnection(spec.dsn)
+        # ranges whose planning saw them whole without output: no task reads them
+        self._empty: set[tuple[int, int]] = set()
 
     # offsets ---------------------------------------------------------------------------------------------------
     @staticmethod
@@ -296,8 +320,7 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if self.create_slot:
             confirmed = ensure_slot(self.spec)
         else:
-            with _connect(self.spec.dsn) as conn, conn.cursor() as cur:
-                pos = slot_position(cur, self.spec.slot)
+            pos = self._slot_position()
             if pos is None:
                 raise ValueError(f"replication slot {self.spec.slot!r} does not exist (create it first, or set "
                                  "createSlot=true)")
@@ -306,14 +329,24 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._known_start = start
         return self._offset(start)
 
+    def _slot_position(self) -> tuple[int, str] | None:
+        def position(conn: Any) -> tuple[int, str] | None:
+            with conn.cursor() as cur:
+                return slot_position(cur, self.spec.slot)
+
+        return self._conn.run(position)
+
     def getDefaultReadLimit(self) -> Any:
         if self.max_messages and ReadMaxRows is not None:
             return ReadMaxRows(self.max_messages)
         return ReadAllAvailable() if ReadAllAvailable is not None else None
 
     def prepareForTriggerAvailableNow(self) -> None:
-        with _connect(self.spec.dsn) as conn, conn.cursor() as cur:
-            self._until = current_flush_lsn(cur)
+        def flush(conn: Any) -> int:
+            with conn.cursor() as cur:
+                return current_flush_lsn(cur)
+
+        self._until = self._conn.run(flush)
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         """The end of the next micro-batch.
@@ -330,16 +363,17 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         elif self._known_start is not None:
             begin = self._known_start
         else:
-            with _connect(self.spec.dsn) as conn, conn.cursor() as cur:
-                pos = slot_position(cur, self.spec.slot)
+            pos = self._slot_position()
             begin = pos[0] if pos else 0
-        unlimited = limit is None or (ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable))
-        max_messages = None
-        if not unlimited and ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
-            max_messages = limit.max_rows
-        plan = plan_end(self.spec, begin, max_messages=max_messages,
-                        max_wal_bytes=None if unlimited else self.max_wal_bytes, until=self._until,
-                        idle_advance_bytes=self.idle_advance)
+        # the options bound every micro-batch whatever the trigger; a ReadMaxRows limit from Spark (the default
+        # read limit, or a smaller one) bounds the messages too
+        max_messages = self.max_messages
+        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            max_messages = min(max_messages or limit.max_rows, limit.max_rows)
+        plan = plan_end(self.spec, begin, max_messages=max_messages, max_wal_bytes=self.max_wal_bytes,
+                        until=self._until, idle_advance_bytes=self.idle_advance, connection=self._conn)
+        if plan.empty and plan.end > begin:
+            self._empty.add((begin, plan.end))
         self._known_start = plan.end
         return self._offset(plan.end)
 
@@ -349,13 +383,14 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 raise ValueError("this checkpoint holds a snapshot: run the query with startingPosition=snapshot")
             return self.snapshot.partitions(end)
         lo, hi = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
-        if hi <= lo:
+        if hi <= lo or (lo, hi) in self._empty:
             return []
-        return [LsnRange(lo, hi)]
+        return _ranges(lo, hi, self.split_bytes)
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, LsnRange):
-            pairs = read_range(self.spec, partition.start, partition.end, self.layout_args[1])
+            pairs = read_range(self.spec, partition.start, partition.end, self.layout_args[1],
+                               from_copy=partition.from_copy)
         else:
             from .snapshot import read_chunk
 
@@ -365,8 +400,11 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def commit(self, end: dict) -> None:
         if is_snapshot_offset(end):
             return           # the slot stays at its consistent point until the snapshot is read
-        advance_slot(self.spec, parse_lsn(end["lsn"]))
+        lsn = parse_lsn(end["lsn"])
+        advance_slot(self.spec, lsn, connection=self._conn)
+        self._empty = {r for r in self._empty if r[1] > lsn}
 
     def stop(self) -> None:
         if self.snapshot is not None:
             self.snapshot.close()
+        self._conn.close()

@@ -11,8 +11,9 @@ This module needs no Spark: the Spark data source calls it on the driver (planni
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,7 +24,8 @@ from ..errors import SpockwireError
 from ..model import ChangeBatch, Truncate
 
 __all__ = ["SlotSpec", "SlotAheadError", "make_decoder", "read_range", "advance_slot", "slot_position",
-           "plan_end", "decoder_types_supported", "IDLE_ADVANCE_BYTES"]
+           "plan_end", "Plan", "ReusedConnection", "pooled_connection", "decoder_types_supported",
+           "IDLE_ADVANCE_BYTES", "PLAN_WINDOW_BYTES", "SPLIT_WAL_BYTES", "split_range", "drop_stale_range_copies"]
 
 #: rows fetched from the server per round trip while reading a range
 FETCH_ROWS = 2000
@@ -124,14 +126,116 @@ def make_decoder(protocol: str, types: str = "auto", catalog: Any = None, column
 
 @contextlib.contextmanager
 def _connect(dsn: str, autocommit: bool = True) -> Iterator[Any]:
-    from ..connection.session import pinned_connect
-
-    conn = pinned_connect(dsn, application_name="spockwire-spark")
-    conn.autocommit = autocommit
+    conn = _open(dsn, autocommit)
     try:
         yield conn
     finally:
         conn.close()
+
+
+def _open(dsn: str, autocommit: bool = True) -> Any:
+    from ..connection.session import pinned_connect
+
+    conn = pinned_connect(dsn, application_name="spockwire-spark")
+    conn.autocommit = autocommit
+    return conn
+
+
+def _broken(exc: BaseException) -> bool:
+    """Whether `exc` says the connection itself is gone (rather than a statement failed)."""
+    import psycopg2
+
+    return isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError))
+
+
+class ReusedConnection:
+    """One connection kept across calls (the stream reader's planning on the driver; an executor's reads of one
+    dsn): opened at the first use, and again after it broke. Idle between calls, it holds no slot: a backend holds
+    the slot only while one of the slot functions runs."""
+
+    def __init__(self, dsn: str, autocommit: bool = True) -> None:
+        self.dsn = dsn
+        self.autocommit = autocommit
+        self._conn: Any = None
+        self.opened = 0          # connections opened so far (tests: reuse across micro-batches)
+        self.last_used = 0.0
+        self.busy = False        # handed out by pooled_connection
+
+    def __getstate__(self) -> dict[str, Any]:     # a reader pickled to the executors takes no connection along
+        return {**self.__dict__, "_conn": None, "busy": False}
+
+    def get(self) -> tuple[Any, bool]:
+        """(connection, whether it was used before): a used one may have broken while idle."""
+        import time
+
+        self.last_used = time.monotonic()
+        if self._conn is not None and not self._conn.closed:
+            return self._conn, True
+        self._conn = _open(self.dsn, self.autocommit)
+        self.opened += 1
+        return self._conn, False
+
+    def run(self, call: Callable[[Any], Any]) -> Any:
+        """`call(connection)`; once more on a new connection when a used one turns out to be broken (`call` must
+        be safe to repeat: planning and advancing are)."""
+        conn, reused = self.get()
+        try:
+            return call(conn)
+        except Exception as exc:
+            if not _broken(exc):
+                raise
+            self.close()
+            if not reused:
+                raise
+        conn, _ = self.get()
+        try:
+            return call(conn)
+        except Exception as exc:
+            if _broken(exc):
+                self.close()
+            raise
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+#: connections an executor process keeps for its reads, one per dsn, at most this many dsns (least recently used
+#: closed first); one idle longer than POOL_IDLE_SECONDS is closed when the next read starts
+POOL_SIZE = 4
+POOL_IDLE_SECONDS = 300.0
+_POOL: dict[str, ReusedConnection] = {}
+_POOL_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def pooled_connection(dsn: str) -> Iterator[ReusedConnection]:
+    """This process's connection for reading ranges of `dsn` (Spark reuses its Python workers across tasks);
+    a connection of its own, closed at the end, while that one is in use."""
+    import time
+
+    with _POOL_LOCK:
+        now = time.monotonic()
+        for key, held in list(_POOL.items()):
+            if key != dsn and now - held.last_used > POOL_IDLE_SECONDS and not held.busy:
+                held.close()
+                del _POOL[key]
+        reused = _POOL.pop(dsn, None) or ReusedConnection(dsn, autocommit=False)
+        _POOL[dsn] = reused                  # most recently used last
+        for key in [k for k, held in _POOL.items() if k != dsn and not held.busy][:max(0, len(_POOL) - POOL_SIZE)]:
+            _POOL.pop(key).close()
+        own = reused.busy
+        if own:
+            reused = ReusedConnection(dsn, autocommit=False)
+        reused.busy = True
+    try:
+        yield reused
+    finally:
+        reused.busy = False
+        if own:
+            reused.close()
 
 
 def _variadic(opts: Mapping[str, str]) -> list[str]:
@@ -198,10 +302,17 @@ def current_flush_lsn(cur: Any) -> int:
     return parse_lsn(cur.fetchone()[0])
 
 
-def advance_slot(spec: SlotSpec, lsn: int) -> int:
-    """Move the slot forward to `lsn` (never backward); return its new confirmed position."""
-    with _connect(spec.dsn) as conn, conn.cursor() as cur:
-        return _advance(cur, spec, lsn)
+def advance_slot(spec: SlotSpec, lsn: int, connection: ReusedConnection | None = None) -> int:
+    """Move the slot forward to `lsn` (never backward); return its new confirmed position. `connection`: the
+    connection to use (kept by the caller); a new one otherwise."""
+    def advance(conn: Any) -> int:
+        with conn.cursor() as cur:
+            return _advance(cur, spec, lsn)
+
+    if connection is not None:
+        return connection.run(advance)
+    with _connect(spec.dsn) as conn:
+        return advance(conn)
 
 
 def _advance(cur: Any, spec: SlotSpec, lsn: int) -> int:
@@ -219,59 +330,133 @@ def _peek_sql(spec: SlotSpec, select: str) -> str:
             f"VARIADIC %s::text[])")
 
 
+#: the WAL the planning of a micro-batch peeks for output (the part of a range the server decodes twice: for the
+#: planning and again for the executor's read)
+PLAN_WINDOW_BYTES = 1 << 20
+#: when that window has no output: how far one planning looks for the first transaction with output (decoded by the
+#: planning only: an empty range is not read again)
+PLAN_SCAN_BYTES = 64 << 20
+#: maxChangesPerBatch: the planning's sample is this fraction of the count (WAL bytes per message estimated from it)
+PLAN_SAMPLE_FRACTION = 10
+#: the fewest WAL bytes an estimate takes per plugin message (a WAL record's header alone is 24 bytes)
+MIN_BYTES_PER_MESSAGE = 24
+
+
 @dataclass(frozen=True)
 class Plan:
-    """The end chosen for the next range and what the planning saw."""
+    """The end chosen for the next range and what the planning saw.
+
+    `messages`: the plugin messages the planning's peek counted (a sample, not the range's count); `empty`: the
+    peek saw the whole range and it holds no output for the stream (no task needs to read it); `estimated`: the
+    end comes from maxChangesPerBatch's estimate of WAL bytes per message."""
 
     end: int
     flush: int
     messages: int
+    empty: bool = False
+    estimated: bool = False
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """What one bounded peek saw: its plugin messages, the LSN of its first one and the end of its last commit."""
+
+    count: int
+    first: int
+    last: int
+    complete: bool      # fewer messages than asked for: the peek saw everything up to its `upto`
+
+
+def _peek_sample(cur: Any, spec: SlotSpec, opts: Mapping[str, str], upto: int, nchanges: int) -> _Sample | None:
+    """Peek the slot up to `upto`, stopping after the transaction that reaches `nchanges` messages; None when
+    nothing came out. The peek returns whole transactions, so the last row is a commit."""
+    cur.execute(_peek_sql(spec, "count(*), min(lsn)::text, max(lsn)::text"),
+                (spec.slot, format_lsn(upto), nchanges, _variadic(opts)))
+    count, first, last = cur.fetchone()
+    if not count:
+        return None
+    return _Sample(int(count), parse_lsn(first), parse_lsn(last), int(count) < nchanges)
 
 
 def plan_end(spec: SlotSpec, start: int, *, max_messages: int | None = None, max_wal_bytes: int | None = None,
-             until: int | None = None, idle_advance_bytes: int | None = None) -> Plan:
+             until: int | None = None, idle_advance_bytes: int | None = None,
+             connection: ReusedConnection | None = None) -> Plan:
     """Choose the end of the range that starts at `start` (the end of everything already durable downstream).
 
-    The slot is first advanced to `start` (the caller guarantees everything before it is durable), so the peek
-    that plans starts exactly there. Then:
+    The slot is first advanced to `start` (the caller guarantees everything before it is durable). The range's
+    bound is the server's flush LSN, `until` (Trigger.AvailableNow) and ``start + max_wal_bytes``, whichever comes
+    first. To know whether anything in it has output for the stream, and how dense that output is, the planning
+    peeks only a window of PLAN_WINDOW_BYTES from `start` (``upto_nchanges``: it stops after the first transaction
+    with output, or after a tenth of `max_messages`): the executor that reads the range decodes it again, so the
+    server decodes each range once plus at most that window.
 
-    * no limit: `end` is the server's flush LSN when at least one transaction committed in between, else `start`
-      (no new range) -- unless more than `idle_advance_bytes` (default IDLE_ADVANCE_BYTES) of WAL went by without
-      output for this slot, when an empty range moves the slot on, so the server can recycle that WAL;
-    * `max_messages`: a peek with ``upto_nchanges`` stops after the transaction that reaches the count; the range
-      ends right after that transaction's commit (whole transactions only, so a range may exceed the count by
-      the messages of one transaction);
-    * `max_wal_bytes`: the range covers at most that much WAL;
-    * `until` (Trigger.AvailableNow): never beyond this LSN.
+    * output in the window: `end` is the bound; with `max_messages`, about that many messages: the WAL bytes per
+      message are estimated from the sample (``(end of its last commit - start) / its messages``) and `end` is
+      ``start + max_messages * that`` (Spark needs a batch's end before any executor reads it, and an exact count
+      would need the server to decode the range; whole transactions only). When the sample already reached
+      `max_messages`, `end` is the end of the transaction that reached it.
+    * no output in the window but WAL beyond it: the planning looks up to PLAN_SCAN_BYTES further for the first
+      transaction with output; the range before it (or the WAL scanned, when none) is an empty range
+      (`Plan.empty`) that moves the slot on.
+    * no output up to the bound: `end` is `start` (no new range) -- unless more than `idle_advance_bytes` (default
+      IDLE_ADVANCE_BYTES) of WAL went by, or the bound is max_wal_bytes', when an empty range moves the slot on,
+      so the server can recycle that WAL.
+
+    `connection`: the connection to plan over (kept by the caller across micro-batches); a new one otherwise.
     """
     if idle_advance_bytes is None:
         idle_advance_bytes = IDLE_ADVANCE_BYTES
-    with _connect(spec.dsn) as conn, conn.cursor() as cur:
-        _advance(cur, spec, start)
-        flush = current_flush_lsn(cur)
-        upto = flush
-        if until is not None:
-            upto = min(upto, until)
-        if max_wal_bytes:
-            upto = min(upto, start + max_wal_bytes)
-        if upto <= start:
-            return Plan(start, flush, 0)
-        wanted = max(1, int(max_messages)) if max_messages else 1
-        opts = spec.plugin_options(conn.server_version, conn.get_parameter_status("server_encoding"))
-        _wait_released(cur, spec)
-        cur.execute(_peek_sql(spec, "count(*), max(lsn)::text"),
-                    (spec.slot, format_lsn(upto), wanted, _variadic(opts)))
-        count, last = cur.fetchone()
-        count = int(count or 0)
-        if count == 0:
-            if upto < flush and (until is None or upto < until):
-                return Plan(upto, flush, 0)          # WAL without output for us: skip over it
-            if upto - start >= idle_advance_bytes:
-                return Plan(upto, flush, 0)
-            return Plan(start, flush, 0)
-        if max_messages and count >= wanted:
-            return Plan(max(start, parse_lsn(last)), flush, count)
-        return Plan(upto, flush, count)
+
+    def plan(conn: Any) -> Plan:
+        with conn.cursor() as cur:
+            return _plan(conn, cur, spec, start, max_messages, max_wal_bytes, until, idle_advance_bytes)
+
+    if connection is not None:
+        return connection.run(plan)
+    with _connect(spec.dsn) as conn:
+        return plan(conn)
+
+
+def _plan(conn: Any, cur: Any, spec: SlotSpec, start: int, max_messages: int | None, max_wal_bytes: int | None,
+          until: int | None, idle_advance_bytes: int) -> Plan:
+    drop_stale_range_copies(cur, spec.slot)     # every earlier batch is committed: no read runs
+    _advance(cur, spec, start)
+    flush = current_flush_lsn(cur)
+    upto = flush
+    if until is not None:
+        upto = min(upto, until)
+    if max_wal_bytes:
+        upto = min(upto, start + max(1, int(max_wal_bytes)))
+    if upto <= start:
+        return Plan(start, flush, 0)
+    wanted = max(1, int(max_messages)) if max_messages else None
+    nchanges = -(-wanted // PLAN_SAMPLE_FRACTION) if wanted else 1
+    opts = spec.plugin_options(conn.server_version, conn.get_parameter_status("server_encoding"))
+    _wait_released(cur, spec)
+    window = min(upto, start + PLAN_WINDOW_BYTES)
+    sample = _peek_sample(cur, spec, opts, window, nchanges)
+    if sample is None and window < upto:
+        # nothing for the stream in the window: find the first transaction with output further on
+        window = min(upto, start + max(PLAN_SCAN_BYTES, idle_advance_bytes))
+        sample = _peek_sample(cur, spec, opts, window, 1)
+        if sample is None and window < upto:
+            return Plan(window, flush, 0, empty=True)
+        if sample is not None and sample.first > start:
+            return Plan(sample.first, flush, 0, empty=True)   # nothing commits before its first message
+    if sample is None:
+        bounded = upto < flush and (until is None or upto < until)   # max_wal_bytes cut the range
+        if bounded or upto - start >= idle_advance_bytes:
+            return Plan(upto, flush, 0, empty=True)
+        return Plan(start, flush, 0)
+    if wanted is None:
+        return Plan(upto, flush, sample.count)
+    if sample.count >= wanted:
+        return Plan(max(start, sample.last), flush, sample.count)
+    if sample.complete and window >= upto:
+        return Plan(upto, flush, sample.count)                  # everything up to the bound was in the sample
+    per_message = max(MIN_BYTES_PER_MESSAGE, (sample.last - start) / sample.count)
+    end = max(sample.last, min(upto, start + int(wanted * per_message)))
+    return Plan(end, flush, sample.count, estimated=True)
 
 
 def _truncate_batch(event: Truncate, table: str) -> pa.RecordBatch:
@@ -321,19 +506,59 @@ def select_events(events: Sequence[Any], tables: Sequence[str] | None, start: in
 
 
 def read_range(spec: SlotSpec, start: int, end: int, tables: Sequence[str] | None = None, *,
-               catalog: Any = None, fetch_rows: int = FETCH_ROWS) -> Iterator[tuple[str, pa.RecordBatch]]:
+               catalog: Any = None, fetch_rows: int = FETCH_ROWS,
+               from_copy: bool = False) -> Iterator[tuple[str, pa.RecordBatch]]:
     """Decode the slot's transactions committed in ``[start, end)``; yield (table, record batch) in commit order.
 
     Replayable: the slot is only peeked. Raises SlotAheadError when the slot was already advanced beyond
-    `start` (those changes can no longer be read).
+    `start` (those changes can no longer be read). Reads over this process's connection for the dsn
+    (`pooled_connection`: Spark reuses its Python workers, so the micro-batches of a stream share one), opened
+    again when it broke while idle.
+
+    `from_copy`: peek a copy of the slot advanced to `start` instead (the second half of a split range, see
+    `split_range`), dropped at the end; the slot itself when no more slots can be created.
     """
     if end <= start:
+        return
+    if from_copy:
+        with _range_copy(spec, start) as copy:
+            yield from read_range(copy, start, end, tables, catalog=catalog, fetch_rows=fetch_rows)
         return
     protocol = spec.protocol
     if catalog is None and spec.types != "raw":
         catalog = _catalog(spec.dsn)
     decoder = make_decoder(protocol, spec.types, catalog, spec.column_types, spec.on_unrepresentable)
-    with _connect(spec.dsn, autocommit=False) as conn:
+    with pooled_connection(spec.dsn) as held:
+        conn, opts = held.run(lambda conn: _prepare_read(conn, spec, start))
+        try:
+            with conn.cursor(name="spockwire_peek") as cur:
+                cur.itersize = fetch_rows
+                cur.execute(_peek_sql(spec, "(lsn - '0/0'::pg_lsn)::int8, data"),
+                            (spec.slot, format_lsn(end), None, _variadic(opts)))
+                while True:
+                    rows = cur.fetchmany(fetch_rows)
+                    if not rows:
+                        break
+                    for lsn, data in rows:
+                        decoder.feed(data, lsn)
+                    yield from select_events(decoder.drain(), tables, start, end)
+            conn.rollback()
+        except BaseException as exc:       # GeneratorExit included: the connection goes back without a transaction
+            if _broken(exc):
+                held.close()
+            else:
+                try:
+                    conn.rollback()
+                except Exception:  # noqa: BLE001 - not reusable then
+                    held.close()
+            raise
+    yield from select_events(decoder.drain(), tables, start, end)
+
+
+def _prepare_read(conn: Any, spec: SlotSpec, start: int) -> tuple[Any, dict[str, str]]:
+    """Check that the slot has not passed `start` and wait until no other backend holds it; (conn, plugin
+    options). Leaves no transaction open when it fails."""
+    try:
         with conn.cursor() as cur:
             confirmed = _require_slot(cur, spec)
             if confirmed > start:
@@ -343,19 +568,95 @@ def read_range(spec: SlotSpec, start: int, end: int, tables: Sequence[str] | Non
                     "(was the slot advanced by another consumer, or the checkpoint restored from an older copy?)")
             opts = spec.plugin_options(conn.server_version, conn.get_parameter_status("server_encoding"))
             _wait_released(cur, spec)
-        with conn.cursor(name="spockwire_peek") as cur:
-            cur.itersize = fetch_rows
-            cur.execute(_peek_sql(spec, "(lsn - '0/0'::pg_lsn)::int8, data"),
-                        (spec.slot, format_lsn(end), None, _variadic(opts)))
-            while True:
-                rows = cur.fetchmany(fetch_rows)
-                if not rows:
-                    break
-                for lsn, data in rows:
-                    decoder.feed(data, lsn)
-                yield from select_events(decoder.drain(), tables, start, end)
-        conn.rollback()
-    yield from select_events(decoder.drain(), tables, start, end)
+    except Exception as exc:
+        if not _broken(exc):
+            conn.rollback()
+        raise
+    return conn, opts
+
+
+#: a range over at least this much WAL is read as two partitions side by side (the data source option
+#: splitWalBytes; 0: never)
+SPLIT_WAL_BYTES = 16 << 20
+#: in the name of a slot's temporary copies (``<slot>_swspk_<random>``) that the second halves of split ranges read
+RANGE_COPY_INFIX = "_swspk_"
+
+
+def split_range(start: int, end: int, split_bytes: int = SPLIT_WAL_BYTES) -> list[tuple[int, int, bool]]:
+    """The reads of the range ``[start, end)``: (start, end, from_copy) each.
+
+    A range over at least `split_bytes` of WAL is two halves decoded side by side by two server backends, as the
+    SQL transport splits a backlog (spockwire/connection/sql.py): the first on the slot, peeked up to the middle
+    (its call decodes exactly the WAL records that start before it); the second on a copy of the slot advanced to
+    the middle (it skips exactly the transactions whose commit record starts before it). Each read keeps the
+    transactions whose commit LSN falls in its half, so every transaction comes out once. The second backend also
+    reads the first half again, without decoding its output, to reach the middle.
+    """
+    if not split_bytes or end - start < split_bytes:
+        return [(start, end, False)]
+    middle = start + (end - start) // 2
+    return [(start, middle, False), (middle, end, True)]
+
+
+def _copy_prefix(slot: str) -> str:
+    return f"{slot[:40]}{RANGE_COPY_INFIX}"
+
+
+@contextlib.contextmanager
+def _range_copy(spec: SlotSpec, start: int) -> Iterator[SlotSpec]:
+    """A copy of the slot advanced to `start` (a persistent slot: the reading backend is not the one that makes
+    it), dropped at the end; stale ones (a task that died) go at the next planning (`drop_stale_range_copies`).
+    Without room for another slot (max_replication_slots), the slot itself."""
+    import dataclasses
+    import secrets
+
+    import psycopg2
+
+    name = _copy_prefix(spec.slot) + secrets.token_hex(4)
+    with _connect(spec.dsn) as conn, conn.cursor() as cur:
+        _require_slot(cur, spec)
+        try:
+            cur.execute("SELECT pg_copy_logical_replication_slot(%s, %s, false)", (spec.slot, name))
+        except psycopg2.Error as exc:
+            if getattr(exc, "pgcode", None) != "53400":
+                raise
+            name = ""                    # no free slot: read the slot itself (it decodes the whole range)
+        if name:
+            try:
+                cur.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (name, format_lsn(start)))
+            except BaseException:
+                _drop_copy(cur, name)
+                raise
+    if not name:
+        yield spec
+        return
+    try:
+        yield dataclasses.replace(spec, slot=name)
+    finally:
+        with _connect(spec.dsn) as conn, conn.cursor() as cur:
+            _drop_copy(cur, name)
+
+
+def _drop_copy(cur: Any, name: str) -> None:
+    import psycopg2
+
+    try:
+        cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                    (name,))
+    except psycopg2.Error:
+        pass                             # still held for a moment: the next planning drops it
+
+
+def drop_stale_range_copies(cur: Any, slot: str) -> list[str]:
+    """Drop the copies of `slot` that no backend holds (left by a task that died before dropping its own); the
+    names dropped. Called while no read of the slot runs (a micro-batch's planning)."""
+    prefix = _copy_prefix(slot)
+    cur.execute("SELECT slot_name FROM pg_replication_slots WHERE active_pid IS NULL AND left(slot_name, %s) = %s",
+                (len(prefix), prefix))
+    names = [name for (name,) in cur.fetchall()]
+    for name in names:
+        _drop_copy(cur, name)
+    return names
 
 
 def _catalog(dsn: str) -> Any:
