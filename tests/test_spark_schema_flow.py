@@ -32,11 +32,16 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 
 def test_spark_modules_import_one_way():
-    """data source -> readers (slot, staging, frame files, snapshot) -> conform (schema) ; apply -> schema.
-    No cycle, the data source is imported by nobody, and the conform layer imports no module of the package."""
+    """data source -> readers (slot, staging, frame files, snapshot, batch files) -> conform (schema) ; apply ->
+    targets (Delta, Arrow) -> resolve, and apply -> schema. No cycle, the data source is imported by nobody, and the
+    conform layer and the resolution import no module of the package."""
     graph = {p.stem: _imports(p) for p in SPARK_DIR.glob("*.py") if p.stem != "__init__"}
     assert graph["schema"] == set()
-    assert graph["apply"] <= {"schema"}
+    assert graph["resolve"] == set()
+    assert graph["arrow_target"] <= {"resolve"}
+    assert graph["delta_target"] <= {"resolve", "arrow_target"}
+    assert graph["apply"] <= {"schema", "resolve", "arrow_target", "delta_target"}
+    assert graph["batch_files"] <= {"schema"}
     assert all("datasource" not in deps for name, deps in graph.items())
     readers = {"slot", "staging", "distributed", "snapshot"} & set(graph)
     for reader in readers:

@@ -148,6 +148,7 @@ def run_spark(cfg: argparse.Namespace, out: TextIO) -> int:
         batches: list[BatchReport] = []
         marks: dict[str, float] = {}
         snapshot_rows = [0]
+        lags: list[float] = []
 
         def on_batch(b: BatchReport) -> None:
             with lock:
@@ -166,9 +167,13 @@ def run_spark(cfg: argparse.Namespace, out: TextIO) -> int:
                     marks["changes_end"] = now
                 lag = max(flush_lsn(dsn) - (b.end_lsn or 0), 0)
                 kind = f"snapshot rows {b.snapshot_rows:,}, " if b.snapshot_rows else ""
+                delay = (f"; commit-to-Delta lag p50 {b.lag_p50:.1f}s p95 {b.lag_p95:.1f}s"
+                         if b.lag_p50 is not None else "")
+                if b.lag_p95 is not None:
+                    lags.append(b.lag_p95)
                 out.write(f"  batch {b.batch_id:>3}: {sum(b.rows.values()):>7,} rows ({kind}"
                           + ", ".join(f"{t.split('.')[1]} {n:,}" for t, n in b.rows.items() if n)
-                          + f") applied in {b.seconds:.1f}s; lag {human_bytes(lag)}\n")
+                          + f") applied in {b.seconds:.1f}s{delay}; WAL behind {human_bytes(lag)}\n")
                 out.flush()
 
         query = start(spark, job, on_batch)
@@ -215,6 +220,8 @@ def run_spark(cfg: argparse.Namespace, out: TextIO) -> int:
         out.write(f"changes: {changes:,} rows in {len(batches)} micro-batches, {changes / max(took, 1e-9):,.0f} "
                   f"rows/s applied to Delta; caught up {caught_up_s:.1f}s after the last write (lag then 0 bytes: "
                   f"applied up to {format_lsn(target)}); slot confirmed at {format_lsn(int(slot_lsn))}\n")
+        if lags:
+            out.write(f"commit-to-Delta lag of the changes: worst batch p95 {max(lags):.1f}s\n")
         failures = 0
         out.write(f"  {'table':<18} {'snapshot':>8} {'changes':>8} {'source rows':>11} {'delta rows':>10}  check\n")
         for table, keys in TABLES.items():

@@ -4,8 +4,8 @@ Per batch: the stored rows of the touched keys are read from the files whose sta
 first, full rows only of the keys found), the state table ``_spockwire_state`` gives the keys' remembered deletes
 and the truncates; :func:`spockwire.spark.resolve.resolve` decides the rows to write. Then at most two commits:
 
-1. the state (only when the batch deletes or truncates): tombstones merged by key, truncates appended -- first,
-   so a batch retried after a failure in between finds them and resolves the same rows again;
+1. the state (only when the batch deletes or truncates): its tombstones and truncates appended -- first, so a
+   batch retried after a failure in between finds them and resolves the same rows again;
 2. the table: an append when every resolved row is a new key's (a snapshot, an insert-only stream: no file is
    read or rewritten), else one MERGE; a batch's truncates are a delete (SCD 1) or an update (SCD 2) before it.
 
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrow_target import STATE_KIND, state_rows, truncate_positions, unify
+from .arrow_target import STATE_KIND, keys_in, state_rows, truncate_positions, unify
 from .resolve import DELETE, OP, UPSERT, Plan, Resolution, Stored
 
 __all__ = ["DeltaTarget", "STATE_DIR", "deltalake_module", "open_delta"]
@@ -137,6 +137,7 @@ class DeltaTarget:
         self.dt = open_delta(path)
         self.state_path = os.path.join(path, STATE_DIR)
         self.state = open_delta(self.state_path)
+        self.known_truncates: set[tuple] = set()
 
     def applied(self, token: tuple[str, int] | None) -> bool:
         """Whether the table already holds the batch of this idempotence token."""
@@ -161,13 +162,14 @@ class DeltaTarget:
             rows, metrics.files_read, metrics.files_in_table = read_keys(self.dt, plan.keys, touched)
         truncates: list = []
         if self.state is not None:
-            state = self.state.to_pyarrow_dataset().to_table()
-            truncates = truncate_positions(state, plan)
-            dels = state.filter(pc.equal(state.column(STATE_KIND), "delete"))
-            if dels.num_rows:
-                from .arrow_target import keys_in
-
-                tombs = dels.filter(pa.array(keys_in(dels, plan.keys, touched)))
+            ds = self.state.to_pyarrow_dataset()
+            truncates = truncate_positions(ds.to_table(filter=pc.field(STATE_KIND) == "truncate"), plan)
+            keys = _key_filter(plan.keys, touched)
+            dels = pc.field(STATE_KIND) == "delete"
+            tombs = ds.to_table(filter=dels & keys if keys is not None else dels)
+            if len(plan.keys) > 1 and tombs.num_rows:
+                tombs = tombs.filter(pa.array(keys_in(tombs, plan.keys, touched)))
+        self.known_truncates = {p for p, _ in truncates}
         metrics.stored_rows_read = (rows.num_rows if rows is not None else 0) + \
             (tombs.num_rows if tombs is not None else 0)
         return Stored(rows, tombs, truncates)
@@ -179,8 +181,7 @@ class DeltaTarget:
         plan = self.plan
         rows = res.rows
         metrics.rows_written = rows.num_rows
-        known = {p for p, _ in truncate_positions(self._state_table(), plan)} if res.truncates else set()
-        new_truncates = [t for t in res.truncates if t[0] not in known]
+        new_truncates = [t for t in res.truncates if t[0] not in self.known_truncates]
         self._write_state(res, new_truncates)
         commit = None
         if token is not None:
@@ -215,9 +216,6 @@ class DeltaTarget:
         metrics.merge = merge.execute()
         metrics.commits += 1
 
-    def _state_table(self) -> pa.Table | None:
-        return self.state.to_pyarrow_dataset().to_table() if self.state is not None else None
-
     def _truncate(self, pos: tuple, ts: Any) -> None:
         plan = self.plan
         if plan.scd == 1:
@@ -237,21 +235,11 @@ class DeltaTarget:
         rows = state_rows(res, plan, new_truncates, seq_types)
         if rows is None:
             return
+        # appended: a key's latest tombstone is the one that counts (resolve takes the latest), so no merge reads
+        # or rewrites the state's files
+        dl.write_deltalake(self.state if self.state is not None else self.state_path, rows, mode="append")
         if self.state is None:
-            dl.write_deltalake(self.state_path, rows, mode="append")
             self.state = open_delta(self.state_path)
-            return
-        tombs = rows.filter(pc.equal(rows.column(STATE_KIND), "delete"))
-        if tombs.num_rows:
-            # SCD 1: one tombstone per key (the latest); SCD 2: every delete
-            on = f"t.{STATE_KIND} = 'delete' AND " + " AND ".join(
-                [f"t.{_q(k)} = s.{_q(k)}" for k in plan.keys]
-                + ([f"t.{_q(c)} = s.{_q(c)}" for c in plan.seq] if plan.scd == 2 else []))
-            (self.state.merge(tombs, on, source_alias="s", target_alias="t")
-             .when_matched_update_all().when_not_matched_insert_all().execute())
-        truncs = rows.filter(pc.equal(rows.column(STATE_KIND), "truncate"))
-        if truncs.num_rows:
-            dl.write_deltalake(self.state, truncs, mode="append")
 
 
 def _plain(t: pa.DataType) -> pa.DataType:

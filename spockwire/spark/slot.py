@@ -18,8 +18,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..connection.errors import ConnectionLost
 from ..connection.options import native_options, pgoutput_options, plugin_protocol
 from ..connection.slots import SLOT_PLUGIN, format_lsn, parse_lsn
+from ..connection.stream import load_pump
 from ..errors import SpockwireError
 from ..model import ChangeBatch, Truncate
 
@@ -27,8 +29,10 @@ __all__ = ["SlotSpec", "SlotAheadError", "make_decoder", "read_range", "advance_
            "plan_end", "Plan", "ReusedConnection", "pooled_connection", "decoder_types_supported",
            "IDLE_ADVANCE_BYTES", "PLAN_WINDOW_BYTES", "SPLIT_WAL_BYTES", "split_range", "drop_stale_range_copies"]
 
-#: rows fetched from the server per round trip while reading a range
+#: rows fetched from the server per round trip while reading a range (kept for the signature; the read is a COPY)
 FETCH_ROWS = 2000
+#: frame records handed to the decoder at a time while reading a range
+COPY_BATCH_BYTES = 4 << 20
 #: WAL without output for the stream after which an empty range moves the slot on (one WAL segment)
 IDLE_ADVANCE_BYTES = 16 << 20
 
@@ -530,21 +534,25 @@ def read_range(spec: SlotSpec, start: int, end: int, tables: Sequence[str] | Non
     decoder = make_decoder(protocol, spec.types, catalog, spec.column_types, spec.on_unrepresentable)
     with pooled_connection(spec.dsn) as held:
         conn, opts = held.run(lambda conn: _prepare_read(conn, spec, start))
+        # the peek's rows come as a binary COPY that the pump turns into frame records for the decoder (psycopg2's
+        # row-by-row bytea conversion cost more than the server's decoding)
+        pump = load_pump().CopyPump(conn.pgconn_ptr, max_batch_bytes=COPY_BATCH_BYTES)
         try:
-            with conn.cursor(name="spockwire_peek") as cur:
-                cur.itersize = fetch_rows
-                cur.execute(_peek_sql(spec, "(lsn - '0/0'::pg_lsn)::int8, data"),
-                            (spec.slot, format_lsn(end), None, _variadic(opts)))
-                while True:
-                    rows = cur.fetchmany(fetch_rows)
-                    if not rows:
-                        break
-                    for lsn, data in rows:
-                        decoder.feed(data, lsn)
+            with conn.cursor() as cur:
+                query = cur.mogrify(f"COPY ({_peek_sql(spec, 'lsn, data')}) TO STDOUT (FORMAT binary)",
+                                    (spec.slot, format_lsn(end), None, _variadic(opts)))
+            pump.start(query)
+            while pump.active:
+                data = pump.read(1.0)
+                if data:
+                    decoder.feed_frames(data)
                     yield from select_events(decoder.drain(), tables, start, end)
             conn.rollback()
-        except BaseException as exc:       # GeneratorExit included: the connection goes back without a transaction
-            if _broken(exc):
+        except BaseException as exc:       # GeneratorExit included: the connection goes back without a COPY or a
+            broken = _broken(exc) or isinstance(exc, ConnectionLost)      # transaction running
+            if not broken and pump.active:
+                broken = not pump.cancel()
+            if broken:
                 held.close()
             else:
                 try:
@@ -552,6 +560,8 @@ def read_range(spec: SlotSpec, start: int, end: int, tables: Sequence[str] | Non
                 except Exception:  # noqa: BLE001 - not reusable then
                     held.close()
             raise
+        finally:
+            pump.detach()
     yield from select_events(decoder.drain(), tables, start, end)
 
 
