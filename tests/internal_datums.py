@@ -189,32 +189,20 @@ def insert_value_offset(value: bytes) -> int:
 # data only: wrap them with varlena() or compressed()
 
 def numeric_datum(value: Any, big: bool = False) -> bytes:
-    """A numeric datum as numeric_in makes it (4-byte header; the short form when the scale and weight fit)."""
+    """A numeric datum as numeric_in makes it (4-byte header; the short form when the scale and weight fit), its
+    digits from the send form of tests/pg_send.py."""
     from decimal import Decimal
-    d = Decimal(str(value))
-    sign, digs, exp = d.as_tuple()
-    dscale = max(-exp, 0)
-    text = "".join(map(str, digs)) + "0" * max(exp, 0)
-    int_len = len(text) - dscale
-    int_part, frac = text[:int_len] if int_len > 0 else "", text[max(int_len, 0):].rjust(dscale, "0")
-    int_part = int_part.lstrip("0")
-    left = (-len(int_part)) % 4
-    groups_int = [int(("0" * left + int_part)[k:k + 4]) for k in range(0, left + len(int_part), 4)]
-    frac = frac + "0" * ((-len(frac)) % 4)
-    groups_frac = [int(frac[k:k + 4]) for k in range(0, len(frac), 4)]
-    weight = len(groups_int) - 1
-    digits = groups_int + groups_frac
-    while digits and digits[0] == 0:
-        digits.pop(0)
-        weight -= 1
-    while digits and digits[-1] == 0:
-        digits.pop()
-    if not digits:
-        weight = 0
+
+    from tests.pg_send import numeric_send
+    sign, digs, exp = Decimal(str(value)).as_tuple()
+    unscaled = int(Decimal((sign, digs, 0))) * 10 ** max(exp, 0)      # int() of a Decimal: no digit limit
+    send = numeric_send(unscaled, max(-exp, 0))
+    ndigits, weight, send_sign, dscale = struct.unpack_from(">hhHH", send)
+    digits = list(struct.unpack_from(f">{ndigits}h", send, 8))
     if dscale <= 63 and -64 <= weight <= 63:
-        data = numeric_short(weight, bool(sign) and bool(digits), dscale, digits, big)
+        data = numeric_short(weight, send_sign == 0x4000, dscale, digits, big)
     else:
-        data = numeric_long((len(digits), weight, 0x4000 if sign and digits else 0, dscale), digits, big)
+        data = numeric_long((ndigits, weight, send_sign, dscale), digits, big)
     return varlena(data, big, short=False)
 
 

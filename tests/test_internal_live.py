@@ -307,17 +307,17 @@ def test_spock_internal_aclitem_without_catalog_is_a_clear_error(sdb, impl):
 # ------------------------------------------------------------------------------------------------------------------
 # pglogical 2 on PostgreSQL 15
 
-def test_pglogical_internal_negotiation(pg_cluster, impl):
-    """pglogical_output negotiates internal datums the same way; TOASTed text (pglz and lz4) decodes."""
-    db = PgDatabase(pg_cluster, pg_cluster.create_database(pg_cluster.new_database_name("pgl_internal")))
+def _pglogical_internal(pg_cluster: Any, impl: Any, name: str, tables: Any, workload: Any, rows: int) -> tuple:
+    """A database with a pglogical node: `tables(db)` (adding them to the default set), the slot, `workload(db)`,
+    then the stream read with binary="internal" until `rows` rows arrived. Returns (startup parameters, events,
+    what the workload returned, the 'i' datums)."""
+    db = PgDatabase(pg_cluster, pg_cluster.create_database(pg_cluster.new_database_name(name)))
     db.execute("CREATE EXTENSION pglogical")
     db.execute("SELECT pglogical.create_node(node_name := 'n1', dsn := %s)", (db.dsn,))
-    db.execute("CREATE TABLE t (id int PRIMARY KEY, a text, b text COMPRESSION lz4, n numeric, d interval)")
-    db.execute("SELECT pglogical.replication_set_add_table('default', 't')")
+    tables(db)
     slot = f"{db.name}_pgl"
     db.execute("SELECT pg_create_logical_replication_slot(%s, 'pglogical_output')", (slot,))
-    db.execute("INSERT INTO t SELECT g, repeat('pglz ' || g, 500 * g), repeat('lz4 ' || g, 700 * g), g / 3.0, "
-               "make_interval(months => g, hours => g) FROM generate_series(1, 4) g")
+    expected = workload(db)
     taps: list = []
 
     from spockwire.values import PostgresTypeCatalog
@@ -330,43 +330,41 @@ def test_pglogical_internal_negotiation(pg_cluster, impl):
     try:
         with spockwire.connect(db.dsn, slot=slot, plugin="pglogical", binary="internal", decoder_factory=factory,
                                reconnect=False) as stream:
-            events = collect(stream, lambda evs: row_count(evs) >= 4)
-            assert stream.startup_params["binary.internal_basetypes"] == "t"
+            events = collect(stream, lambda evs: row_count(evs) >= rows)
+            params = stream.startup_params
     finally:
         catalog.close()
         db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-    methods = {_compression(d) for d in _internal_values([p for t in taps for p in t.payloads], proto=1)}
-    assert {"pglz", "lz4"} <= methods
+    return params, events, expected, _internal_values([p for t in taps for p in t.payloads], proto=1)
+
+
+def test_pglogical_internal_negotiation(pg_cluster, impl):
+    """pglogical_output negotiates internal datums the same way; TOASTed text (pglz and lz4) decodes."""
+    def tables(db: PgDatabase) -> None:
+        db.execute("CREATE TABLE t (id int PRIMARY KEY, a text, b text COMPRESSION lz4, n numeric, d interval)")
+        db.execute("SELECT pglogical.replication_set_add_table('default', 't')")
+
+    def workload(db: PgDatabase) -> list:
+        db.execute("INSERT INTO t SELECT g, repeat('pglz ' || g, 500 * g), repeat('lz4 ' || g, 700 * g), g / 3.0, "
+                   "make_interval(months => g, hours => g) FROM generate_series(1, 4) g")
+        return db.query("SELECT id, a, b, n::text FROM t ORDER BY id")
+
+    params, events, server, datums = _pglogical_internal(pg_cluster, impl, "pgl_internal", tables, workload, 4)
+    assert params["binary.internal_basetypes"] == "t"
+    assert {"pglz", "lz4"} <= {_compression(d) for d in datums}
     rows = sorted((r for ev in events if hasattr(ev, "to_arrow") for r in ev.to_pylist()), key=lambda r: r["id"])
-    server = db.query("SELECT id, a, b, n::text FROM t ORDER BY id")
     assert [(r["id"], r["a"], r["b"], r["n"]) for r in rows] == [tuple(s) for s in server]
     assert [r["d"] for r in rows] == [(g, 0, g * 3_600_000_000_000) for g in range(1, 5)]
 
 
 def test_pglogical_internal_layouts(pg_cluster, impl):
     """The layout table through pglogical_output on PostgreSQL 15 (doc compressed with LZ4 there)."""
-    db = PgDatabase(pg_cluster, pg_cluster.create_database(pg_cluster.new_database_name("pgl_layouts")))
-    db.execute("CREATE EXTENSION pglogical")
-    db.execute("SELECT pglogical.create_node(node_name := 'n1', dsn := %s)", (db.dsn,))
-    roles = _layout_table(db, "lz4")
-    db.execute("SELECT pglogical.replication_set_add_table('default', 'lay')")
-    slot = f"{db.name}_pgl"
-    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pglogical_output')", (slot,))
-    server = _layout_rows(db, roles)
-    taps: list = []
+    roles: dict[str, str] = {}
 
-    from spockwire.values import PostgresTypeCatalog
-    catalog = PostgresTypeCatalog(db.dsn, strict=False)
+    def tables(db: PgDatabase) -> None:
+        roles.update(_layout_table(db, "lz4"))
+        db.execute("SELECT pglogical.replication_set_add_table('default', 'lay')")
 
-    def factory(protocol: str) -> Any:
-        taps.append(Tap(impl.Decoder(protocol=protocol, type_catalog=catalog)))
-        return taps[-1]
-
-    try:
-        with spockwire.connect(db.dsn, slot=slot, plugin="pglogical", binary="internal", decoder_factory=factory,
-                               reconnect=False) as stream:
-            events = collect(stream, lambda evs: row_count(evs) >= len(LAYOUT_ROWS) + 1)
-    finally:
-        catalog.close()
-        db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-    _check_layouts(events, server, _internal_values([p for t in taps for p in t.payloads], proto=1), "lz4")
+    _params, events, server, datums = _pglogical_internal(pg_cluster, impl, "pgl_layouts", tables,
+                                                          lambda db: _layout_rows(db, roles), len(LAYOUT_ROWS) + 1)
+    _check_layouts(events, server, datums, "lz4")

@@ -235,12 +235,18 @@ def _word_entry(word: int, big_endian: bool) -> tuple[int, int, int]:
     return word & 1, (word >> 1) & 0x7FF, word >> 12
 
 
+def _count(d: _Data, width: int, what: str) -> int:
+    """The int32 count that starts the data, of entries of `width` bytes each after it."""
+    size = d.i32(0, f"the {what} count")
+    if size < 0 or size > (d.n - 4) // width:
+        raise _fail(0, f"{size} {what}s cannot fit {d.n} bytes")
+    return size
+
+
 def tsvector_send(data: bytes, big_endian: bool) -> bytes:
     """tsvector's send form (int32 count; per lexeme: the text, NUL, uint16 npos, npos uint16 positions)."""
     d = _Data(data, big_endian)
-    size = d.i32(0, "the lexeme count")
-    if size < 0 or size > (d.n - 4) // 4:
-        raise _fail(0, f"{size} lexemes cannot fit {d.n} bytes")
+    size = _count(d, 4, "lexeme")
     strs = 4 + 4 * size
     out = bytearray(struct.pack(">i", size))
     cur = 0
@@ -278,9 +284,7 @@ def tsquery_send(data: bytes, big_endian: bool) -> bytes:
     """tsquery's send form (int32 count; per item: type 1, weight, prefix, the text and a NUL, or type 2, the
     operator and for <N> the int16 distance), the items in their stored (prefix) order."""
     d = _Data(data, big_endian)
-    size = d.i32(0, "the item count")
-    if size < 0 or size > (d.n - 4) // 12:
-        raise _fail(0, f"{size} query items cannot fit {d.n} bytes")
+    size = _count(d, 12, "query item")
     texts = 4 + 12 * size
     out = bytearray(struct.pack(">i", size))
     spans = []

@@ -391,15 +391,20 @@ static void sw_put_be32(unsigned char* s, unsigned int v) {
     s[3] = (unsigned char)v;
 }
 
+/* the int32 count that starts the data, of entries of `width` bytes each after it */
+static int sw_count(const unsigned char* p, long long n, int big, long long width, long long* size) {
+    if (n < 4)
+        return SW_VL_LAYOUT;
+    *size = (int)sw_vl_u32(p, big);
+    return *size < 0 || *size > (n - 4) / width ? SW_VL_LAYOUT : SW_VL_OK;
+}
+
 /* tsvector's send form: int32 count; per lexeme its text, a NUL, uint16 npos and the positions */
 static int sw_tsvector_send(const unsigned char* p, long long n, int big, sw_out* o) {
     long long size, strs, cur = 0, k, j, haspos, len, pos, npos;
     unsigned int word;
     unsigned char s[4];
-    if (n < 4)
-        return SW_VL_LAYOUT;
-    size = (int)sw_vl_u32(p, big);
-    if (size < 0 || size > (n - 4) / 4)
+    if (sw_count(p, n, big, 4, &size))
         return SW_VL_LAYOUT;
     strs = 4 + 4 * size;
     sw_put_be32(s, (unsigned int)size);
@@ -518,10 +523,7 @@ static int sw_tsquery_items(const unsigned char* p, long long n, int big, sw_out
 static int sw_tsquery_send(const unsigned char* p, long long n, int big, sw_out* o) {
     long long size, *sub, *spans;
     int rc;
-    if (n < 4)
-        return SW_VL_LAYOUT;
-    size = (int)sw_vl_u32(p, big);
-    if (size < 0 || size > (n - 4) / 12)
+    if (sw_count(p, n, big, 12, &size))
         return SW_VL_LAYOUT;
     sub = (long long*)malloc((size_t)(size ? size : 1) * sizeof(long long));
     spans = (long long*)malloc((size_t)(size ? size : 1) * 2 * sizeof(long long));
@@ -608,6 +610,15 @@ static int sw_jp_arg(sw_jp* j, long long pos, int depth, int brackets) {
     if (depth >= SW_JP_MAX_DEPTH)
         return SW_VL_LAYOUT;
     return sw_jp_chain(j, pos, 0, brackets, depth + 1);
+}
+
+/* an optional argument (pos -1: none), after `sep` */
+static int sw_jp_opt_arg(sw_jp* j, long long pos, const char* sep, int depth) {
+    if (pos < 0)
+        return SW_VL_OK;
+    if (sw_out_put(j->o, sep, (long long)strlen(sep)))
+        return SW_VL_NOMEM;
+    return sw_jp_arg(j, pos, depth, 0);
 }
 
 /* an operand, in brackets when its operation binds no tighter than the parent's */
@@ -801,7 +812,7 @@ static int sw_jp_item(sw_jp* j, long long pos, int in_key, int brackets, int dep
             return SW_VL_LAYOUT;
         end = p + 4;
         SW_PUT(o, word, (long long)strlen(word));
-        if (a >= 0 && (rc = sw_jp_arg(j, a, depth, 0)))
+        if ((rc = sw_jp_opt_arg(j, a, "", depth)))
             return rc;
         SW_PUTS(o, ")");
     } else if (kind == 46) {
@@ -809,13 +820,8 @@ static int sw_jp_item(sw_jp* j, long long pos, int in_key, int brackets, int dep
             return SW_VL_LAYOUT;
         end = p + 8;
         SW_PUTS(o, ".decimal(");
-        if (a >= 0 && (rc = sw_jp_arg(j, a, depth, 0)))
+        if ((rc = sw_jp_opt_arg(j, a, "", depth)) || (rc = sw_jp_opt_arg(j, b, ",", depth)))
             return rc;
-        if (b >= 0) {
-            SW_PUTS(o, ",");
-            if ((rc = sw_jp_arg(j, b, depth, 0)))
-                return rc;
-        }
         SW_PUTS(o, ")");
     } else if (kind == 22) {
         if (in_key)
@@ -840,15 +846,8 @@ static int sw_jp_item(sw_jp* j, long long pos, int in_key, int brackets, int dep
         for (k = 0; k < count; k++) {
             if (sw_jp_link(j, pos, p + 4 + 8 * k, 0, &a) || sw_jp_link(j, pos, p + 8 + 8 * k, 1, &b))
                 return SW_VL_LAYOUT;
-            if (k)
-                SW_PUTS(o, ",");
-            if ((rc = sw_jp_arg(j, a, depth, 0)))
+            if ((rc = sw_jp_opt_arg(j, a, k ? "," : "", depth)) || (rc = sw_jp_opt_arg(j, b, " to ", depth)))
                 return rc;
-            if (b >= 0) {
-                SW_PUTS(o, " to ");
-                if ((rc = sw_jp_arg(j, b, depth, 0)))
-                    return rc;
-            }
         }
         SW_PUTS(o, "]");
     } else if (kind == 42) {
