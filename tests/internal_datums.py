@@ -295,3 +295,63 @@ def tsquery(tree: Any, big: bool = False) -> bytes:
     place(tree, ())
     out = items(tree, ())
     return struct.pack(e + "i", len(out)) + b"".join(out) + bytes(texts)
+
+
+_JP_KINDS = {"null": 0, "str": 1, "num": 2, "bool": 3, "[*]": 21, ".*": 22, "index": 23, "any": 24, "key": 25,
+             "@": 26, "$": 27, "var": 28, "regex": 42, "decimal": 46}
+
+
+def jsonpath(chain: list, lax: bool = True, big: bool = False) -> bytes:
+    """JsonPath's data (header, then the items as flattenJsonPathParseItem lays them out) of a chain of items:
+    ("$",) ("@",) ("null",) ("[*]",) (".*",) ("str" | "key" | "var", text) ("num", value) ("bool", b)
+    ("method", type) ("bin" | "un" | "opt", type, chain...) ("decimal", chain | None, chain | None)
+    ("index", [(chain, chain | None), ...]) ("any", first, last) ("regex", flags, chain, pattern)."""
+    e = ">" if big else "<"
+    buf = bytearray()
+
+    def link(at: int, pos: int, child: list | None) -> None:
+        if child is not None:
+            buf[at:at + 4] = struct.pack(e + "i", flatten(child) - pos)
+
+    def flatten(items: list) -> int:
+        node = items[0]
+        kind = node[1] if node[0] in ("method", "bin", "un", "opt") else _JP_KINDS[node[0]]
+        pos = len(buf)
+        buf.append(kind)
+        buf.extend(bytes(-len(buf) % 4))
+        next_at = len(buf)
+        buf.extend(bytes(4))
+        if node[0] in ("str", "key", "var"):
+            raw = node[1].encode()
+            buf.extend(struct.pack(e + "i", len(raw)) + raw + b"\x00")
+        elif node[0] == "num":
+            buf.extend(numeric_datum(node[1], big))
+        elif node[0] == "bool":
+            buf.append(1 if node[1] else 0)
+        elif node[0] in ("bin", "un", "opt", "decimal"):
+            args = node[2:] if node[0] != "decimal" else node[1:]
+            at = len(buf)
+            buf.extend(bytes(4 * len(args)))
+            for k, arg in enumerate(args):
+                link(at + 4 * k, pos, arg)
+        elif node[0] == "index":
+            buf.extend(struct.pack(e + "i", len(node[1])))
+            at = len(buf)
+            buf.extend(bytes(8 * len(node[1])))
+            for k, (first, last) in enumerate(node[1]):
+                link(at + 8 * k, pos, first)
+                link(at + 8 * k + 4, pos, last)
+        elif node[0] == "any":
+            buf.extend(struct.pack(e + "II", node[1], node[2]))
+        elif node[0] == "regex":
+            raw = node[3].encode()
+            buf.extend(struct.pack(e + "i", node[1]))
+            at = len(buf)
+            buf.extend(bytes(4) + struct.pack(e + "i", len(raw)) + raw + b"\x00")
+            link(at, pos, node[2])
+        if len(items) > 1:
+            link(next_at, pos, items[1:])
+        return pos
+
+    flatten(chain)
+    return struct.pack(e + "I", 1 | (0x80000000 if lax else 0)) + bytes(buf)

@@ -102,6 +102,37 @@ def test_tsvector_and_tsquery_in_both_byte_orders(big: bool) -> None:
         == ["'x':*A & !'y':CD | 'a' <3> ( 'b':* <-> 'a' )", ""]
 
 
+#: jsonpath chains (tests/internal_datums.jsonpath) and the text the servers print for them; each is byte for byte
+#: the datum PostgreSQL 18 made for that text
+JSONPATHS = [
+    ([("$",), ("key", "a"), ("[*]",), ("un", 29, [("bin", 11, [("@",)], [("num", 1)])])], '$."a"[*]?(@ > 1)'),
+    ([("$",), ("key", "key with space"), ("key", "b"),
+      ("index", [([("num", 1)], [("num", 3)]), ([("num", 5)], None), ([("method", 40)], None)])],
+     '$."key with space"."b"[1 to 3,5,last]'),
+    ([("$",), ("un", 29, [("regex", 7, [("@",), ("key", "a")], "^x.*")])], '$?(@."a" like_regex "^x.*" flag "ism")'),
+    ([("$",), ("any", 2, 0xFFFFFFFF)], "$.**{2 to last}"),
+    ([("bin", 16, [("bin", 14, [("var", "x")], [("num", "-1.5")])], [("un", 20, [("$",), (".*",)])])],
+     '(($"x" + -1.5) * -$.*)'),
+    ([("$",), ("un", 29, [("bin", 5, [("bin", 4, [("bin", 8, [("@",)], [("bool", True)])],
+                                              [("un", 6, [("bin", 8, [("@",)], [("null",)])])])],
+                                   [("un", 7, [("bin", 10, [("@",)], [("bool", False)])])])])],
+     '$?(@ == true && !(@ == null) || (@ < false) is unknown)'),
+    ([("num", "1.50"), ("key", "a")], '(1.50)."a"'),
+    ([("$",), ("opt", 37, [("str", "yyyy\\n")]), ("decimal", [("num", 4)], [("num", 2)]), ("opt", 50, None)],
+     '$.datetime("yyyy\\\\n").decimal(4,2).time()'),
+]
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_jsonpath_in_both_byte_orders(big: bool) -> None:
+    servers = {r["text"]: _data(r) for r in _records("pg18", "jsonpath")}
+    for chain, text in JSONPATHS:
+        assert D.jsonpath(chain) == servers[text], text
+    values = [Internal(D.varlena(D.jsonpath(chain, big=big), big)) for chain, _text in JSONPATHS]
+    values.append(Internal(D.varlena(D.jsonpath([("$",), ("key", "a")], lax=False, big=big), big)))
+    assert D.decode_both(values, "jsonpath", big) == [text for _chain, text in JSONPATHS] + ['strict $."a"']
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # aclitem
 

@@ -62,9 +62,11 @@ VALUES: dict[str, list[str]] = {
         "'$var.x ? (@ != $y)'", "'$.*'", "'$[*].keyvalue()'", "'$.a.floor().ceiling().abs().double()'",
         "'1 + 2.5'", "'\"str\"'", "'true'", "'null'", "'$.a ? (@ >= 1 && @ <= 2.5e3)'", "'- ($.a - 1)'",
         "'$.a % 2 / 3'", "'$.**{1}'", "'$.**{last}'", "'$.**{3 to 5}'", "'$[last - 1]'",
+        "'($\"x\" + -1.5) * -$.*'", "'$ ? (@ == true && !(@ == null) || (@ < false) is unknown)'", "'(1.50).a'",
     ],
 }
 PG18_ONLY = {"jsonpath": ["'$.a.bigint().boolean().date().decimal(4, 2).integer().number().string()'",
+                          "'$.datetime(\"yyyy\\\\n\").decimal(4,2).time()'",
                           "'$.time(3).time_tz().timestamp().timestamp_tz(1)'", "'$.decimal()'"]}
 
 ROLES_SQL = ("CREATE ROLE alice; CREATE ROLE \"Bob Smith\"; CREATE ROLE \"we\"\"ird\"; "
