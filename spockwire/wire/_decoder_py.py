@@ -92,8 +92,9 @@ UNREPRESENTABLE_CHOICES = ("text", "error")
 
 def _output_bytes(spec: ColumnSpec, value: Any, internal: bool = False) -> int:
     """Bytes a binary or internal value of a kind rendered to text adds to its column (0 for other kinds); an
-    internal text or bytea datum may have been compressed: its decompressed bytes."""
-    if internal and spec.kind in (TEXT, JSON):
+    internal text, json, jsonb or bytea datum may have been compressed (and jsonb's text is longer than its
+    container): its decompressed bytes, the text."""
+    if internal and spec.kind in (TEXT, JSON, JSONB):
         return len(value.encode("utf-8"))
     if internal and spec.kind == BYTEA:
         return len(value)
