@@ -45,6 +45,7 @@ one-column table; byte 1 chooses:
             bit 4     the data inline-compressed (pglz, literals only) instead of behind a 4-byte header; aclitem
                       (fixed-length) is the rest as it is
             bit 5     on_unrepresentable="error", as above
+            bit 7     strings="view", as above
 
 Run it under the sanitizer build (fuzz/README.md):
 
@@ -152,8 +153,6 @@ def parse_input(data: bytes) -> Case:
         if as_text:
             kwargs["column_types"] = {"public.fz_d.v": "text"}
         kwargs.pop("batch_rows", None)
-        kwargs.pop("strings", None)
-        kwargs.pop("pin_bytes", None)
         return Case(protocol, kwargs, "datum", None, "pglogical", b1 & 0x18, False, bytes(data[2:]))
     return Case(protocol, kwargs, ENTRIES[(b0 >> 2) & 3], spock_version, startup, (b1 >> 3) & 3,
                 bool(b1 & 4), bytes(data[2:]))
