@@ -17,7 +17,7 @@ import pytest
 import tests.internal_datums as D
 from spockwire.errors import ProtocolError
 from spockwire.values import StaticTypeCatalog
-from spockwire.values.internal import unpack_varlena
+from spockwire.values.internal import internal_send_form, unpack_varlena
 from tests.conftest import load_impl
 from tests.wire_encoder import Internal
 
@@ -167,6 +167,7 @@ def test_aclitem_fields_bits_and_unknown_roles(big: bool) -> None:
               Internal(struct.pack(e + "III", 10, 20, 1 << 13 | 1 << 12 | 1 << 29))]       # PostgreSQL 15
     assert D.decode_both(values, "aclitem", big, roles=roles) == \
         ["=a*rwdDxtXUCTcsAm/postgres", '"a b"=r*/99', 'postgres=sA*/"a b"']
+    assert internal_send_form(1033, bytes(values[1]), big) == struct.pack(">IIQ", 20, 99, 1 << 1 | 1 << 33)
     for bad in (struct.pack(e + "IIQ", 0, 10, 1 << 15), struct.pack(e + "III", 0, 10, 1 << 14),
                 struct.pack(e + "III", 0, 10, 1 << 30), struct.pack(e + "II", 0, 10)):
         err = D.error_both([Internal(bad)], "aclitem", big, roles=roles)

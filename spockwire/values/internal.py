@@ -25,7 +25,7 @@ import struct
 
 from .failures import COMPRESSED_CORRUPT, EXTERNAL_DATUM, INTERNAL_UNSUPPORTED, INVALID, LAYOUT_INVALID, \
     RAW_SIZE_MISMATCH, VARLENA_INVALID
-from .internal_types import LAYOUT_TYPES, layout_send_form
+from .internal_types import ACLITEM_OID, LAYOUT_TYPES, aclitem_fields, layout_send_form
 
 __all__ = ["DatumFailure", "unpack_varlena", "pglz_decompress", "lz4_decompress", "numeric_send",
            "internal_send_form", "describe_datum_failure", "VARLENA_TEXT_TYPES", "FIXED_FIELDS",
@@ -341,6 +341,8 @@ def internal_send_form(oid: int, raw: bytes, big_endian: bool) -> bytes:
     fields = FIXED_FIELDS.get(oid)
     if fields is not None:
         return swap_fields(raw, fields, big_endian)
+    if oid == ACLITEM_OID:
+        return aclitem_fields(raw, big_endian)
     if oid in VARLENA_TEXT_TYPES and oid != 19:
         return unpack_varlena(raw, big_endian)
     if oid in VARLENA_CONVERTED:
