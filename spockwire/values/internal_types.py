@@ -102,15 +102,15 @@ def _numeric_text(d: _Data, start: int, end: int) -> bytes:
     """numeric_out of the numeric datum at [start, end) (an uncompressed varlena of exactly that size)."""
     from ._convert_py import ValueFailure, numeric_text_from_binary
     from .internal import numeric_send
-    b0 = d.b[start] if start < end else 0
     if start >= end:
         raise _fail(start, "a number has no bytes")
+    b0 = d.b[start]
     if (b0 & 0x80) if d.order == "big" else (b0 & 0x01):
         size, head = ((b0 & 0x7F) if d.order == "big" else (b0 >> 1)), 1
     else:
-        word = d.u32(start, "a number's varlena header") if end - start >= 4 else -1
-        if word < 0:
+        if end - start < 4:
             raise _fail(start, f"a number of {end - start} bytes is shorter than its 4-byte varlena header")
+        word = d.u32(start, "a number's varlena header")
         if (word >> 30 if d.order == "big" else word & 0x03) != 0:
             raise _fail(start, "a number is compressed or external")
         size, head = ((word & 0x3FFFFFFF) if d.order == "big" else (word >> 2)), 4
