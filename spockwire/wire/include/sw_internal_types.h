@@ -98,6 +98,7 @@ static int sw_numeric_datum_text(const unsigned char* p, long long n, int big, s
     long long size, head, k, ndigits;
     unsigned int word, h;
     int weight, dscale, negative, d;
+    const char* special;
     if (n < 1)
         return SW_VL_LAYOUT;
     if (big ? (p[0] & 0x80) : (p[0] & 0x01)) {
@@ -121,17 +122,10 @@ static int sw_numeric_datum_text(const unsigned char* p, long long n, int big, s
     h = sw_it_u16(p, big);
     if (h & 0x8000) {
         if ((h & 0xC000) == 0xC000) {
-            if (n != 2)
+            special = h == 0xC000 ? "NaN" : h == 0xD000 ? "Infinity" : h == 0xF000 ? "-Infinity" : NULL;
+            if (n != 2 || special == NULL)
                 return SW_VL_LAYOUT;
-            if (h == 0xC000)
-                SW_PUTS(o, "NaN");
-            else if (h == 0xD000)
-                SW_PUTS(o, "Infinity");
-            else if (h == 0xF000)
-                SW_PUTS(o, "-Infinity");
-            else
-                return SW_VL_LAYOUT;
-            return SW_VL_OK;
+            return sw_out_put(o, special, (long long)strlen(special));
         }
         negative = (h & 0x2000) != 0;
         dscale = (int)((h & 0x1F80) >> 7);
