@@ -19,7 +19,7 @@ Input layout (so the fuzzer mutates the configuration along with the bytes):
             bit 4     types="raw" (else "typed")
             bit 5     numeric="text" (else "decimal")
             bits 6-7  spock: proto_version 5, 4, None after a v5 startup, None after a v4 startup;
-                      others: unused
+                      pglogical: not 0 makes the entry point "datum" (below); pgoutput: unused
     byte 1  bits 0-1  batch_rows: default, 1, 2, 5
             bit 2     drain() after every message (else once at the end)
             bits 3-4  preamble of "message": 0 R.. B | 1 R.. B O(origin) | 2 pgoutput stream block S..E + c
@@ -34,6 +34,18 @@ Input layout (so the fuzzer mutates the configuration along with the bytes):
                       string_view / binary_view; with that small limit, messages fed one by one are pinned, cut
                       batches and are copied (spockwire/wire/views.py)
     rest    the fuzzed bytes
+
+The "datum" entry point (pglogical, byte 0 bits 6-7 not 0; byte 1 bit 6 clear): the rest is the data of one
+internal ('i') datum of a type with a layout of its own (spockwire.values.internal_types), inserted into a
+one-column table; byte 1 chooses:
+
+            bits 0-2  the column: DATUM_TYPES[bits] (jsonb, tsvector, tsquery, jsonpath, aclitem, jsonb kept as
+                      text, tsvector and jsonpath once more)
+            bit 3     a big-endian server (binary.bigendian in the startup message)
+            bit 4     the data inline-compressed (pglz, literals only) instead of behind a 4-byte header; aclitem
+                      (fixed-length) is the rest as it is
+            bit 5     on_unrepresentable="error", as above
+            bit 7     strings="view", as above
 
 Run it under the sanitizer build (fuzz/README.md):
 
@@ -64,6 +76,10 @@ COPY_PIECES = (1, 3, 17, None)
 BATCH_ROWS = (None, 1, 2, 5)
 VIEW_PIN_BYTES = 200
 SPOCK_VARIANTS = ((5, "v5"), (4, "v4"), (None, "v5"), (None, "v4"))  # (proto_version, startup message)
+#: the "datum" entry's columns: (type, kept as text)
+DATUM_TYPES = (("jsonb", False), ("tsvector", False), ("tsquery", False), ("jsonpath", False), ("aclitem", False),
+               ("jsonb", True), ("tsvector", False), ("jsonpath", False))
+DATUM_ROLES = {10: "postgres", 16384: "alice", 16385: "Bob \"B\""}
 
 # -------------------------------------------------------------------------------------------------------------
 # the fixed preamble: three relations covering the typed value kinds, one transaction around the fuzzed message
@@ -131,6 +147,13 @@ def parse_input(data: bytes) -> Case:
         kwargs.pop("proto_version", None)
         kwargs["type_catalog"] = None
         return Case(protocol, kwargs, "copy", None, None, (b1 >> 3) & 3, bool(b1 & 4), bytes(data[2:]))
+    if protocol == "pglogical" and b0 >> 6:
+        type_name, as_text = DATUM_TYPES[b1 & 7]
+        kwargs["type_catalog"] = datum_catalog(type_name)
+        if as_text:
+            kwargs["column_types"] = {"public.fz_d.v": "text"}
+        kwargs.pop("batch_rows", None)
+        return Case(protocol, kwargs, "datum", None, "pglogical", b1 & 0x18, False, bytes(data[2:]))
     return Case(protocol, kwargs, ENTRIES[(b0 >> 2) & 3], spock_version, startup, (b1 >> 3) & 3,
                 bool(b1 & 4), bytes(data[2:]))
 
@@ -143,6 +166,46 @@ def make_input(protocol: str, entry: str, body: bytes, *, raw: bool = False, num
           | (0x10 if raw else 0) | (0x20 if numeric_text else 0) | spock_variant << 6)
     b1 = batch_rows | (4 if drain_each else 0) | preamble << 3 | (0x20 if strict else 0) | (0x80 if views else 0)
     return bytes([b0, b1]) + body
+
+
+def make_datum_input(type_index: int, data: bytes, *, big: bool = False, compressed: bool = False) -> bytes:
+    """The "datum" entry's input: a datum of DATUM_TYPES[type_index] (used by fuzz/seeds.py and the tests)."""
+    return bytes([0x41, type_index | (8 if big else 0) | (0x10 if compressed else 0)]) + data
+
+
+@functools.lru_cache(maxsize=None)
+def datum_catalog(type_name: str):
+    from spockwire.values.catalog import StaticTypeCatalog
+
+    return StaticTypeCatalog({"public.fz_d": {"v": type_name}}, roles=DATUM_ROLES)
+
+
+def _pglz_literals(data: bytes) -> bytes:
+    """pglz data of literals only: a control byte of 0 before every 8 bytes."""
+    return b"".join(b"\x00" + data[k:k + 8] for k in range(0, len(data), 8))
+
+
+def datum_messages(case: Case) -> list[bytes]:
+    """Startup (the case's byte order), the one-column relation, B, the insert of the datum, C."""
+    W = _encoder()
+    big, compressed = bool(case.preamble & 8), bool(case.preamble & 0x10)
+    order = ">" if big else "<"
+    data = case.rest
+    if case.kwargs["type_catalog"].tables["public.fz_d"]["v"] == "aclitem":
+        datum = data
+    elif compressed:
+        payload = _pglz_literals(data)
+        size = 8 + len(payload)
+        word = (size | 0x40000000) if big else (size << 2 | 0x02)
+        datum = struct.pack(order + "II", word, len(data)) + payload
+    else:
+        datum = struct.pack(order + "I", (len(data) + 4) if big else (len(data) + 4) << 2) + data
+    params = dict(STARTUP["pglogical"], **{"binary.bigendian": "1" if big else "0",
+                                          "binary.want_internal_basetypes": "1"})
+    return [W.pglogical("S", params=params), W.pglogical("B", final_lsn=FINAL_LSN, commit_ts=COMMIT_TS, xid=XID),
+            W.pglogical("R", relid=0x104, namespace="public", name="fz_d", columns=[W.Col("v")]),
+            W.pglogical("I", relid=0x104, new=[W.Internal(datum)]),
+            W.pglogical("C", commit_lsn=FINAL_LSN, end_lsn=END_LSN, commit_ts=COMMIT_TS)]
 
 
 _CATALOG = None
@@ -478,6 +541,9 @@ def run(module, case: Case, guard: bool) -> dict:
                     step(dec.feed, m)
             elif case.entry == "frames":
                 result["consumed"].append(step(dec.feed_frames, case.rest))
+            elif case.entry == "datum":
+                for m in datum_messages(case):
+                    step(dec.feed, m)
             else:
                 n = step(lambda v: dec.feed_frames(v, partial_ok=True), case.rest)
                 result["consumed"].append(n)

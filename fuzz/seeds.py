@@ -11,7 +11,9 @@ Seeds, each in the input layout of fuzz_decoder.py (two configuration bytes, the
 * "expanding": transactions of binary values whose text is thousands of times longer (numeric 1e131068 alone
   and in numeric[] arrays), which the batch limit must count by what they add to their columns;
 * "frames" / "partial": the same transactions as frame-record bodies, each preceded by the startup and relation
-  messages it needs.
+  messages it needs;
+* "datum": the data of jsonb, tsvector, tsquery, jsonpath and aclitem datums made by real servers, and a few in
+  the other byte order.
 """
 from __future__ import annotations
 
@@ -364,8 +366,36 @@ def copy_seeds(corpus: Corpus) -> None:
     corpus.add("copy-expanding", F.make_copy_input(2, copy_data([big] * 30), numeric_text=True, piece=3))
 
 
+def datum_seeds(corpus: Corpus) -> None:
+    """The "datum" entry: the data of the jsonb, tsvector, tsquery, jsonpath and aclitem datums made by real
+    servers (tests/data/internal_layouts.json), little-endian, compressed, and written big-endian by the tests'
+    layout writers."""
+    import json
+
+    from spockwire.values.internal import unpack_varlena
+
+    records = json.loads((DATA / "internal_layouts.json").read_text())
+    index = {name: k for k, (name, as_text) in enumerate(F.DATUM_TYPES) if not as_text and k < 5}
+    for k, rec in enumerate(records):
+        raw = bytes.fromhex(rec["datum"])
+        data = raw if rec["type"] == "aclitem" else unpack_varlena(raw, False)
+        if len(data) > MAX_SEED:
+            continue
+        slot = 5 if rec["type"] == "jsonb" and k % 3 == 0 else index[rec["type"]]
+        corpus.add(f"datum-{rec['type']}", F.make_datum_input(slot, data, compressed=k % 4 == 1))
+    docs = [{"a": [1, "x", None, True, {"b": -1.5}], "": {}}, list(range(40)), "scalar", 0.5]
+    for doc in docs:
+        corpus.add("datum-jsonb-big", F.make_datum_input(0, D.jsonb(doc, True), big=True))
+    corpus.add("datum-tsvector-big", F.make_datum_input(1, D.tsvector([("ab", [(1, 3), (2, 0)]), ("c", [])], True),
+                                                        big=True))
+    tree = ("|", ("&", ("v", "x", 8, 1), ("!", ("v", "y", 3, 0))), ("<N>", 3, ("v", "a", 0, 0), ("v", "b", 0, 1)))
+    corpus.add("datum-tsquery-big", F.make_datum_input(2, D.tsquery(tree, True), big=True))
+    corpus.add("datum-aclitem-big", F.make_datum_input(4, struct.pack(">IIQ", 16384, 10, 3 | 1 << 32), big=True))
+
+
 def write(out: Path) -> int:
     corpus = Corpus(out)
+    datum_seeds(corpus)
     copy_seeds(corpus)
     message_seeds(corpus)
     expanding_seeds(corpus)

@@ -2,7 +2,8 @@
 
 Streams: transactions of the real captures (tests/data/*.spwf, each with the startup and relation messages before
 it), the golden streams (tests/golden_vectors.py) and synthetic transactions over relations that cover every typed
-value kind (fuzz/seeds.py). Hypothesis mutates them -- bytes flipped, set to boundary values, inserted, deleted,
+value kind (fuzz/seeds.py); and the internal datums of jsonb, tsvector, tsquery, jsonpath and aclitem made by real
+servers (tests/data/internal_layouts.json), one per insert. Hypothesis mutates them -- bytes flipped, set to boundary values, inserted, deleted,
 cut; 16- and 32-bit fields set to 0, 1, 0x7FFF..., 0xFFFF...; records dropped, duplicated, swapped or spliced;
 frame headers damaged -- and feeds the result to both implementations in typed and raw modes, message by message
 (`feed`) or as frame records (`feed_frames`). They must give the same events (Arrow schemas and values, truncates,
@@ -194,6 +195,35 @@ def test_mutated_typed_values_same_in_both(both_impls, data, typed):
     """Every value kind in text, binary and internal form, mutated."""
     stream = data.draw(st.sampled_from(synthetic_streams()))
     check_same(both_impls, build_input(data, stream, typed))
+
+
+class _Seeds:
+    """A corpus that keeps the seeds fuzz/seeds.py adds to it."""
+
+    def __init__(self) -> None:
+        self.inputs: list[bytes] = []
+
+    def add(self, _tag: str, data: bytes) -> None:
+        self.inputs.append(data)
+
+
+@lru_cache(maxsize=None)
+def datum_inputs() -> list:
+    seeds = _Seeds()
+    S.datum_seeds(seeds)
+    return seeds.inputs
+
+
+@settings(max_examples=500, **SETTINGS)
+@given(data=st.data())
+def test_mutated_internal_layouts_same_in_both(both_impls, data):
+    """jsonb, tsvector, tsquery, jsonpath and aclitem datums made by real servers (the fuzzer's "datum" entry),
+    mutated, in either byte order, compressed or not, jsonb also kept as text, as plain strings or views."""
+    seed = data.draw(st.sampled_from(datum_inputs()))
+    body = bytearray(seed[2:])
+    _mutate_bytes(data, body)
+    options = seed[1] ^ data.draw(st.sampled_from([0, 0, 0x08, 0x10, 0x18])) ^ data.draw(st.sampled_from([0, 0x80]))
+    check_same(both_impls, seed[:1] + bytes([options]) + bytes(body))
 
 
 def test_unmutated_streams_decode_the_same(both_impls):

@@ -2,8 +2,9 @@
 (`connect(..., binary="internal")`: every binary.* parameter, matching the server), in both implementations and
 checked against the server's own values: the type table of tests/test_typed_values.py, TOASTed text compressed with
 pglz and with LZ4 (the 'i' bytes checked to really be compressed datums of that method), a frame file captured by
-`spockwire capture --internal` decoded again, the clear error for a type whose internal layout is not read, and
-pglogical 2 on PostgreSQL 15 with the same negotiation.
+`spockwire capture --internal` decoded again, jsonb, tsvector, tsquery, jsonpath and aclitem against the server's
+::text (the clear error for an aclitem without a catalog), and pglogical 2 on PostgreSQL 15 with the same
+negotiation.
 """
 from __future__ import annotations
 
@@ -24,10 +25,8 @@ pytestmark = pytest.mark.pg
 INTERNAL_TYPES = {"bool", "int2", "int4", "int8", "oid", "float4", "float8", "numeric", "text", "varchar", "char",
                   "bytea", "date", "timestamp", "timestamptz", "time", "timetz", "interval", "uuid", "json", "xml",
                   "inet", "cidr", "macaddr", "macaddr8", "money", "bit", "varbit", "path", "polygon", "circle",
-                  "pg_lsn", "xid", "xid8", "cid", "tid", "pg_snapshot", "txid_snapshot", "\"char\""}
-
-#: types whose internal layout is not read: their tables stay out of the replicated set in the type-table test
-UNREAD = {"jsonb", "tsvector", "tsquery", "jsonpath"}
+                  "pg_lsn", "xid", "xid8", "cid", "tid", "pg_snapshot", "txid_snapshot", "\"char\"", "jsonb",
+                  "tsvector", "tsquery", "jsonpath"}
 
 
 def _internal_values(payloads: list[bytes], proto: int = 5) -> list[bytes]:
@@ -90,12 +89,12 @@ def _compression(datum: bytes) -> str | None:
 # Spock 6 on PostgreSQL 18
 
 def test_spock_internal_type_table(sdb, impl):
-    """Every type of the type table whose internal layout is read, streamed as Spock's own subscriber asks for it,
-    equals the server's values; the startup message says internal datums were negotiated."""
+    """Every type of the type table, streamed as Spock's own subscriber asks for it, equals the server's values;
+    the startup message says internal datums were negotiated."""
     from tests import test_typed_values as TV
 
     sdb.execute(TV.SCHEMA)
-    cases = [c for c in TV.CASES if c.sqltype.rstrip("[]") not in UNREAD]
+    cases = list(TV.CASES)
     for case in cases:
         sdb.execute(f"CREATE TABLE t_{case.name} (id int PRIMARY KEY, v {case.sqltype})")
         sdb.execute("SELECT spock.repset_add_table('default', %s)", (f"t_{case.name}",))
@@ -212,34 +211,113 @@ def _iter(body: bytes):
     return iter_frames(body)
 
 
-def test_spock_internal_unread_type_is_a_clear_error(sdb, impl):
-    """jsonb arrives as its binary container: the stream fails naming the column, the type and the byte."""
-    sdb.execute("CREATE TABLE j (id int PRIMARY KEY, doc jsonb)")
-    sdb.execute("SELECT spock.repset_add_table('default', 'j')")
+# jsonb, tsvector, tsquery, jsonpath and aclitem: their own layouts (spockwire.values.internal_types)
+
+#: rows of the layout table: SQL of doc jsonb, vec tsvector, q tsquery, path jsonpath, acl aclitem ({r1} and {r2}
+#: in acl: roles made per database)
+LAYOUT_ROWS = [
+    (r"""'{"a": {"b": [1, {"c": null}], "d": "x\"\u0001"}, "e": [[]], "f": {}, "ü ✓": true}'""",
+     "'a:1A b:2,3B c:4C,5D d'", "'!a & (b | c) <-> d <2> e:* & f:AB | g:*C'",
+     """'$.a[*] ? (@.b > 1 && @.c like_regex "^x" flag "i").type()'""", "'{r1}=r*w/{r2}'"),
+    ("'{}'", "''", "''", "'strict $.**{2 to last}'", "'=arwdDxt/{r1}'"),
+    ("'[]'", "to_tsvector('english', 'The quick brown foxes jumped over the lazy dogs')",
+     "to_tsquery('english', 'quick & !(foxes | dogs) <-> jumped')", "'$[last - 1, 1 to 3]'", "'{r2}=U*C/{r1}'"),
+    ("""'"scalar"'""", "setweight('x:1 y:2'::tsvector, 'A')", "'x <-> y <-> z'", """'$"v" + 1.5 * -$.a'""", "NULL"),
+    ("'1.50'", r"""$$'it''s':1 \\b:16383$$""", "'a:* | !b'", """'$.datetime("yyyy").size()'""", "NULL"),
+    ("'null'", "NULL", "'!!a'", """'exists($.a) || $.b starts with "x"'""", "NULL"),
+    ("'false'", "NULL", "'(a | b) <3> (c & d)'", "'true'", "NULL"),
+    ("jsonb_build_array(1e-16383::numeric, ('-' || repeat('9', 1000) || '.' || repeat('9', 16383))::numeric, "
+     "('1' || repeat('0', 131000))::numeric, 0, -0.0, 'NaN'::numeric::text)", "NULL", "NULL", "NULL", "NULL"),
+    # TOASTed: compressible (stored compressed, inline and out of line) and incompressible (out of line, plain)
+    ("(SELECT jsonb_agg(jsonb_build_object('k', g, 'v', repeat('x', 20))) FROM generate_series(1, 150) g)",
+     "(SELECT string_agg('w' || g || ':' || g, ' ')::tsvector FROM generate_series(1, 400) g)", "NULL", "NULL",
+     "NULL"),
+    ("(SELECT jsonb_object_agg('key' || g, jsonb_build_array(g, g * 0.5, 'text ' || g)) "
+     "FROM generate_series(1, 6000) g)", "NULL", "NULL", "NULL", "NULL"),
+    ("(SELECT jsonb_agg(md5(g::text)) FROM generate_series(1, 800) g)", "NULL", "NULL", "NULL", "NULL"),
+]
+LAYOUT_COLUMNS = ("doc", "vec", "q", "path", "acl")
+
+
+def _layout_table(db: PgDatabase, compression: str) -> dict[str, str]:
+    """The layout table (doc compressed with `compression`) and two roles; returns their names for LAYOUT_ROWS."""
+    r1, r2 = f"{db.name}_r1", f"{db.name} r2"
+    db.execute(f'CREATE ROLE "{r1}"')
+    db.execute(f'CREATE ROLE "{r2}"')
+    db.execute(f"CREATE TABLE lay (id int PRIMARY KEY, doc jsonb COMPRESSION {compression}, vec tsvector, "
+               "q tsquery, path jsonpath, acl aclitem)")
+    return {"r1": r1, "r2": f'"{r2}"'}
+
+
+def _layout_rows(db: PgDatabase, roles: dict[str, str]) -> dict[int, tuple]:
+    """The rows inserted (id -> the server's texts of them), then one update leaving the largest doc unchanged."""
+    for k, row in enumerate(LAYOUT_ROWS, start=1):
+        values = [*row[:-1], row[-1].format(**roles)]
+        db.execute(f"INSERT INTO lay VALUES ({k}, {', '.join(values)})")
+    texts = {r[0]: r[1:] for r in db.query("SELECT id, doc::text, vec::text, q::text, path::text, acl::text "
+                                           "FROM lay")}
+    db.execute("UPDATE lay SET q = 'updated' WHERE id = 10")
+    return texts
+
+
+def _check_layouts(events: list, server: dict[int, tuple], datums: list[bytes], method: str) -> None:
+    rows = [r for ev in events if hasattr(ev, "to_arrow") for r in ev.to_pylist()]
+    inserts = {r["id"]: r for r in rows if r["_change_type"] == "insert"}
+    assert set(inserts) == set(server)
+    for ident, expected in server.items():
+        assert tuple(inserts[ident][c] for c in LAYOUT_COLUMNS) == expected, ident
+    (update,) = [r for r in rows if r["_change_type"] == "update_postimage"]
+    assert update["_unchanged_toast"] == ["doc"] and update["q"] == "'updated'"
+    assert method in {_compression(d) for d in datums}
+    if method == "pglz":   # pglz stores the md5 array as it is (LZ4 still finds its repeated entries worth it)
+        assert any(d[0] & 0x03 == 0 and len(d) > 20000 for d in datums)
+
+
+def test_spock_internal_layouts(sdb, impl):
+    """jsonb (nested, empty, scalars at top level, numbers at numeric's limits, TOASTed compressed and not),
+    tsvector with positions and weights, tsquery with every operator, jsonpath and aclitem, streamed as Spock's own
+    subscriber asks for them, equal the server's ::text."""
+    roles = _layout_table(sdb, "pglz")
+    sdb.execute("SELECT spock.repset_add_table('default', 'lay')")
     create_slots(sdb)
-    sdb.execute("""INSERT INTO j VALUES (1, '{"a": 1}')""")
-    with spock_connect(sdb, impl, binary="internal", reconnect=False) as stream:
+    server = _layout_rows(sdb, roles)
+    taps: list = []
+    with spock_connect(sdb, impl, binary="internal", reconnect=False, tap=taps) as stream:
+        events = collect(stream, lambda evs: row_count(evs) >= len(LAYOUT_ROWS) + 1)
+    _check_layouts(events, server, _internal_values([p for t in taps for p in t.payloads]), "pglz")
+
+
+def test_spock_internal_aclitem_without_catalog_is_a_clear_error(sdb, impl):
+    """Spock names every column's type, but an aclitem's text needs role names: without a catalog, a clear error
+    naming the column and what to attach."""
+    sdb.execute("CREATE TABLE acl (id int PRIMARY KEY, a aclitem)")
+    sdb.execute("SELECT spock.repset_add_table('default', 'acl')")
+    create_slots(sdb)
+    sdb.execute("INSERT INTO acl VALUES (1, '=r/postgres')")
+    with spockwire.connect(sdb.dsn, plugin="spock", slot=f"{sdb.name}_spock", replication_sets="default",
+                           binary="internal", reconnect=False,
+                           decoder_factory=lambda protocol: impl.Decoder(protocol=protocol)) as stream:
         with pytest.raises(ProtocolError) as info:
             collect(stream, lambda evs: row_count(evs) >= 1, timeout=15)
     err = info.value
-    assert err.column_name == "doc" and err.column == 1 and err.offset is not None
-    assert "internal-format value of type jsonb cannot be decoded" in str(err)
+    assert err.column_name == "a" and err.column == 1 and err.offset is not None
+    assert "value of type aclitem names its roles by OID" in str(err) and "PostgresTypeCatalog" in str(err)
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # pglogical 2 on PostgreSQL 15
 
-def test_pglogical_internal_negotiation(pg_cluster, impl):
-    """pglogical_output negotiates internal datums the same way; TOASTed text (pglz and lz4) decodes."""
-    db = PgDatabase(pg_cluster, pg_cluster.create_database(pg_cluster.new_database_name("pgl_internal")))
+def _pglogical_internal(pg_cluster: Any, impl: Any, name: str, tables: Any, workload: Any, rows: int) -> tuple:
+    """A database with a pglogical node: `tables(db)` (adding them to the default set), the slot, `workload(db)`,
+    then the stream read with binary="internal" until `rows` rows arrived. Returns (startup parameters, events,
+    what the workload returned, the 'i' datums)."""
+    db = PgDatabase(pg_cluster, pg_cluster.create_database(pg_cluster.new_database_name(name)))
     db.execute("CREATE EXTENSION pglogical")
     db.execute("SELECT pglogical.create_node(node_name := 'n1', dsn := %s)", (db.dsn,))
-    db.execute("CREATE TABLE t (id int PRIMARY KEY, a text, b text COMPRESSION lz4, n numeric, d interval)")
-    db.execute("SELECT pglogical.replication_set_add_table('default', 't')")
+    tables(db)
     slot = f"{db.name}_pgl"
     db.execute("SELECT pg_create_logical_replication_slot(%s, 'pglogical_output')", (slot,))
-    db.execute("INSERT INTO t SELECT g, repeat('pglz ' || g, 500 * g), repeat('lz4 ' || g, 700 * g), g / 3.0, "
-               "make_interval(months => g, hours => g) FROM generate_series(1, 4) g")
+    expected = workload(db)
     taps: list = []
 
     from spockwire.values import PostgresTypeCatalog
@@ -252,14 +330,41 @@ def test_pglogical_internal_negotiation(pg_cluster, impl):
     try:
         with spockwire.connect(db.dsn, slot=slot, plugin="pglogical", binary="internal", decoder_factory=factory,
                                reconnect=False) as stream:
-            events = collect(stream, lambda evs: row_count(evs) >= 4)
-            assert stream.startup_params["binary.internal_basetypes"] == "t"
+            events = collect(stream, lambda evs: row_count(evs) >= rows)
+            params = stream.startup_params
     finally:
         catalog.close()
         db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-    methods = {_compression(d) for d in _internal_values([p for t in taps for p in t.payloads], proto=1)}
-    assert {"pglz", "lz4"} <= methods
+    return params, events, expected, _internal_values([p for t in taps for p in t.payloads], proto=1)
+
+
+def test_pglogical_internal_negotiation(pg_cluster, impl):
+    """pglogical_output negotiates internal datums the same way; TOASTed text (pglz and lz4) decodes."""
+    def tables(db: PgDatabase) -> None:
+        db.execute("CREATE TABLE t (id int PRIMARY KEY, a text, b text COMPRESSION lz4, n numeric, d interval)")
+        db.execute("SELECT pglogical.replication_set_add_table('default', 't')")
+
+    def workload(db: PgDatabase) -> list:
+        db.execute("INSERT INTO t SELECT g, repeat('pglz ' || g, 500 * g), repeat('lz4 ' || g, 700 * g), g / 3.0, "
+                   "make_interval(months => g, hours => g) FROM generate_series(1, 4) g")
+        return db.query("SELECT id, a, b, n::text FROM t ORDER BY id")
+
+    params, events, server, datums = _pglogical_internal(pg_cluster, impl, "pgl_internal", tables, workload, 4)
+    assert params["binary.internal_basetypes"] == "t"
+    assert {"pglz", "lz4"} <= {_compression(d) for d in datums}
     rows = sorted((r for ev in events if hasattr(ev, "to_arrow") for r in ev.to_pylist()), key=lambda r: r["id"])
-    server = db.query("SELECT id, a, b, n::text FROM t ORDER BY id")
     assert [(r["id"], r["a"], r["b"], r["n"]) for r in rows] == [tuple(s) for s in server]
     assert [r["d"] for r in rows] == [(g, 0, g * 3_600_000_000_000) for g in range(1, 5)]
+
+
+def test_pglogical_internal_layouts(pg_cluster, impl):
+    """The layout table through pglogical_output on PostgreSQL 15 (doc compressed with LZ4 there)."""
+    roles: dict[str, str] = {}
+
+    def tables(db: PgDatabase) -> None:
+        roles.update(_layout_table(db, "lz4"))
+        db.execute("SELECT pglogical.replication_set_add_table('default', 'lay')")
+
+    _params, events, server, datums = _pglogical_internal(pg_cluster, impl, "pgl_layouts", tables,
+                                                          lambda db: _layout_rows(db, roles), len(LAYOUT_ROWS) + 1)
+    _check_layouts(events, server, datums, "lz4")

@@ -75,3 +75,17 @@ def test_failure_codes_equal_the_twins():
     codes = _pxi_enum("F_")
     assert codes, "no F_ enum found in _values.pxi"
     assert codes == {f"F_{name[2:]}": getattr(failures, name[2:]) for name in codes}
+
+
+def test_internal_datum_codes_equal_the_twins():
+    """The refusal codes of the C readers of internal datums (include/sw_varlena.h, sw_internal_types.h) and the
+    jsonpath nesting limit are the twin's."""
+    from spockwire.values import internal_types
+
+    text = (WIRE / "include" / "sw_varlena.h").read_text() + (WIRE / "include" / "sw_internal_types.h").read_text()
+    found = re.findall(r"^#define (SW_(?:VL|JP)_[A-Z_]+) (-?\d+)(?:\s|$)", text, re.M)
+    defines = {name: int(value) for name, value in found}
+    assert defines == {"SW_VL_OK": 0, "SW_VL_INVALID": failures.VARLENA_INVALID,
+                       "SW_VL_EXTERNAL": failures.EXTERNAL_DATUM, "SW_VL_CORRUPT": failures.COMPRESSED_CORRUPT,
+                       "SW_VL_RAWSIZE": failures.RAW_SIZE_MISMATCH, "SW_VL_LAYOUT": failures.LAYOUT_INVALID,
+                       "SW_JP_MAX_DEPTH": internal_types.JSONPATH_MAX_DEPTH}

@@ -19,6 +19,7 @@ from .catalog import ARRAY, BOOL, BYTEA, CHAR, DATE, DECIMAL, ENUM, FLOAT4, FLOA
 from .failures import BYTE_ORDER_UNKNOWN, INTERNAL_UNSUPPORTED, INVALID, INVALID_UTF8, LOWER_BOUND, MULTIDIMENSIONAL, \
     OUT_OF_RANGE, SPECIAL_DECIMAL
 from . import internal as _internal_layouts
+from .internal_types import ACLITEM_OID, JSONB_OID, aclitem_fields
 
 __all__ = ["ValueFailure", "decode_value", "build_array", "UNIX_DAYS_2000", "UNIX_US_2000"]
 
@@ -817,11 +818,13 @@ def _internal_text(spec: ColumnSpec, raw: bytes, big_endian: bool | None) -> str
     oid = spec.type_oid
     fields = _internal_layouts.FIXED_FIELDS.get(oid)
     known = fields is not None or oid in _internal_layouts.VARLENA_TEXT_TYPES \
-        or oid in _internal_layouts.VARLENA_CONVERTED
+        or oid in _internal_layouts.VARLENA_CONVERTED or oid == ACLITEM_OID
     if not known or oid == 19 or spec.render is None:
         raise _fail(INTERNAL_UNSUPPORTED)
     if big_endian is None and (fields is None or any(size != 1 for size in fields)):
         raise _fail(BYTE_ORDER_UNKNOWN)
+    if oid == ACLITEM_OID:
+        return spec.render(aclitem_fields(raw, big_endian))
     if fields is not None:
         return spec.render(_internal_layouts.swap_fields(raw, fields, bool(big_endian)))
     data = _varlena(raw, bool(big_endian))
@@ -840,7 +843,7 @@ def _internal(spec: ColumnSpec, raw: bytes, big_endian: bool | None) -> Any:
         return raw
     if kind == CHAR:
         return char_text(raw)
-    if kind in (TEXT, JSON, BYTEA, DECIMAL, NUMERIC_TEXT, INTERVAL, TIMETZ):
+    if kind in (TEXT, JSON, JSONB, BYTEA, DECIMAL, NUMERIC_TEXT, INTERVAL, TIMETZ):
         if big_endian is None:
             raise _fail(BYTE_ORDER_UNKNOWN)
         if kind == INTERVAL:
@@ -850,6 +853,8 @@ def _internal(spec: ColumnSpec, raw: bytes, big_endian: bool | None) -> Any:
         data = _varlena(raw, big_endian)
         if kind in (DECIMAL, NUMERIC_TEXT):
             return _binary(spec, _internal_layouts.numeric_send(data, big_endian))
+        if kind == JSONB:
+            return _binary(spec, _internal_layouts.converted_send_form(JSONB_OID, data, big_endian))
         return _binary(spec, data)
     code = _INTERNAL_STRUCTS.get(kind)
     if code is None:

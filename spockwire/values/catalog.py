@@ -24,6 +24,7 @@ column with the kind it returns. The mapping:
 | domains | their base type | |
 | 1-D arrays of the above | ARRAY | list<element type> (lower bound 1: other bounds, like more dimensions, see below) |
 | every other builtin type with a send format (spockwire.values.sendtext.RENDERED_TYPES: inet, cidr, macaddr(8), money, bit, varbit, ranges, multiranges, geometric types, tsvector, tsquery, pg_lsn, ...), arrays of them, composites, user ranges/multiranges over such types, domains over them | PGTEXT | string, PostgreSQL's text output: text values as they arrive, binary values rendered by `send_to_text` (the ColumnSpec's `render`) |
+| aclitem (no send format: arrives as text, or as its internal datum) | PGTEXT | aclitemout's text `grantee=privileges/grantor`, role names from the catalog's `role_name(oid)` (an internal aclitem without such a catalog is an error) |
 | anything else (types of extensions, composites holding them, reg* types) | OTHER | string from the text form; binary from the binary form |
 
 PGTEXT binary values: the C implementation renders inet, cidr, macaddr, macaddr8, money, bit, varbit and the
@@ -103,6 +104,8 @@ _BY_NAME.update({"boolean": 16, "smallint": 21, "integer": 23, "bigint": 20, "re
                  "timestamp without time zone": 1114, "timestamp with time zone": 1184,
                  "time without time zone": 1083, "time with time zone": 1266, "decimal": 1700})
 
+ACLITEM_OID = 1033
+
 # bytes of the internal ('i') representation of by-value / fixed-length types that can be read safely
 INTERNAL_SIZES = {BOOL: 1, INT2: 2, INT4: 4, INT8: 8, OID: 4, FLOAT4: 4, FLOAT8: 8, DATE: 4, TIMESTAMP: 8,
                   TIMESTAMPTZ: 8, TIME: 8, UUID: 16, CHAR: 1}
@@ -157,14 +160,18 @@ class StaticTypeCatalog:
     """Column types given by the user: `{"public.orders": {"id": "int8", "total": "numeric(12,2)"}}`.
 
     Type names are builtin names (`int4`, `numeric(12,2)`, `timestamptz`, `text[]`, ...); also accepted are
-    `(oid, typmod)` pairs. Columns not listed stay untyped (RAW).
+    `(oid, typmod)` pairs. Columns not listed stay untyped (RAW). `roles` names the roles of aclitem values.
     """
 
     tables: Mapping[str, Mapping[str, Any]]
     types: Mapping[int, TypeInfo] = field(default_factory=dict)
+    roles: Mapping[int, str] = field(default_factory=dict)    # role OID -> name (aclitem's text)
 
     def type_info(self, oid: int) -> TypeInfo | None:
         return self.types.get(oid)
+
+    def role_name(self, oid: int) -> str | None:
+        return self.roles.get(oid)
 
     def column_types(self, relation: Relation) -> Sequence[tuple[int, int]] | None:
         table = self.tables.get(relation.qualified_name)
@@ -229,6 +236,7 @@ class PostgresTypeCatalog:
         self._types: dict[int, TypeInfo | None] = {}
         self._fields: dict[int, list[int] | None] = {}
         self._columns: dict[tuple[int, int], list[tuple[int, int]] | None] = {}
+        self._roles: dict[int, str | None] = {}
 
     def _cursor(self) -> Any:
         if self._conn is None or getattr(self._conn, "closed", 0):
@@ -280,6 +288,21 @@ class PostgresTypeCatalog:
         except Exception as exc:  # noqa: BLE001 - any driver error means the catalog is unavailable
             self._unavailable(exc)
             return None
+
+    def role_name(self, oid: int) -> str | None:
+        """The name of role `oid` (aclitem's text), None when there is no such role now. An unreadable catalog
+        raises TypeCatalogError: a name cannot be left out of a value the way a type can stay untyped."""
+        if oid not in self._roles:
+            try:
+                with self._cursor() as cur:
+                    cur.execute("SELECT rolname FROM pg_roles WHERE oid = %s", (oid,))
+                    row = cur.fetchone()
+            except TypeCatalogError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any driver error means the catalog is unavailable
+                raise TypeCatalogError(f"cannot read role {oid} from the upstream catalog: {exc}") from exc
+            self._roles[oid] = None if row is None else row[0]
+        return self._roles[oid]
 
     def composite_fields(self, oid: int) -> list[int] | None:
         """The field types of composite type `oid` (None when it is not one, or the catalog cannot be read)."""
@@ -394,6 +417,8 @@ def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catal
               numeric_text: bool, depth: int = 0) -> ColumnSpec:
     if oid == 0:
         return ColumnSpec(RAW, "unknown", None)
+    if oid == ACLITEM_OID:      # its text names roles: rendered with the catalog's role names
+        return _text_spec(oid, "aclitem", catalog)
     spec = _builtin_spec(oid, typmod, numeric_text)
     if spec is not None:
         return spec

@@ -16,6 +16,8 @@ VARLENA_INVALID = 20     # the varlena header does not describe the bytes that a
 EXTERNAL_DATUM = 21      # an external TOAST pointer instead of the datum
 COMPRESSED_CORRUPT = 22  # inline-compressed data that is not a valid pglz/LZ4 stream of the declared raw size
 RAW_SIZE_MISMATCH = 23   # inline-compressed data that decompresses to fewer bytes than the declared raw size
+LAYOUT_INVALID = 24      # the data of a jsonb, tsvector, tsquery or jsonpath datum is not a valid layout of the type
+NO_ROLE_NAMES = 25       # an aclitem, whose text names roles, without a catalog that reads role names
 
 OFFSET_LIMIT = 0x7FFFFFFF  # most bytes (elements, for lists) a variable-length column holds in one batch
 
@@ -52,6 +54,9 @@ def value_problem(code: int, fmt: int, raw: bytes, type_name: str) -> str:
     if code == NO_TEXT_FORM:
         return (f"{form} value of type {type_name} holds a value of a type whose binary format is unknown "
                 f"(stream this table in the text format, or use types='raw')")
-    if code in (VARLENA_INVALID, EXTERNAL_DATUM, COMPRESSED_CORRUPT, RAW_SIZE_MISMATCH):
+    if code == NO_ROLE_NAMES:
+        return (f"{form} value of type {type_name} names its roles by OID: its text needs a type catalog that "
+                f"reads role names (type_catalog=PostgresTypeCatalog(dsn), or StaticTypeCatalog(roles=...))")
+    if code in (VARLENA_INVALID, EXTERNAL_DATUM, COMPRESSED_CORRUPT, RAW_SIZE_MISMATCH, LAYOUT_INVALID):
         return f"internal-format value of type {type_name} is not a valid varlena datum"
     return f"cannot decode {form} value {shown!r} as {type_name}"

@@ -15,27 +15,29 @@ An internal datum is what the server keeps in its tuples, in the server's byte o
 * by-value types: the value in the server's byte order.
 
 Values are turned into the type's binary send form and decoded like a 'b' value from there, so both forms give
-the same result. Types whose internal layout is not read here (jsonb's binary container, tsvector, tsquery,
-jsonpath, aclitem, ...) fail with INTERNAL_UNSUPPORTED.
+the same result. jsonb, tsvector, tsquery, jsonpath and aclitem have layouts of their own, read by
+spockwire.values.internal_types (LAYOUT_INVALID when their data is not one). Types whose internal layout is not
+read here fail with INTERNAL_UNSUPPORTED.
 """
 from __future__ import annotations
 
 import struct
 
-from .failures import COMPRESSED_CORRUPT, EXTERNAL_DATUM, INTERNAL_UNSUPPORTED, INVALID, RAW_SIZE_MISMATCH, \
-    VARLENA_INVALID
+from .failures import COMPRESSED_CORRUPT, EXTERNAL_DATUM, INTERNAL_UNSUPPORTED, INVALID, LAYOUT_INVALID, \
+    RAW_SIZE_MISMATCH, VARLENA_INVALID
+from .internal_types import ACLITEM_OID, LAYOUT_TYPES, aclitem_fields, layout_send_form
 
 __all__ = ["DatumFailure", "unpack_varlena", "pglz_decompress", "lz4_decompress", "numeric_send",
            "internal_send_form", "describe_datum_failure", "VARLENA_TEXT_TYPES", "FIXED_FIELDS",
            "DATUM_CODES"]
 
 #: failure codes whose text and byte offset come from describe_datum_failure
-DATUM_CODES = frozenset({VARLENA_INVALID, EXTERNAL_DATUM, COMPRESSED_CORRUPT, RAW_SIZE_MISMATCH})
+DATUM_CODES = frozenset({VARLENA_INVALID, EXTERNAL_DATUM, COMPRESSED_CORRUPT, RAW_SIZE_MISMATCH, LAYOUT_INVALID})
 
 #: varlena types whose data is their send form: text-like types (in the database encoding) and bytea
 VARLENA_TEXT_TYPES = frozenset({25, 1043, 1042, 142, 114, 17, 1790, 194, 19})
-#: varlena types converted to their send form here
-VARLENA_CONVERTED = frozenset({1700, 869, 650, 1560, 1562, 602, 604, 2970, 5038})
+#: varlena types converted to their send form here (LAYOUT_TYPES: by spockwire.values.internal_types)
+VARLENA_CONVERTED = frozenset({1700, 869, 650, 1560, 1562, 602, 604, 2970, 5038}) | LAYOUT_TYPES
 #: fixed-length types: OID -> the sizes of their fields, each in the server's byte order (1: single bytes)
 FIXED_FIELDS: dict[int, tuple[int, ...]] = {
     16: (1,), 18: (1,), 20: (8,), 21: (2,), 23: (4,), 26: (4,), 28: (4,), 29: (4,), 700: (4,), 701: (8,),
@@ -293,6 +295,11 @@ def _swap8s(data: bytes, big_endian: bool) -> bytes:
 
 def _varlena_send(oid: int, data: bytes, big_endian: bool) -> bytes:
     """The send form of a converted varlena type from the data of its datum."""
+    if oid in LAYOUT_TYPES:
+        try:
+            return layout_send_form(oid, data, big_endian)
+        except DatumFailure as failure:
+            raise _fail(failure.code) from None
     if oid == 1700:
         return numeric_send(data, big_endian)
     if oid in (869, 650):            # family, bits, the address: send adds is_cidr and the address length
@@ -334,6 +341,8 @@ def internal_send_form(oid: int, raw: bytes, big_endian: bool) -> bytes:
     fields = FIXED_FIELDS.get(oid)
     if fields is not None:
         return swap_fields(raw, fields, big_endian)
+    if oid == ACLITEM_OID:
+        return aclitem_fields(raw, big_endian)
     if oid in VARLENA_TEXT_TYPES and oid != 19:
         return unpack_varlena(raw, big_endian)
     if oid in VARLENA_CONVERTED:
@@ -346,10 +355,35 @@ def converted_send_form(oid: int, data: bytes, big_endian: bool) -> bytes:
     return _varlena_send(oid, bytes(data), big_endian)
 
 
-def describe_datum_failure(raw: bytes, big_endian: bool, type_name: str) -> tuple[int, int, str]:
-    """(code, byte of the datum, sentence) for a varlena datum refused by either implementation."""
+def _compressed(raw: bytes, big_endian: bool) -> bool:
+    """Whether a valid varlena datum is compressed inline (a 4-byte header with the compressed mark)."""
+    if (raw[0] & 0x80) if big_endian else (raw[0] & 0x01):
+        return False
+    return (raw[0] >> 6) == 1 if big_endian else (raw[0] & 0x03) == 0x02
+
+
+def layout_oid(spec) -> int:
+    """The type whose internal layout a column's datums have, for describe_datum_failure (0: a plain varlena)."""
+    from .catalog import JSONB
+    return 3802 if spec.kind == JSONB else spec.type_oid
+
+
+def describe_datum_failure(raw: bytes, big_endian: bool, type_name: str, oid: int = 0) -> tuple[int, int, str]:
+    """(code, byte of the datum, sentence) for a varlena datum of type `oid` refused by either implementation: its
+    varlena header or compressed data, or (LAYOUT_TYPES) the layout of its data."""
+    raw = bytes(raw)
+    prefix = f"internal-format value of type {type_name}"
     try:
-        unpack_varlena(bytes(raw), big_endian)
+        data = unpack_varlena(raw, big_endian)
     except DatumFailure as failure:
-        return failure.code, failure.pos, f"internal-format value of type {type_name} {failure.detail}"
-    return VARLENA_INVALID, 0, f"internal-format value of type {type_name} has a varlena header that cannot be read"
+        return failure.code, failure.pos, f"{prefix} {failure.detail}"
+    if oid in LAYOUT_TYPES:
+        try:
+            layout_send_form(oid, data, big_endian)
+        except DatumFailure as failure:
+            if not _compressed(raw, big_endian):
+                at = len(raw) - len(data) + failure.pos
+                return failure.code, at, f"{prefix} has a corrupt layout at byte {at} of the datum: {failure.detail}"
+            return failure.code, 0, (f"{prefix} has a corrupt layout at byte {failure.pos} of its decompressed "
+                                     f"data: {failure.detail}")
+    return VARLENA_INVALID, 0, f"{prefix} has a varlena header that cannot be read"

@@ -10,6 +10,8 @@ oid/xid/xid8/cid/tid, floats, numeric, money, the text types, bytea, "char", jso
 types, uuid, inet/cidr/macaddr/macaddr8, bit/varbit, pg_lsn, the geometric types, tsvector, tsquery,
 int2vector/oidvector, txid_snapshot/pg_snapshot), builtin ranges and multiranges, arrays of any element type
 (any number of dimensions and lower bounds) and records (record_send names each field's type), recursively.
+aclitem has no send format: its "send form" here is its internal fields in network order
+(spockwire.values.internal_types.aclitem_fields), printed with the role names of a catalog with `role_name(oid)`.
 User-defined types (domains, enums, composites, ranges, arrays of them) need a `catalog` with
 `type_info(oid)` (spockwire.values.catalog.PostgresTypeCatalog): a domain prints as its base type, an enum as
 its label, a composite and a user range by their layouts.
@@ -25,7 +27,7 @@ from fractions import Fraction
 from typing import Any, Callable
 
 from ._convert_py import ValueFailure, char_text, numeric_text_from_binary, timetz_text
-from .failures import INVALID, INVALID_UTF8, NO_TEXT_FORM
+from .failures import INVALID, INVALID_UTF8, NO_ROLE_NAMES, NO_TEXT_FORM
 
 __all__ = ["send_to_text", "can_render", "RENDERED_TYPES", "TYPE_NAMES", "RANGE_SUBTYPES", "MULTIRANGE_RANGES",
            "ARRAY_ELEMENTS", "float8_text", "float4_text"]
@@ -768,6 +770,48 @@ _SIMPLE: dict[int, Callable[[bytes], str]] = {
     22: lambda b: _vector(b, 21), 30: lambda b: _vector(b, 26),
 }
 _RECORD_OID = 2249
+_ACLITEM_OID = 1033
+#: aclitem's privilege letters by bit (ACL_ALL_RIGHTS_STR; 'm', MAINTAIN, since PostgreSQL 17)
+_ACL_RIGHTS = "arwdDxtXUCTcsAm"
+
+
+def _role_text(catalog: Any, oid: int) -> str:
+    """aclitemout's name of a role: its name, quoted like putid() when it holds anything but letters, digits and
+    '_' ('"' doubled); the OID's digits for a role the catalog does not know."""
+    name = catalog.role_name(oid)
+    if name is None:
+        return str(oid)
+    if name and all(c.isascii() and (c.isalnum() or c == "_") for c in name):
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _aclitem(raw: bytes, catalog: Any) -> str:
+    """aclitemout: `grantee=privileges/grantor` (an empty grantee for PUBLIC, '*' after a privilege held with
+    its grant option) from the fields in network order: grantee, grantor, and 32-bit privileges (grant options in
+    the top 16 bits) up to PostgreSQL 15, 64-bit (the top 32) after."""
+    if len(raw) == 12:
+        grantee, grantor, privs = struct.unpack(">III", raw)
+        shift, count = 16, 14
+    elif len(raw) == 16:
+        grantee, grantor, privs = struct.unpack(">IIQ", raw)
+        shift, count = 32, 15
+    else:
+        raise _bad()
+    rights, options = privs & ((1 << shift) - 1), privs >> shift
+    if (rights | options) >> count:
+        raise _bad()
+    if getattr(catalog, "role_name", None) is None:
+        raise _bad(NO_ROLE_NAMES)
+    out = [_role_text(catalog, grantee) if grantee else "", "="]
+    for bit, letter in enumerate(_ACL_RIGHTS[:count]):
+        if rights & (1 << bit):
+            out.append(letter)
+            if options & (1 << bit):
+                out.append("*")
+    out += ["/", _role_text(catalog, grantor)]
+    return "".join(out)
+
 
 #: names of the builtin types rendered here that have no typed kind of their own (catalog.BUILTIN_TYPES)
 TYPE_NAMES: dict[int, str] = {
@@ -778,10 +822,12 @@ TYPE_NAMES: dict[int, str] = {
     3615: "tsquery", 3904: "int4range", 3906: "numrange", 3908: "tsrange", 3910: "tstzrange", 3912: "daterange",
     3926: "int8range", 4072: "jsonpath", 4451: "int4multirange", 4532: "nummultirange", 4533: "tsmultirange",
     4534: "tstzmultirange", 4535: "datemultirange", 4536: "int8multirange", 5038: "pg_snapshot", 5069: "xid8",
+    1033: "aclitem",
 }
 
 #: builtin non-array type OIDs whose binary form send_to_text renders without a catalog
-RENDERED_TYPES = frozenset(_SIMPLE) | frozenset(RANGE_SUBTYPES) | frozenset(MULTIRANGE_RANGES) | {_RECORD_OID}
+RENDERED_TYPES = frozenset(_SIMPLE) | frozenset(RANGE_SUBTYPES) | frozenset(MULTIRANGE_RANGES) \
+    | {_RECORD_OID, _ACLITEM_OID}
 
 
 def _scalar(oid: int, raw: bytes, catalog: Any, depth: int) -> str:
@@ -798,6 +844,8 @@ def _scalar(oid: int, raw: bytes, catalog: Any, depth: int) -> str:
         return _multirange(raw, rng, catalog, depth)
     if oid == _RECORD_OID:
         return _record(raw, catalog, depth)
+    if oid == _ACLITEM_OID:
+        return _aclitem(raw, catalog)
     if oid in ARRAY_ELEMENTS:
         return _array(raw, catalog, depth)
     info = catalog.type_info(oid) if catalog is not None else None

@@ -19,7 +19,7 @@ from ..model import ChangeBatch, Column, LogicalMessage, Relation, Truncate, PG_
     pg_timestamp_to_datetime
 from ..values.catalog import check_column_types, column_specs, switches_to_text, text_column_spec
 from ..values.failures import value_problem
-from ..values.internal import DATUM_CODES, describe_datum_failure
+from ..values.internal import DATUM_CODES, describe_datum_failure, layout_oid
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import (DEFAULT_SPILL_BYTES, MAX_BATCH_BYTES, batch_bytes_limit, released_batch,
@@ -1328,7 +1328,8 @@ cdef class Decoder:
             self.unrepresentable = i
             return ROW_UNREPRESENTABLE
         if rc in DATUM_CODES:   # a refused varlena datum: its own byte and sentence (the twin's description)
-            _code, pos, text = describe_datum_failure(p[:n], self.internal_order == 1, b.specs[i].type_name)
+            _code, pos, text = describe_datum_failure(p[:n], self.internal_order == 1, b.specs[i].type_name,
+                                                 layout_oid(b.specs[i]))
             raise_bad(c, at + pos, text, i, b.names[i])
         raise_bad(c, at, value_problem(rc, kind, p[:n], b.specs[i].type_name), i, b.names[i])
 

@@ -20,7 +20,7 @@ from ..values._convert_py import ValueFailure, build_array, decode_value
 from ..values.catalog import ARRAY, BYTEA, CHAR, ENUM, JSON, JSONB, NUMERIC_TEXT, OTHER, PGTEXT, RAW, TEXT, \
     TIMETZ, ColumnSpec, check_column_types, column_specs, switches_to_text, text_column_spec
 from ..values.failures import OFFSET_LIMIT, TOO_LARGE, value_problem
-from ..values.internal import DATUM_CODES, describe_datum_failure
+from ..values.internal import DATUM_CODES, describe_datum_failure, layout_oid
 from .encodings import encoding_name, text_codec
 from .renumber import SeqRenumber
 from .spill import (DEFAULT_SPILL_BYTES, MAX_BATCH_BYTES, SpillFile, batch_bytes_limit,
@@ -92,8 +92,9 @@ UNREPRESENTABLE_CHOICES = ("text", "error")
 
 def _output_bytes(spec: ColumnSpec, value: Any, internal: bool = False) -> int:
     """Bytes a binary or internal value of a kind rendered to text adds to its column (0 for other kinds); an
-    internal text or bytea datum may have been compressed: its decompressed bytes."""
-    if internal and spec.kind in (TEXT, JSON):
+    internal text, json, jsonb or bytea datum may have been compressed (and jsonb's text is longer than its
+    container): its decompressed bytes, the text."""
+    if internal and spec.kind in (TEXT, JSON, JSONB):
         return len(value.encode("utf-8"))
     if internal and spec.kind == BYTEA:
         return len(value)
@@ -1004,7 +1005,8 @@ class Decoder:
                         if self.on_unrepresentable == "text" and switches_to_text(failure.code, spec):
                             raise _Unrepresentable(i) from None
                         if failure.code in DATUM_CODES:   # a refused varlena datum: its own byte and sentence
-                            _code, pos, text = describe_datum_failure(v, bool(self._big_endian), spec.type_name)
+                            _code, pos, text = describe_datum_failure(v, bool(self._big_endian), spec.type_name,
+                                                                      layout_oid(spec))
                             raise protocol_error(r.mtype, start + pos, text, i, name) from None
                         raise protocol_error(r.mtype, start, value_problem(failure.code, kind, v, spec.type_name),
                                              i, name) from None

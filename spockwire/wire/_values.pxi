@@ -10,6 +10,7 @@ from libc.string cimport memmove
 
 from ..values._convert_py import ValueFailure
 from ..values.internal import FIXED_FIELDS, VARLENA_CONVERTED, VARLENA_TEXT_TYPES, converted_send_form
+from ..values.internal_types import ACLITEM_OID, LAYOUT_TYPES
 
 cdef extern from "Python.h":
     double PyOS_string_to_double(const char* s, char** endptr, PyObject* overflow_exception) except? -1.0
@@ -32,6 +33,18 @@ cdef extern from "include/sw_varlena.h":
     int SW_VL_NOMEM
     int sw_varlena(const unsigned char* p, long long n, int big, const unsigned char** data, long long* length,
                    unsigned char** owned) nogil
+
+cdef extern from "include/sw_internal_types.h":
+    ctypedef struct sw_out:
+        unsigned char* data
+        long long len
+        long long cap
+    int sw_numeric_out(sw_out* o, int negative, int weight, int dscale, long long ndigits,
+                       const unsigned char* digits, int big) nogil
+    int sw_jsonb_send(const unsigned char* p, long long n, int big, sw_out* o) nogil
+    int sw_tsvector_send(const unsigned char* p, long long n, int big, sw_out* o) nogil
+    int sw_tsquery_send(const unsigned char* p, long long n, int big, sw_out* o) nogil
+    int sw_jsonpath_send(const unsigned char* p, long long n, int big, sw_out* o) nogil
 
 cdef enum:
     K_RAW = 0
@@ -1186,14 +1199,11 @@ cdef inline int numeric_header(const char* p, Py_ssize_t n, int16_t* ndigits, in
 
 
 cdef int binary_numeric_text(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n) except -1:
-    """PostgreSQL's numeric_out text of a binary numeric value."""
+    """PostgreSQL's numeric_out text of a binary numeric value (the digits printed by sw_numeric_out)."""
     cdef int16_t ndigits, weight
     cdef uint16_t sign, dscale
-    cdef int k, d, j, groups
     cdef int rc = numeric_header(p, n, &ndigits, &weight, &sign, &dscale)
-    cdef char tmp[8]
-    cdef char* s
-    cdef Py_ssize_t cap, length = 0
+    cdef sw_out text
     if rc:
         return rc
     if sign == 0xC000:
@@ -1202,47 +1212,14 @@ cdef int binary_numeric_text(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssiz
         return var_append(col, idx, b"Infinity", 8)
     if sign == 0xF000:
         return var_append(col, idx, b"-Infinity", 9)
-    cap = 8 + 4 * (max(<int>weight, 0) + 1) + dscale + 8
-    s = <char*>malloc(cap)
-    if s == NULL:
-        raise MemoryError()
+    text.data = NULL
+    text.len = text.cap = 0
     try:
-        if sign == 0x4000:
-            s[length] = 45
-            length += 1
-        if weight < 0:
-            s[length] = 48
-            length += 1
-        else:
-            d = <int>sw_load_u16(p + 8) if ndigits > 0 else 0
-            length += snprintf(s + length, cap - length, b"%d", d)
-            for k in range(1, min(<int>ndigits, weight + 1)):
-                d = <int>sw_load_u16(p + 8 + 2 * k)
-                s[length] = <char>(48 + d // 1000)
-                s[length + 1] = <char>(48 + d // 100 % 10)
-                s[length + 2] = <char>(48 + d // 10 % 10)
-                s[length + 3] = <char>(48 + d % 10)
-                length += 4
-            k = weight + 1 - max(<int>ndigits, 1)
-            if k > 0:    # groups past the stored digits are zero
-                memset(s + length, 48, 4 * k)
-                length += 4 * k
-        if dscale > 0:
-            s[length] = 46
-            length += 1
-            groups = (dscale + 3) // 4
-            for j in range(groups):
-                k = weight + 1 + j
-                d = <int>sw_load_u16(p + 8 + 2 * k) if 0 <= k < ndigits else 0
-                snprintf(tmp, 8, b"%04d", d)
-                for rc in range(4):
-                    if j * 4 + rc < dscale:
-                        s[length] = tmp[rc]
-                        length += 1
-        rc = var_append(col, idx, s, length)
+        if sw_numeric_out(&text, sign == 0x4000, weight, dscale, ndigits, <const unsigned char*>p + 8, 1):
+            raise MemoryError()
+        return var_append(col, idx, <const char*>text.data, text.len)
     finally:
-        free(s)
-    return rc
+        free(text.data)
 
 
 cdef int timetz_text(ColBuf* col, Py_ssize_t idx, int64_t us, int32_t zone) except -1:
@@ -1327,6 +1304,7 @@ cdef inline uint64_t load_host(const char* p, int size, int big_endian) noexcept
 
 _INTERVAL_FIELDS = (8, 4, 4)
 _TIMETZ_FIELDS = (8, 4)
+_ACLITEM_FIELDS = {12: (4, 4, 4), 16: (4, 4, 8)}
 
 
 cdef int swap_fields(const char* p, Py_ssize_t n, object fields, int order, char* out) except -1:
@@ -1398,12 +1376,23 @@ cdef int internal_varlena(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t
     cdef Py_ssize_t sendlen = 0
     cdef int kind = col.kind, rc
     cdef bytes converted
+    cdef sw_out layout
     rc = sw_varlena(<const unsigned char*>p, n, order, &data, &length, &owned)
     if rc == SW_VL_NOMEM:
         raise MemoryError()
     if rc:
         return rc
+    layout.data = NULL
+    layout.len = layout.cap = 0
     try:
+        if kind == K_JSONB or (kind == K_PGTEXT and col.type_oid in LAYOUT_TYPES):
+            # jsonb, tsvector, tsquery, jsonpath: the layout turned into the send form (include/sw_internal_types.h)
+            rc = layout_send_form(3802 if kind == K_JSONB else col.type_oid, data, length, order, &layout)
+            if rc:
+                return rc
+            if kind == K_PGTEXT:
+                return render_text(col, idx, <const char*>layout.data, layout.len)
+            return decode_value(col, idx, 0x62, <const char*>layout.data, layout.len, order)
         if kind == K_DECIMAL or kind == K_NUMERIC_TEXT:
             rc = numeric_send_form(data, length, order, &send, &sendlen)
             if rc:
@@ -1422,6 +1411,24 @@ cdef int internal_varlena(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t
     finally:
         free(send)
         free(owned)
+        free(layout.data)
+
+
+cdef int layout_send_form(uint32_t oid, const unsigned char* data, long long length, int order, sw_out* out) \
+        except -1:
+    """The send form of a jsonb, tsvector, tsquery or jsonpath datum's data into `out`; 0 or LAYOUT_INVALID."""
+    cdef int rc
+    if oid == 3802:
+        rc = sw_jsonb_send(data, length, order, out)
+    elif oid == 3614:
+        rc = sw_tsvector_send(data, length, order, out)
+    elif oid == 3615:
+        rc = sw_tsquery_send(data, length, order, out)
+    else:
+        rc = sw_jsonpath_send(data, length, order, out)
+    if rc == SW_VL_NOMEM:
+        raise MemoryError()
+    return rc
 
 
 cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n, int order) except -1:
@@ -1439,6 +1446,16 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
     if kind == K_PGTEXT:
         # a column kept as text: PostgreSQL's text of the datum, through the type's send form
         oid = col.type_oid
+        if oid == ACLITEM_OID and col.render != NULL:
+            # grantee, grantor, privileges (32-bit up to PostgreSQL 15, 64-bit after), rendered with role names
+            if order < 0:
+                return F_BYTE_ORDER_UNKNOWN
+            if n != 12 and n != 16:
+                return F_INVALID
+            rc = swap_fields(p, n, _ACLITEM_FIELDS[n], order, swapped)
+            if rc:
+                return rc
+            return render_text(col, idx, swapped, n)
         fields = FIXED_FIELDS.get(oid)
         if (fields is None and oid not in VARLENA_TEXT_TYPES and oid not in VARLENA_CONVERTED) or oid == 19 \
                 or col.render == NULL:
@@ -1453,8 +1470,8 @@ cdef int internal_value(ColBuf* col, Py_ssize_t idx, const char* p, Py_ssize_t n
         if rc:
             return rc
         return render_text(col, idx, swapped, n)
-    if kind == K_TEXT or kind == K_JSON or kind == K_BYTEA or kind == K_DECIMAL or kind == K_NUMERIC_TEXT \
-            or kind == K_INTERVAL or kind == K_TIMETZ:
+    if kind == K_TEXT or kind == K_JSON or kind == K_JSONB or kind == K_BYTEA or kind == K_DECIMAL \
+            or kind == K_NUMERIC_TEXT or kind == K_INTERVAL or kind == K_TIMETZ:
         if order < 0:
             return F_BYTE_ORDER_UNKNOWN
         if kind == K_INTERVAL or kind == K_TIMETZ:
