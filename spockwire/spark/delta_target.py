@@ -79,12 +79,21 @@ def _key_filter(keys: Sequence[str], touched: pa.Table) -> Any:
     return expr
 
 
+#: above this many touched keys, candidate files are read whole and filtered in memory (a dataset filter with a
+#: large value set is evaluated at several times the cost of reading the files)
+FILTER_IN_MEMORY_KEYS = 4096
+
+
 def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table) -> tuple[pa.Table, int, int]:
-    """The rows of `dt` whose key is in `touched`, reading only the files that may hold them: first their key
-    columns, then whole rows of the keys found only. Returns (rows, files read, files in the table)."""
+    """The rows of `dt` whose key is in `touched`, reading only the files that may hold them (their statistics).
+    Few keys: the key columns first, whole rows only of the keys found; many: the candidate files whole, filtered
+    in memory. Returns (rows, files read, files in the table)."""
     total = len(dt.file_uris())
     ds = dt.to_pyarrow_dataset(file_pruning_predicate=_key_pruning(keys, touched))
     files = len(ds.files)
+    if touched.num_rows > FILTER_IN_MEMORY_KEYS:
+        rows = ds.to_table()
+        return rows.filter(pa.array(keys_in(rows, keys, touched))), files, total
     expr = _key_filter(keys, touched)
     found = ds.to_table(columns=list(keys), filter=expr) if expr is not None else ds.to_table(columns=list(keys))
     if len(keys) > 1 and found.num_rows:
