@@ -16,31 +16,34 @@ makes a micro-batch that holds no row of ``t``). The tests run in this order, ea
   SPOCKWIRE_BENCH_PIPELINE_ANCHOR_ROUNDS each). A second job (``--history``, its own slot, checkpoint and target)
   snapshots ``t`` too, for ``test_changes_history``.
 * ``test_changes``: both jobs restarted from their checkpoints with no change of ``t`` to read (the empty-source
-  time of each; one change of ``t_other`` gives them a micro-batch to end on: with nothing at all to read, the
-  job's ``--until-caught-up`` runs no micro-batch and waits for its ``--timeout``), a twin of the SCD 1 job's slot (``pg_copy_logical_replication_slot``: the same position, so it sees the same
-  WAL), then SPOCKWIRE_BENCH_PIPELINE_CHANGES changes written while no job runs, in transactions of 1,000 (600
-  updates of keys spread over the table, 200 deletes of the oldest keys, 200 inserts of new keys; the table keeps
-  its size); the SCD 1 job restarted from its checkpoint with ``--until-caught-up``: gross and net. Anchor:
-  ``python -m spockwire ingest`` from the twin slot, timed from its start to its last staging commit that wrote
-  files.
+  time of each; one change of ``t_other`` gives them a micro-batch to end on: with nothing at all to read, the job's
+  ``--until-caught-up`` runs no micro-batch and waits for its ``--timeout``), a twin of the SCD 1 job's slot
+  (``pg_copy_logical_replication_slot``: the same position, so it sees the same WAL), then
+  SPOCKWIRE_BENCH_PIPELINE_CHANGES changes written while no job runs, in transactions of 1,000 (600 updates of keys
+  spread over the table, 200 deletes of the oldest keys, 200 inserts of new keys; the table keeps its size); the SCD
+  1 job restarted from its checkpoint with ``--until-caught-up``: gross and net. Anchor: ``python -m spockwire
+  ingest`` from the twin slot, timed from its start to its last staging commit that wrote files.
 * ``test_changes_history``: the ``--history`` job (SCD 2 beside SCD 1) over the same backlog, gross and net.
-* ``test_batch_fixed_cost``: the SCD 1 job left running (no ``--until-caught-up``); SPOCKWIRE_BENCH_PIPELINE_
-  FIXED_ROUNDS times (after a round that warms the job up, not counted), a one-row update of ``t`` (a
-  micro-batch holding one change) and an insert into ``t_other`` (an empty micro-batch), each waited for. Measured: the median of the batches' own ``seconds`` (the job's time
-  from reading the micro-batch to its Delta commits); also the latency from the source commit to the batch's line.
-* ``test_lag``: the SCD 1 job running while a writer commits 1,000-change transactions paced to
-  SPOCKWIRE_BENCH_PIPELINE_LAG_RATE changes/s for SPOCKWIRE_BENCH_PIPELINE_LAG_SECONDS. Commit-to-Delta lag of a
-  transaction: the time its micro-batch's line was read (right after the Delta commit) minus the time its COMMIT
-  returned to the writer. Batches hold whole transactions in commit order and every transaction holds 1,000 rows
-  of ``t``, so transaction i is in the first batch after which the job reported at least 1,000 * (i + 1) rows.
-  p50/p95 over the transactions; the job's own "lag_p50"/"lag_p95" are recorded too when it prints them.
+* ``test_batch_fixed_cost``: the SCD 1 job left running (no ``--until-caught-up``);
+  SPOCKWIRE_BENCH_PIPELINE_FIXED_ROUNDS times (after a round that warms the job up, not counted), a one-row update
+  of ``t`` (a micro-batch holding one change) and an insert into ``t_other`` (an empty micro-batch), each waited
+  for. Measured: the median of the batches' own ``seconds`` (the job's time from reading the micro-batch to its
+  Delta commits); also the latency from the source commit to the batch's line.
+* ``test_lag``: the SCD 1 job running (warmed up by one change first) while a writer commits 1,000-change
+  transactions paced to SPOCKWIRE_BENCH_PIPELINE_LAG_RATE changes/s for SPOCKWIRE_BENCH_PIPELINE_LAG_SECONDS.
+  Commit-to-Delta lag of a transaction: the time its micro-batch's line was read (right after the Delta commit)
+  minus the time its COMMIT returned to the writer. Batches hold whole transactions in commit order and every
+  transaction holds 1,000 rows of ``t``, so transaction i is in the first batch after which the job reported at
+  least 1,000 * (i + 1) rows. p50/p95 over the transactions; the job's own "lag_p50"/"lag_p95" are recorded too when
+  it prints them.
 * ``test_memory``: SPOCKWIRE_BENCH_PIPELINE_BIG_CHANGES changes written, then the SCD 1 job with the batch bound
-  ``maxWalBytesPerBatch`` (SPOCKWIRE_BENCH_PIPELINE_MAX_WAL_BYTES; the source applies it only under a read limit,
-  so ``--max-changes-per-batch`` is set too, high enough not to bind first). Measured: the peak over the run of
-  the sum of the resident set sizes of the job's processes (its process group and every descendant, sampled
-  every 0.2 s from /proc).
-* ``test_big_snapshot``: a table of SPOCKWIRE_BENCH_PIPELINE_BIG_ROWS rows in a second database, snapshotted as
-  in ``test_snapshot``; its net rows/s against the rate of ``test_snapshot``.
+  ``maxWalBytesPerBatch`` (SPOCKWIRE_BENCH_PIPELINE_MAX_WAL_BYTES; the source applies it only under a read limit, so
+  ``--max-changes-per-batch`` is set too, high enough not to bind first). Measured: the peak over the run of the sum
+  of the resident set sizes of the job's processes (its process group and every descendant, sampled every 0.2 s from
+  /proc); beside it the peak of the sum of their PSS (a page shared by Spark's forked Python workers counted once,
+  not once per worker).
+* ``test_big_snapshot``: a table ``big`` of SPOCKWIRE_BENCH_PIPELINE_BIG_ROWS rows (as ``t``, its own publication
+  and slot), snapshotted as in ``test_snapshot``; its net rows/s against the rate of ``test_snapshot``.
 
 After every phase the Delta table (the current versions of the SCD 2 table too) must equal the source table
 (read with ``spockwire.read_table``): a mismatch fails the benchmark. ``extra_info["pipeline"]`` of each benchmark
@@ -80,9 +83,9 @@ MAX_WAL_BYTES = int(_env("MAX_WAL_BYTES", str(64 << 20)))
 FIXED_ROUNDS = int(_env("FIXED_ROUNDS", "5"))
 ANCHOR_ROUNDS = int(_env("ANCHOR_ROUNDS", "3"))
 MASTER = _env("MASTER", "local[2]")
-JOB_TIMEOUT = float(_env("JOB_TIMEOUT", "1800"))
+JOB_TIMEOUT = float(_env("JOB_TIMEOUT", "3600"))
 #: per test (pyproject's 900 s is too short for the full-scale phases)
-pytestmark = pytest.mark.timeout(int(_env("TIMEOUT", "3600")))
+pytestmark = pytest.mark.timeout(int(2 * JOB_TIMEOUT))
 TXN = 1000                     # changes per transaction: 600 updates, 200 deletes, 200 inserts
 GROUP = "pipeline into Delta"
 COLUMNS = ["id", "b", "c", "d", "e", "f", "g"]
@@ -118,9 +121,10 @@ END $$;
 # ---------------------------------------------------------------------------------------------------------------
 # the job as a child process
 
-def _tree_rss(root: int) -> int:
-    """Resident bytes of `root`'s process group and of every descendant of `root` (Spark's Python workers are
-    the JVM's children)."""
+def _tree_rss(root: int) -> tuple[int, int]:
+    """Resident bytes (RSS, and PSS: shared pages divided among their sharers) of `root`'s process group and of
+    every descendant of `root` (Spark's Python workers are the JVM's children). The sum of RSS counts a page
+    shared by forked Python workers once per worker; the sum of PSS counts it once."""
     procs: dict[int, tuple[int, int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -137,15 +141,17 @@ def _tree_rss(root: int) -> int:
         more = {pid for pid, (pp, _g) in procs.items() if pp in members} - members
         members |= more
         grew = bool(more)
-    total = 0
+    rss = pss = 0
     page = os.sysconf("SC_PAGE_SIZE")
     for pid in members:
         try:
             with open(f"/proc/{pid}/statm") as fh:
-                total += int(fh.read().split()[1]) * page
+                rss += int(fh.read().split()[1]) * page
+            with open(f"/proc/{pid}/smaps_rollup") as fh:
+                pss += next((int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:")), 0)
         except (OSError, IndexError, ValueError):
             continue
-    return total
+    return rss, pss
 
 
 class Job:
@@ -166,7 +172,7 @@ class Job:
                     *(("--until-caught-up",) if until_caught_up else ()), *extra]
         self.log = os.path.join(pl.work, f"{name}.stderr.log")
         self.lines: list[tuple[float, dict]] = []
-        self.peak_rss = 0
+        self.peak_rss = self.peak_pss = 0
         self.wall = 0.0
         self._cond = threading.Condition()
         self.proc: subprocess.Popen | None = None
@@ -178,7 +184,7 @@ class Job:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([ROOT, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
         self.lines = []
-        self.peak_rss = 0
+        self.peak_rss = self.peak_pss = 0
         self._t0 = time.perf_counter()
         self._err = open(self.log, "a")
         self._err.write(f"\n=== {' '.join(self.cmd)}\n")
@@ -214,7 +220,9 @@ class Job:
     def _sample(self) -> None:
         assert self.proc is not None
         while self.proc.poll() is None:
-            self.peak_rss = max(self.peak_rss, _tree_rss(self.proc.pid))
+            rss, pss = _tree_rss(self.proc.pid)
+            self.peak_rss = max(self.peak_rss, rss)
+            self.peak_pss = max(self.peak_pss, pss)
             time.sleep(0.2)
 
     def wait_line(self, pred: Any, after: int, timeout: float) -> tuple[int, float, dict]:
@@ -470,7 +478,7 @@ def test_snapshot(benchmark, pipeline):
             del table
         pl.results["snapshot"] = {"gross": job.wall, "empty": empty.wall, "read_table": statistics.median(reads),
                                   "write_deltalake": statistics.median(writes), "job": job.reported(),
-                                  "peak_rss": job.peak_rss, "history_gross": hist.wall}
+                                  "peak_rss": job.peak_rss, "peak_pss": job.peak_pss, "history_gross": hist.wall}
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     res = pl.results["snapshot"]
@@ -483,6 +491,7 @@ def test_snapshot(benchmark, pipeline):
              _anchor("deltalake.write_deltalake of the same rows", ROWS / res["write_deltalake"], "rows/s", rate)],
             gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(res["empty"], 3),
             gross_rate=round(ROWS / res["gross"]), job=res["job"], peak_rss_bytes=res["peak_rss"],
+            peak_pss_bytes=res["peak_pss"],
             history_snapshot_gross_s=round(res["history_gross"], 3), seconds=net, **_common(pl))
 
 
@@ -575,14 +584,18 @@ def test_changes_history(benchmark, pipeline):
 
 
 def _running(pl: Pipeline, name: str) -> Job:
-    """The SCD 1 job from its checkpoint, left running; returned once it has started its query."""
+    """The SCD 1 job from its checkpoint, left running; returned once it has applied a first change."""
     base = pl.jobs["scd1"]
     job = Job(pl, "scd1", "t", slot="s_scd1", until_caught_up=False)
     assert job.checkpoint == base.checkpoint
     pl.jobs[name] = job
     job.start()
     job.wait_line(lambda r: r.get("started"), 0, 600)
-    time.sleep(3)           # whatever the restart replays first
+    # a warm-up: one change, waited for (a fresh job's first apply takes many times longer than the next ones)
+    after = len(job.lines)
+    pl.pg.execute("UPDATE t SET b = b + 1 WHERE id = (SELECT max(id) FROM t)", dbname=pl.db)
+    job.wait_line(lambda r: "batch" in r and int(r.get("rows", {}).get("public.t", 0)) >= 1, after, 600)
+    time.sleep(1.0)
     return job
 
 
@@ -598,7 +611,7 @@ def test_batch_fixed_cost(benchmark, pipeline):
         conn.autocommit = True
         try:
             warm = {}
-            for r in range(FIXED_ROUNDS + 1):         # round 0 warms the job up (its first apply is far slower)
+            for r in range(FIXED_ROUNDS + 1):         # round 0 warms the empty micro-batch up too
                 for kind in ("one", "empty"):
                     after = len(job.lines)
                     with conn.cursor() as cur:
@@ -666,7 +679,7 @@ def test_lag(benchmark, pipeline):
                     i += 1
             written_s = commits[-1] - t_start
             need = TXN * len(commits)
-            deadline_s = max(600.0, 4 * LAG_SECONDS)
+            deadline_s = JOB_TIMEOUT
             t_wait = time.monotonic()
             while sum(int(r.get("rows", {}).get("public.t", 0)) for _t, r in job.lines[start_line:]
                       if "batch" in r) < need:
@@ -719,7 +732,8 @@ def test_memory(benchmark, pipeline):
         job.run()
         assert job.rows() == BIG_CHANGES, f"the job applied {job.rows():,} changes, {BIG_CHANGES:,} were written"
         check_equal(pl.dsn, "t", job.path())
-        pl.results["memory"] = {"peak_rss": job.peak_rss, "gross": job.wall, "write_s": write_s,
+        pl.results["memory"] = {"peak_rss": job.peak_rss, "peak_pss": job.peak_pss, "gross": job.wall,
+                                "write_s": write_s,
                                 "job": job.reported()}
 
     benchmark.pedantic(run, rounds=1, iterations=1)
@@ -727,7 +741,8 @@ def test_memory(benchmark, pipeline):
     gb = res["peak_rss"] / 1e9
     _record(benchmark, "memory", f"{BIG_CHANGES:,}-change backlog with maxWalBytesPerBatch={MAX_WAL_BYTES:,}: "
             "peak RSS of the job's processes", "<= 2 GB", 2.0, "lower", gb, "GB", [],
-            changes=BIG_CHANGES, max_wal_bytes=MAX_WAL_BYTES, gross_s=round(res["gross"], 3),
+            changes=BIG_CHANGES, max_wal_bytes=MAX_WAL_BYTES, peak_rss_bytes=res["peak_rss"],
+            peak_pss_bytes=res["peak_pss"], gross_s=round(res["gross"], 3),
             gross_rate=round(BIG_CHANGES / res["gross"]), backlog_write_s=round(res["write_s"], 3),
             job=res["job"], seconds=res["gross"], **_common(pl))
 
@@ -736,27 +751,28 @@ def test_memory(benchmark, pipeline):
 def test_big_snapshot(benchmark, pipeline):
     pl = pipeline
     _need(pl, "snapshot_rate", "empty_snapshot_s")
-    db = pl.pg.create_database("bench_pipeline_big")
-    dsn = pl.pg.dsn(dbname=db)
 
     def run() -> None:
+        # beside t in the same database (DROP DATABASE afterwards would wait on the pglogical supervisor, which
+        # answers the barrier it raises only when its latch times out)
         t0 = time.perf_counter()
-        pl.pg.execute(TABLE_SQL.format(name="t"), dbname=db)
-        pl.pg.execute(ROWS_SQL.format(name="t", rows=BIG_ROWS), dbname=db)
-        pl.pg.execute("VACUUM (FREEZE, ANALYZE) t", dbname=db)
-        pl.pg.execute("CREATE PUBLICATION pub FOR TABLE t", dbname=db)
+        pl.pg.execute(TABLE_SQL.format(name="big"), dbname=pl.db)
+        pl.pg.execute(ROWS_SQL.format(name="big", rows=BIG_ROWS), dbname=pl.db)
+        pl.pg.execute("VACUUM (FREEZE, ANALYZE) big", dbname=pl.db)
+        pl.pg.execute("CREATE PUBLICATION pub_big FOR TABLE big", dbname=pl.db)
         load_s = time.perf_counter() - t0
-        job = pl.jobs["big"] = Job(pl, "big", "t", slot="s_big", dsn=dsn)
+        job = pl.jobs["big"] = Job(pl, "big", "big", slot="s_big", publication="pub_big")
         job.run()
-        assert check_equal(dsn, "t", job.path()) == BIG_ROWS
-        pl.results["big"] = {"gross": job.wall, "load_s": load_s, "job": job.reported(), "peak_rss": job.peak_rss}
-        shutil.rmtree(os.path.join(pl.work, "big"), ignore_errors=True)
+        assert check_equal(pl.dsn, "big", job.path("big")) == BIG_ROWS
+        pl.results["big"] = {"gross": job.wall, "load_s": load_s, "job": job.reported(), "peak_rss": job.peak_rss,
+                             "peak_pss": job.peak_pss}
 
     try:
         benchmark.pedantic(run, rounds=1, iterations=1)
     finally:
-        _drop_slot(pl, "s_big", db)
-        pl.pg.execute("DROP DATABASE IF EXISTS bench_pipeline_big")
+        _drop_slot(pl, "s_big")
+        pl.pg.execute("DROP PUBLICATION IF EXISTS pub_big; DROP TABLE IF EXISTS big", dbname=pl.db)
+        shutil.rmtree(os.path.join(pl.work, "big"), ignore_errors=True)
     res = pl.results["big"]
     empty = pl.results["empty_snapshot_s"]
     net = max(res["gross"] - empty, 1e-9)
@@ -766,5 +782,6 @@ def test_big_snapshot(benchmark, pipeline):
             f"the rate holds (>= 0.9 x the {ROWS:,}-row rate)", 0.9 * base, "higher", rate, "rows/s",
             [_anchor(f"the {ROWS:,}-row snapshot", base, "rows/s", rate)],
             big_rows=BIG_ROWS, gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(empty, 3),
-            table_load_s=round(res["load_s"], 3), job=res["job"], peak_rss_bytes=res["peak_rss"], seconds=net,
+            table_load_s=round(res["load_s"], 3), job=res["job"], peak_rss_bytes=res["peak_rss"],
+            peak_pss_bytes=res["peak_pss"], seconds=net,
             **_common(pl))
