@@ -331,7 +331,10 @@ def _pipeline_section(benches: list[dict]) -> list[str]:
         anchor_cell = "<br>".join(f"{a['label']}: {_fmt_value(a.get('value'), a.get('unit', ''))}" for a in anchors)
         ratio_cell = "<br>".join(f"{a['ratio']:.3f}" if a.get("ratio") is not None else "" for a in anchors)
         met = i.get("met")
-        lines.append(f"| {i['label']} | {i.get('target', '')} | {_fmt_value(i.get('measured'), i.get('unit', ''))} "
+        measured = _fmt_value(i.get("measured"), i.get("unit", ""))
+        if i.get("measured") is None and i.get("net_s") is not None and i["net_s"] <= 0:
+            measured = "not measurable: net time <= 0 (within the noise of the job's own start and stop)"
+        lines.append(f"| {i['label']} | {i.get('target', '')} | {measured} "
                      f"| {anchor_cell} | {ratio_cell} | {'met' if met else 'not met' if met is not None else ''} |")
     lines += [f"| {name} | | no result: the benchmark failed | | | |" for name in failed]
     lines += ["", "| measurement | gross (s) | empty source (s) | net (s) | micro-batches | peak RSS of the job (GB) "
