@@ -11,7 +11,8 @@ of the same shape (the empty source), and ``t_other`` (in t's publication, not i
 makes a micro-batch that holds no row of ``t``). The tests run in this order, each building on the last:
 
 * ``test_snapshot``: the job with ``--starting-position snapshot --until-caught-up`` on ``t`` (SCD 1), gross wall
-  time and net of the same command on ``e`` (the job's own start, snapshot planning and stop). Anchors:
+  time and net of the same command on ``e`` (the job's own start, snapshot planning and stop; the median of
+  SPOCKWIRE_BENCH_PIPELINE_EMPTY_ROUNDS runs, as for every empty source). Anchors:
   ``spockwire.read_table(dsn, "t", workers=2)`` and ``deltalake.write_deltalake`` of the rows it read (median of
   SPOCKWIRE_BENCH_PIPELINE_ANCHOR_ROUNDS each). A second job (``--history``, its own slot, checkpoint and target)
   snapshots ``t`` too, for ``test_changes_history``.
@@ -82,6 +83,8 @@ LAG_RATE = float(_env("LAG_RATE", "20000"))
 MAX_WAL_BYTES = int(_env("MAX_WAL_BYTES", str(64 << 20)))
 FIXED_ROUNDS = int(_env("FIXED_ROUNDS", "5"))
 ANCHOR_ROUNDS = int(_env("ANCHOR_ROUNDS", "3"))
+#: runs of each empty-source command (their median is subtracted: a job's start and stop alone varies by seconds)
+EMPTY_ROUNDS = int(_env("EMPTY_ROUNDS", "2"))
 MASTER = _env("MASTER", "local[2]")
 JOB_TIMEOUT = float(_env("JOB_TIMEOUT", "3600"))
 #: per test (pyproject's 900 s is too short for the full-scale phases)
@@ -458,9 +461,12 @@ def test_snapshot(benchmark, pipeline):
     pl = pipeline
 
     def run() -> None:
-        empty = Job(pl, "empty", "e", slot="s_empty", publication="pub_e").run()
-        pl.results["empty_snapshot_s"] = empty.wall
-        _drop_slot(pl, "s_empty")      # measured once; it would hold back the WAL of every later phase
+        empties = []
+        for r in range(EMPTY_ROUNDS):
+            empties.append(Job(pl, f"empty{r}", "e", slot=f"s_empty{r}", publication="pub_e").run().wall)
+            _drop_slot(pl, f"s_empty{r}")      # it would hold back the WAL of every later phase
+        pl.results["empty_snapshot_s"] = statistics.median(empties)
+        pl.results["empty_snapshot_runs"] = empties
         job = pl.jobs["scd1"] = Job(pl, "scd1", "t", slot="s_scd1")
         job.run()
         assert check_equal(pl.dsn, "t", job.path()) == ROWS
@@ -486,7 +492,8 @@ def test_snapshot(benchmark, pipeline):
             writes.append(time.perf_counter() - t0)
             shutil.rmtree(out, ignore_errors=True)
             del table
-        pl.results["snapshot"] = {"gross": job.wall, "empty": empty.wall, "read_table": statistics.median(reads),
+        pl.results["snapshot"] = {"gross": job.wall, "empty": statistics.median(empties),
+                                  "read_table": statistics.median(reads),
                                   "write_deltalake": statistics.median(writes), "job": job.reported(),
                                   "peak_rss": job.peak_rss, "peak_pss": job.peak_pss, "history_gross": hist.wall}
 
@@ -500,6 +507,7 @@ def test_snapshot(benchmark, pipeline):
             [_anchor("spockwire.read_table (2 workers)", ROWS / res["read_table"], "rows/s", rate),
              _anchor("deltalake.write_deltalake of the same rows", ROWS / res["write_deltalake"], "rows/s", rate)],
             gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(res["empty"], 3),
+            empty_runs_s=[round(x, 3) for x in pl.results["empty_snapshot_runs"]],
             gross_rate=round(ROWS / res["gross"]), job=res["job"], peak_rss_bytes=res["peak_rss"],
             peak_pss_bytes=res["peak_pss"],
             history_snapshot_gross_s=round(res["history_gross"], 3), seconds=net, **_common(pl))
@@ -514,10 +522,15 @@ def test_changes(benchmark, pipeline):
     def run() -> None:
         # the empty source: a restart from the checkpoint with no change of t to read, only one of t_other (with
         # nothing at all to read the job runs no micro-batch, and --until-caught-up then waits for its --timeout)
-        _other_change(pl)
-        empty = job.run().wall
-        assert job.rows() == 0, f"the restart with nothing written read {job.rows()} rows"
-        pl.results["history_empty"] = hist.run().wall
+        empties, hist_empties = [], []
+        for _r in range(EMPTY_ROUNDS):
+            _other_change(pl)
+            empties.append(job.run().wall)
+            assert job.rows() == 0, f"the restart with nothing written read {job.rows()} rows"
+            hist_empties.append(hist.run().wall)
+        empty = statistics.median(empties)
+        pl.results["history_empty"] = statistics.median(hist_empties)
+        pl.results["history_empty_runs"] = hist_empties
         pl.pg.query("SELECT pg_copy_logical_replication_slot('s_scd1', 's_twin')", dbname=pl.db)
         write_s = pl.changes(CHANGES)
         job.run()
@@ -525,7 +538,8 @@ def test_changes(benchmark, pipeline):
         check_equal(pl.dsn, "t", job.path())
         ingest = _ingest(pl, "s_twin")
         _drop_slot(pl, "s_twin")
-        pl.results["changes"] = {"gross": job.wall, "empty": empty, "write_s": write_s, "ingest": ingest,
+        pl.results["changes"] = {"gross": job.wall, "empty": empty, "empty_runs": empties, "write_s": write_s,
+                                 "ingest": ingest,
                                  "job": job.reported(), "peak_rss": job.peak_rss}
 
     benchmark.pedantic(run, rounds=1, iterations=1)
@@ -537,6 +551,7 @@ def test_changes(benchmark, pipeline):
             ">= 250,000 changes/s", 250_000, "higher", rate, "changes/s",
             [_anchor("spockwire ingest from a twin slot", res["ingest"]["rate"], "changes/s", rate)],
             gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(res["empty"], 3),
+            empty_runs_s=[round(x, 3) for x in res["empty_runs"]],
             gross_rate=round(CHANGES / res["gross"]), changes=CHANGES, backlog_write_s=round(res["write_s"], 3),
             ingest=res["ingest"], job=res["job"], peak_rss_bytes=res["peak_rss"], seconds=net, **_common(pl))
 
@@ -589,6 +604,7 @@ def test_changes_history(benchmark, pipeline):
             [_anchor("spockwire ingest from a twin slot", ingest, "changes/s", rate),
              _anchor("the SCD 1 job on the same backlog", pl.results["changes_rate"], "changes/s", rate)],
             gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(empty, 3),
+            empty_runs_s=[round(x, 3) for x in pl.results["history_empty_runs"]],
             gross_rate=round(CHANGES / res["gross"]), changes=CHANGES, job=res["job"],
             peak_rss_bytes=res["peak_rss"], seconds=net, **_common(pl))
 

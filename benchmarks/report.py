@@ -320,7 +320,8 @@ def _pipeline_section(benches: list[dict]) -> list[str]:
              "`deltalake` (benchmarks/bench_pipeline.py). One pass of each phase, in this order, each building on "
              "the last; after every phase the Delta table equals the source table (checked, or the benchmark "
              "fails). `net` is the job's wall time minus that of the same command on an empty source (a table of "
-             "0 rows; a restart from the checkpoint with no change of the table to read) measured in the same run. "
+             "0 rows; a restart from the checkpoint with no change of the table to read), the median of its runs in "
+             "the same run. "
              "`ratio` is "
              "measured / anchor: for a rate the fraction of the anchor's rate, for a time the multiple of the "
              "anchor's time.", "",
