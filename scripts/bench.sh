@@ -20,7 +20,7 @@
 #   SPOCKWIRE_BENCH_ROWS=1000000   rows of the end-to-end workload
 #   SPOCKWIRE_BENCH_SNAPSHOT_ROWS=1000000   rows of the table bench_snapshot.py reads (read_table vs ADBC, connectorx)
 #   The Spark pipeline into Delta (benchmarks/bench_pipeline.py: python -m spockwire.spark.job on local[2] as a child
-#   process, started 14 times; at the defaults about 15-20 minutes on two cores for a job that meets its targets, most
+#   process, started 15 times; at the defaults about 15-20 minutes on two cores for a job that meets its targets, most
 #   of it the job's own starts and stops and the 3-minute lag run; a job at a few thousand changes/s takes hours):
 #   SPOCKWIRE_BENCH_PIPELINE_ROWS=1000000         rows of the table snapshotted, then changed
 #   SPOCKWIRE_BENCH_PIPELINE_CHANGES=500000       changes of the backlog applied with and without --history
