@@ -36,14 +36,16 @@ def render(data: dict) -> str:
     peers = [b for b in data["benchmarks"] if "role" in b.get("extra_info", {})]
     e2e = [b for b in data["benchmarks"] if _is_e2e(b)]
     snapshot = [b for b in data["benchmarks"] if "snapshot_reader" in b.get("extra_info", {})]
+    pipeline = [b for b in data["benchmarks"] if isinstance(b.get("extra_info", {}).get("pipeline"), dict)
+                or "bench_pipeline.py" in b.get("fullname", "")]
     for bench in data["benchmarks"]:
-        if "role" in bench.get("extra_info", {}) or _is_e2e(bench) or bench in snapshot:
+        if "role" in bench.get("extra_info", {}) or _is_e2e(bench) or bench in snapshot or bench in pipeline:
             continue
         groups[bench.get("group") or bench["name"]].append(bench)
     lines = ["# Benchmarks", "",
              f"Machine: {_machine(data.get('machine_info', {}))}. Run: {data.get('datetime', '')}.", ""]
     lines += _setup_lines(data, peers + e2e)
-    lines += _peer_sections(peers) + _e2e_section(e2e) + _snapshot_section(snapshot)
+    lines += _peer_sections(peers) + _e2e_section(e2e) + _snapshot_section(snapshot) + _pipeline_section(pipeline)
     if groups:
         lines += ["## Synthetic decode workloads", "",
                   "Each table is one workload measured in one run; `ratio` is the row's rows/s divided by the "
@@ -287,6 +289,100 @@ def _snapshot_section(benches: list[dict]) -> list[str]:
         lines.append(f"| {e['snapshot_reader']} | {e['rows_per_s']:,.0f} | {e['seconds']:.3f} | "
                      f"{_fmt_ratio(raw) if raw else ''} | {_fmt_ratio(adbc) if adbc else ''} |")
     return lines + [""]
+
+
+PIPELINE_ORDER = ("snapshot", "changes", "changes_history", "fixed_cost", "lag", "memory", "big_snapshot")
+
+
+def _fmt_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return ""
+    if unit.endswith("/s"):
+        return f"{value:,.0f} {unit}"
+    if unit == "GB":
+        return f"{value:.2f} GB"
+    return f"{value:.3f} {unit}"
+
+
+def _pipeline_section(benches: list[dict]) -> list[str]:
+    """bench_pipeline.py: the Spark pipeline into Delta (the job as a child process, local[2]), each measurement
+    against its target and against anchors measured in the same run."""
+    if not benches:
+        return []
+    # a phase that failed after its timed part has no extra_info["pipeline"]: listed by name, without figures
+    failed = [b["name"] for b in benches if not isinstance(b.get("extra_info", {}).get("pipeline"), dict)]
+    infos = sorted((b["extra_info"]["pipeline"] for b in benches if b["name"] not in failed),
+                   key=lambda i: PIPELINE_ORDER.index(i["key"]) if i.get("key") in PIPELINE_ORDER else 99)
+    master = infos[0].get("master", "local[2]") if infos else "local[2]"
+    lines = ["## Pipeline into Delta", "",
+             f"`python -m spockwire.spark.job` on `{master}` as users run it (a child process: the Python driver, "
+             "its JVM and Spark's Python workers), from a throwaway PostgreSQL 15 into Delta tables through "
+             "`deltalake` (benchmarks/bench_pipeline.py). One pass of each phase, in this order, each building on "
+             "the last; after every phase the Delta table equals the source table (checked, or the benchmark "
+             "fails). `net` is the job's wall time minus that of the same command on an empty source (a table of "
+             "0 rows; a restart from the checkpoint with no change of the table to read), the median of its runs in "
+             "the same run. "
+             "`ratio` is "
+             "measured / anchor: for a rate the fraction of the anchor's rate, for a time the multiple of the "
+             "anchor's time.", "",
+             "| measurement | target | measured | anchor measured in the same run | ratio | met |",
+             "|---|---|---:|---|---:|---|"]
+    for i in infos:
+        anchors = i.get("anchors") or []
+        anchor_cell = "<br>".join(f"{a['label']}: {_fmt_value(a.get('value'), a.get('unit', ''))}" for a in anchors)
+        ratio_cell = "<br>".join(f"{a['ratio']:.3f}" if a.get("ratio") is not None else "" for a in anchors)
+        met = i.get("met")
+        measured = _fmt_value(i.get("measured"), i.get("unit", ""))
+        if i.get("measured") is None and i.get("net_s") is not None and i["net_s"] <= 0:
+            measured = "not measurable: net time <= 0 (within the noise of the job's own start and stop)"
+        lines.append(f"| {i['label']} | {i.get('target', '')} | {measured} "
+                     f"| {anchor_cell} | {ratio_cell} | {'met' if met else 'not met' if met is not None else ''} |")
+    lines += [f"| {name} | | no result: the benchmark failed | | | |" for name in failed]
+    lines += ["", "| measurement | gross (s) | empty source (s) | net (s) | micro-batches | peak RSS of the job (GB) "
+              "| peak PSS (GB) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for i in infos:
+        job = i.get("job") or {}
+        cells = [_num(i.get("gross_s")), _num(i.get("empty_s") if not isinstance(i.get("empty_s"), list) else None),
+                 _num(i.get("net_s")), str(job.get("batches", "")),
+                 f"{i['peak_rss_bytes'] / 1e9:.2f}" if i.get("peak_rss_bytes") else
+                 (f"{i['measured']:.2f}" if i.get("unit") == "GB" else ""),
+                 f"{i['peak_pss_bytes'] / 1e9:.2f}" if i.get("peak_pss_bytes") else ""]
+        lines.append(f"| {i['label']} | " + " | ".join(cells) + " |")
+    notes = ["Peak RSS: the peak, sampled every 0.2 s, of the sum of the resident set sizes of the job's processes "
+             "(its process group and their descendants: the Python driver, the JVM, Spark's Python workers); a page "
+             "shared by forked Python workers counts once per worker. Peak PSS counts it once."]
+    for i in infos:
+        if i.get("key") == "fixed_cost":
+            notes.append(f"Fixed cost: median of {i.get('rounds')} rounds of the batches' own `seconds` (from "
+                         "reading the micro-batch to its Delta commit); from the source's commit to the batch's "
+                         f"line: {_num(i.get('one_change_commit_to_line_s'))} s with one change, "
+                         f"{_num(i.get('empty_commit_to_line_s'))} s empty (the trigger interval included).")
+        if i.get("key") == "lag":
+            job = i.get("job") or {}
+            own = (f"; the job's own lag_p95: median {job['lag_p95']['median']} s, max {job['lag_p95']['max']} s"
+                   if isinstance(job.get("lag_p95"), dict) else "")
+            notes.append(f"Lag: {i.get('transactions', 0):,} transactions of 1,000 changes, written at "
+                         f"{i.get('write_rate_achieved', 0):,} changes/s (paced to "
+                         f"{i.get('write_rate_target', 0):,.0f}); p50 {_num(i.get('lag_p50_s'))} s, max "
+                         f"{_num(i.get('lag_max_s'))} s. A transaction's lag is the time the job printed the line "
+                         "of the micro-batch holding it (right after its Delta commit) minus the time its COMMIT "
+                         f"returned to the writer{own}.")
+        if i.get("key") in ("changes", "changes_history") and i.get("ingest"):
+            ing = i["ingest"]
+            notes.append(f"Ingest anchor: `spockwire ingest` from a copy of the job's slot "
+                         f"(pg_copy_logical_replication_slot, the same WAL), {ing.get('seconds')} s from its start to "
+                         "its last staging commit.")
+        if i.get("key") in ("changes", "memory") and i.get("backlog_write_s"):
+            notes.append(f"{i['label'].split(':')[0]}: the backlog (transactions of 600 updates spread over the "
+                         "table, 200 deletes, 200 inserts) was written in "
+                         f"{i['backlog_write_s']:.1f} s while no job ran.")
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
+    return lines + [""]
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else f"{x:,.3f}"
 
 
 def main() -> None:

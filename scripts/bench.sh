@@ -19,6 +19,22 @@
 #   SPOCKWIRE_BENCH_WORKLOADS=     comma-separated decode-only workloads to run (default: all six), e.g. toast,wide
 #   SPOCKWIRE_BENCH_ROWS=1000000   rows of the end-to-end workload
 #   SPOCKWIRE_BENCH_SNAPSHOT_ROWS=1000000   rows of the table bench_snapshot.py reads (read_table vs ADBC, connectorx)
+#   The Spark pipeline into Delta (benchmarks/bench_pipeline.py: python -m spockwire.spark.job on local[2] as a child
+#   process, started 15 times; at the defaults about 15-20 minutes on two cores for a job that meets its targets, most
+#   of it the job's own starts and stops and the 3-minute lag run; a job at a few thousand changes/s takes hours):
+#   SPOCKWIRE_BENCH_PIPELINE_ROWS=1000000         rows of the table snapshotted, then changed
+#   SPOCKWIRE_BENCH_PIPELINE_CHANGES=500000       changes of the backlog applied with and without --history
+#   SPOCKWIRE_BENCH_PIPELINE_BIG_ROWS=10000000    rows of the large table snapshotted (the rate as tables grow)
+#   SPOCKWIRE_BENCH_PIPELINE_BIG_CHANGES=5000000  changes of the backlog applied under the batch bound (peak RSS)
+#   SPOCKWIRE_BENCH_PIPELINE_MAX_WAL_BYTES=67108864   that bound: the source's maxWalBytesPerBatch
+#   SPOCKWIRE_BENCH_PIPELINE_LAG_SECONDS=180      how long the writers run in the lag test
+#   SPOCKWIRE_BENCH_PIPELINE_LAG_RATE=20000       their pace, changes/s (transactions of 1,000)
+#   SPOCKWIRE_BENCH_PIPELINE_FIXED_ROUNDS=5       one-change and empty micro-batches measured
+#   SPOCKWIRE_BENCH_PIPELINE_ANCHOR_ROUNDS=3      rounds of the read_table and write_deltalake anchors
+#   SPOCKWIRE_BENCH_PIPELINE_EMPTY_ROUNDS=2       runs of each empty-source command (their median is subtracted)
+#   SPOCKWIRE_BENCH_PIPELINE_JOB_TIMEOUT=3600     seconds a job run (or the lag test's catch-up) may take before the
+#                                                 benchmark fails; SPOCKWIRE_BENCH_PIPELINE_KEEP=1 keeps its folders
+#   e.g. a quick look: ROWS=20000 CHANGES=10000 BIG_ROWS=50000 BIG_CHANGES=20000 LAG_SECONDS=10 LAG_RATE=5000
 #   SPOCKWIRE_BENCH_OUT=BENCHMARKS.md
 set -euo pipefail
 cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."

@@ -1,0 +1,823 @@
+"""The Spark pipeline into Delta, run as users run it, against anchors measured in the same run.
+
+    python -m pytest benchmarks/bench_pipeline.py -o python_files='bench_*.py'
+
+Every measurement runs ``python -m spockwire.spark.job ... --master local[2]`` as a child process in its own process
+group (the Python driver, its JVM and Spark's Python workers) and reads its JSON lines on stdout, each stamped
+with the time this process read it (a batch's line is printed right after the batch's Delta commits). One
+throwaway PostgreSQL 15 holds the table ``t`` (a bigint key and 6 typed columns: int, numeric(12,2), text,
+timestamptz, bool, float8; SPOCKWIRE_BENCH_PIPELINE_ROWS rows written with generate_series), an empty table ``e``
+of the same shape (the empty source), and ``t_other`` (in t's publication, not in the job's tables: a change to it
+makes a micro-batch that holds no row of ``t``). The tests run in this order, each building on the last:
+
+* ``test_snapshot``: the job with ``--starting-position snapshot --until-caught-up`` on ``t`` (SCD 1), gross wall
+  time and net of the same command on ``e`` (the job's own start, snapshot planning and stop; the median of
+  SPOCKWIRE_BENCH_PIPELINE_EMPTY_ROUNDS runs, as for every empty source). Anchors:
+  ``spockwire.read_table(dsn, "t", workers=2)`` and ``deltalake.write_deltalake`` of the rows it read (median of
+  SPOCKWIRE_BENCH_PIPELINE_ANCHOR_ROUNDS each). A second job (``--history``, its own slot, checkpoint and target)
+  snapshots ``t`` too, for ``test_changes_history``.
+* ``test_changes``: both jobs restarted from their checkpoints with no change of ``t`` to read (the empty-source
+  time of each; one change of ``t_other`` gives them a micro-batch to end on: with nothing at all to read, the job's
+  ``--until-caught-up`` runs no micro-batch and waits for its ``--timeout``), a twin of the SCD 1 job's slot
+  (``pg_copy_logical_replication_slot``: the same position, so it sees the same WAL), then
+  SPOCKWIRE_BENCH_PIPELINE_CHANGES changes written while no job runs, in transactions of 1,000 (600 updates of keys
+  spread over the table, 200 deletes of the oldest keys, 200 inserts of new keys; the table keeps its size); the SCD
+  1 job restarted from its checkpoint with ``--until-caught-up``: gross and net. Anchor: ``python -m spockwire
+  ingest`` from the twin slot, timed from its start to its last staging commit that wrote files.
+* ``test_changes_history``: the ``--history`` job (SCD 2 beside SCD 1) over the same backlog, gross and net.
+* ``test_batch_fixed_cost``: the SCD 1 job left running (no ``--until-caught-up``);
+  SPOCKWIRE_BENCH_PIPELINE_FIXED_ROUNDS times (after a round that warms the job up, not counted), a one-row update
+  of ``t`` (a micro-batch holding one change) and an insert into ``t_other`` (an empty micro-batch), each waited
+  for. Measured: the median of the batches' own ``seconds`` (the job's time from reading the micro-batch to its
+  Delta commits); also the latency from the source commit to the batch's line.
+* ``test_lag``: the SCD 1 job running (warmed up by one change first) while a writer commits 1,000-change
+  transactions paced to SPOCKWIRE_BENCH_PIPELINE_LAG_RATE changes/s for SPOCKWIRE_BENCH_PIPELINE_LAG_SECONDS.
+  Commit-to-Delta lag of a transaction: the time its micro-batch's line was read (right after the Delta commit)
+  minus the time its COMMIT returned to the writer. Batches hold whole transactions in commit order and every
+  transaction holds 1,000 rows of ``t``, so transaction i is in the first batch after which the job reported at
+  least 1,000 * (i + 1) rows. p50/p95 over the transactions; the job's own "lag_p50"/"lag_p95" are recorded too when
+  it prints them.
+* ``test_memory``: SPOCKWIRE_BENCH_PIPELINE_BIG_CHANGES changes written, then the SCD 1 job with the batch bound
+  ``maxWalBytesPerBatch`` (SPOCKWIRE_BENCH_PIPELINE_MAX_WAL_BYTES; the source applies it only under a read limit, so
+  ``--max-changes-per-batch`` is set too, high enough not to bind first). Measured: the peak over the run of the sum
+  of the resident set sizes of the job's processes (its process group and every descendant, sampled every 0.2 s from
+  /proc); beside it the peak of the sum of their PSS (a page shared by Spark's forked Python workers counted once,
+  not once per worker).
+* ``test_big_snapshot``: a table ``big`` of SPOCKWIRE_BENCH_PIPELINE_BIG_ROWS rows (as ``t``, its own publication
+  and slot), snapshotted as in ``test_snapshot`` (net of the median of the empty-source runs, one more of them
+  right before it); its net rows/s against the rate of ``test_snapshot``.
+
+After every phase the Delta table (the current versions of the SCD 2 table too) must equal the source table
+(read with ``spockwire.read_table``): a mismatch fails the benchmark. ``extra_info["pipeline"]`` of each benchmark
+holds the measurement, its target and anchors; benchmarks/report.py makes the "Pipeline into Delta" table.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import pathlib
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get("SPOCKWIRE_BENCH_PIPELINE_" + name, default)
+
+
+ROWS = int(_env("ROWS", "1000000"))
+CHANGES = int(_env("CHANGES", "500000"))
+BIG_ROWS = int(_env("BIG_ROWS", "10000000"))
+BIG_CHANGES = int(_env("BIG_CHANGES", "5000000"))
+LAG_SECONDS = float(_env("LAG_SECONDS", "180"))
+LAG_RATE = float(_env("LAG_RATE", "20000"))
+MAX_WAL_BYTES = int(_env("MAX_WAL_BYTES", str(64 << 20)))
+FIXED_ROUNDS = int(_env("FIXED_ROUNDS", "5"))
+ANCHOR_ROUNDS = int(_env("ANCHOR_ROUNDS", "3"))
+#: runs of each empty-source command (their median is subtracted: a job's start and stop alone varies by seconds)
+EMPTY_ROUNDS = int(_env("EMPTY_ROUNDS", "2"))
+MASTER = _env("MASTER", "local[2]")
+JOB_TIMEOUT = float(_env("JOB_TIMEOUT", "3600"))
+#: per test (pyproject's 900 s is too short for the full-scale phases)
+pytestmark = pytest.mark.timeout(int(2 * JOB_TIMEOUT))
+TXN = 1000                     # changes per transaction: 600 updates, 200 deletes, 200 inserts
+GROUP = "pipeline into Delta"
+COLUMNS = ["id", "b", "c", "d", "e", "f", "g"]
+TABLE_SQL = ("CREATE TABLE {name} (id bigint PRIMARY KEY, b int, c numeric(12,2), d text, e timestamptz, f bool, "
+             "g float8)")
+ROWS_SQL = ("INSERT INTO {name} SELECT i, (i * 7) % 1000000, (i % 100000) / 100.0, 'customer ' || (i % 9973), "
+            "timestamptz '2024-01-01 00:00:00+00' + i * interval '1 second', i % 3 = 0, i / 7.0 "
+            "FROM generate_series(1, {rows}) i")
+# one transaction of the change workload, number k, on a table of n rows holding the keys (200 k, n + 200 k]:
+# 600 updates of keys spread over the live range (distinct: the prime 1000003 does not divide the span), 200
+# deletes of the oldest keys, 200 inserts of new keys
+CHANGES_SQL = """
+CREATE FUNCTION bench_txn(tbl regclass, k bigint, n bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE span bigint := n - 200; lo bigint := 200 * (k + 1);
+BEGIN
+  EXECUTE format('UPDATE %s SET b = b + 1, c = c + 0.01, d = ''update '' || $1, e = e + interval ''1 second'', '
+                 'f = NOT f, g = g * 1.5 WHERE id IN (SELECT $2 + 1 + ((j * 1000003 + $1 * 7919) %% $3) '
+                 'FROM generate_series(0, 599) j)', tbl) USING k, lo, span;
+  EXECUTE format('DELETE FROM %s WHERE id > $1 AND id <= $1 + 200', tbl) USING 200 * k;
+  EXECUTE format('INSERT INTO %s SELECT $1 + i, i, i / 100.0, ''insert '' || $2, now(), true, i / 3.0 '
+                 'FROM generate_series(1, 200) i', tbl) USING n + 200 * k, k;
+END $$;
+CREATE PROCEDURE bench_changes(tbl regclass, k0 bigint, count bigint, n bigint) LANGUAGE plpgsql AS $$
+BEGIN
+  FOR k IN k0 .. k0 + count - 1 LOOP
+    PERFORM bench_txn(tbl, k, n);
+    COMMIT;
+  END LOOP;
+END $$;
+"""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the job as a child process
+
+def _tree_rss(root: int) -> tuple[int, int]:
+    """Resident bytes (RSS, and PSS: shared pages divided among their sharers) of `root`'s process group and of
+    every descendant of `root` (Spark's Python workers are the JVM's children). The sum of RSS counts a page
+    shared by forked Python workers once per worker; the sum of PSS counts it once."""
+    procs: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            procs[int(name)] = (int(fields[1]), int(fields[2]))      # ppid, pgrp
+        except (OSError, IndexError, ValueError):
+            continue
+    members = {pid for pid, (_pp, pgrp) in procs.items() if pgrp == root} | {root}
+    grew = True
+    while grew:
+        more = {pid for pid, (pp, _g) in procs.items() if pp in members} - members
+        members |= more
+        grew = bool(more)
+    rss = pss = 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    for pid in members:
+        try:
+            with open(f"/proc/{pid}/statm") as fh:
+                rss += int(fh.read().split()[1]) * page
+            with open(f"/proc/{pid}/smaps_rollup") as fh:
+                pss += next((int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:")), 0)
+        except (OSError, IndexError, ValueError):
+            continue
+    return rss, pss
+
+
+class Job:
+    """``python -m spockwire.spark.job`` in its own process group: its stdout's JSON lines with the time each was
+    read, the peak resident size of its processes, its wall time."""
+
+    def __init__(self, pl: "Pipeline", name: str, table: str, *, slot: str, history: bool = False,
+                 until_caught_up: bool = True, extra: tuple[str, ...] = (), dsn: str | None = None,
+                 publication: str = "pub") -> None:
+        self.name = name
+        target = os.path.join(pl.work, name, "delta")
+        self.checkpoint = os.path.join(pl.work, name, "checkpoint")
+        self.target = target
+        self.cmd = [sys.executable, "-m", "spockwire.spark.job", "--dsn", dsn or pl.dsn, "--slot", slot,
+                    "--publication", publication, "--table", f"public.{table}=id", "--target", target,
+                    "--checkpoint", self.checkpoint, "--starting-position", "snapshot", "--master", MASTER,
+                    "--timeout", str(int(JOB_TIMEOUT)), *(("--history",) if history else ()),
+                    *(("--until-caught-up",) if until_caught_up else ()), *extra]
+        self.log = os.path.join(pl.work, f"{name}.stderr.log")
+        self.lines: list[tuple[float, dict]] = []
+        self.peak_rss = self.peak_pss = 0
+        self.wall = 0.0
+        self._cond = threading.Condition()
+        self.proc: subprocess.Popen | None = None
+
+    def path(self, table: str = "t", history: bool = False) -> str:
+        return os.path.join(self.target, f"public.{table}" + ("_history" if history else ""))
+
+    def start(self) -> "Job":
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([ROOT, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+        self.lines = []
+        self.peak_rss = self.peak_pss = 0
+        self._t0 = time.perf_counter()
+        self._err = open(self.log, "a")
+        self._err.write(f"\n=== {' '.join(self.cmd)}\n")
+        self._err.flush()
+        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self._err,
+                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            now = time.time()
+            line = line.strip()
+            try:                     # the job's lines beside its stderr, for post-mortems
+                self._err.write(f"[stdout {now:.3f}] {line}\n")
+                self._err.flush()
+            except (OSError, ValueError):
+                pass
+            if not line.startswith("{"):
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            with self._cond:
+                self.lines.append((now, rec))
+                self._cond.notify_all()
+
+    def _sample(self) -> None:
+        assert self.proc is not None
+        while self.proc.poll() is None:
+            rss, pss = _tree_rss(self.proc.pid)
+            self.peak_rss = max(self.peak_rss, rss)
+            self.peak_pss = max(self.peak_pss, pss)
+            time.sleep(0.2)
+
+    def wait_line(self, pred: Any, after: int, timeout: float) -> tuple[int, float, dict]:
+        """The first line at index >= `after` that satisfies `pred`."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for i in range(after, len(self.lines)):
+                    if pred(self.lines[i][1]):
+                        return i, *self.lines[i]
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise AssertionError(f"job {self.name} exited ({self.proc.returncode}); see {self.log}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"job {self.name}: no expected line within {timeout:.0f}s; see {self.log}")
+                self._cond.wait(min(left, 0.5))
+
+    def wait(self, timeout: float = JOB_TIMEOUT + 120) -> "Job":
+        assert self.proc is not None
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"job {self.name} did not finish within {timeout:.0f}s; see {self.log}")
+        self.wall = time.perf_counter() - self._t0
+        self._reader.join(10)
+        self._sampler.join(10)
+        self._err.close()
+        if rc != 0:
+            raise AssertionError(f"job {self.name} exited with {rc}; see {self.log}:\n{_tail(self.log)}")
+        if not any(rec.get("caught_up") for _t, rec in self.lines) and "--until-caught-up" in self.cmd:
+            raise AssertionError(f"job {self.name} ended without catching up; see {self.log}")
+        return self
+
+    def run(self) -> "Job":
+        return self.start().wait()
+
+    def interrupt(self, timeout: float = 120) -> "Job":
+        """Ctrl-C to the driver (it stops the query and Spark), the process group killed if it hangs."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self.wall = time.perf_counter() - self._t0
+        self._reader.join(10)
+        self._sampler.join(10)
+        self._err.close()
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(30)
+
+    # what its lines say
+    def batches(self) -> list[tuple[float, dict]]:
+        return [(t, r) for t, r in self.lines if "batch" in r]
+
+    def rows(self, table: str = "public.t") -> int:
+        return sum(int(r.get("rows", {}).get(table, 0)) for _t, r in self.batches())
+
+    def batch_seconds(self) -> float:
+        return sum(float(r.get("seconds", 0)) for _t, r in self.batches())
+
+    def reported(self) -> dict[str, Any]:
+        """What the job printed beyond rows and seconds (lag, Spark jobs), when it printed it."""
+        out: dict[str, Any] = {"batches": len(self.batches()), "batch_seconds": round(self.batch_seconds(), 3)}
+        for key in ("lag_p50", "lag_p95", "spark_jobs"):
+            vals = [r[key] for _t, r in self.batches() if isinstance(r.get(key), (int, float))]
+            if vals:
+                out[key] = {"median": round(statistics.median(vals), 3), "max": round(max(vals), 3)}
+        return out
+
+
+def _tail(path: str, n: int = 3000) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read()[-n:]
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the source, its changes and the checks
+
+class Pipeline:
+    def __init__(self, pg: Any, db: str, work: str) -> None:
+        self.pg, self.db, self.work = pg, db, work
+        self.dsn = pg.dsn(dbname=db)
+        self.next_txn = 0          # the change workload's next transaction number
+        self.results: dict[str, Any] = {}
+        self.jobs: dict[str, Job] = {}
+        self.failed: str | None = None
+
+    def changes(self, count: int, table: str = "t", rows: int | None = None) -> float:
+        """`count` changes in 1,000-change transactions (server-side, one COMMIT each); the seconds it took."""
+        n = count // TXN
+        t0 = time.perf_counter()
+        conn = self.pg.connect(self.db)
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("CALL bench_changes(%s, %s, %s, %s)", (table, self.next_txn, n, rows or ROWS))
+        finally:
+            conn.close()
+        self.next_txn += n
+        return time.perf_counter() - t0
+
+
+def _arrow_source(dsn: str, table: str) -> Any:
+    import spockwire
+
+    return spockwire.read_table(dsn, table, workers=2).select(COLUMNS).sort_by("id")
+
+
+def check_equal(dsn: str, table: str, path: str, history: bool = False) -> int:
+    """The Delta table (the current versions of an SCD 2 table) equals the source table; the row count."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    src = _arrow_source(dsn, table)
+    got = DeltaTable(path).to_pyarrow_table()
+    if history:
+        got = got.filter(pc.is_null(got["_end_commit_lsn"]))
+    got = got.select(COLUMNS).sort_by("id")
+    got = pa.table([got[c].cast(src.schema.field(c).type) for c in COLUMNS], schema=src.schema)
+    if got.num_rows != src.num_rows or not got.equals(src):
+        detail = f"{got.num_rows:,} rows in {path}, {src.num_rows:,} in {table}"
+        if got.num_rows == src.num_rows:
+            for c in COLUMNS:
+                if not got[c].equals(src[c]):
+                    diff = pc.not_equal(got[c], src[c])
+                    i = next((k for k, v in enumerate(diff.to_pylist()) if v is not False), None)
+                    detail += f"; column {c} differs first at row {i}: {got[c][i]} != {src[c][i]}"
+                    break
+        raise AssertionError(f"MISMATCH: the Delta table does not equal the source table: {detail}")
+    return src.num_rows
+
+
+def _rate(n: int, net: float) -> float | None:
+    """n / net seconds; None when the net time is not above zero (the run was shorter than the empty source's: at
+    this scale the work is within the noise of the job's own start and stop)."""
+    return n / net if net > 0 else None
+
+
+def _anchor(label: str, value: float, unit: str, measured: float | None) -> dict:
+    """An anchor and the ratio measured / anchor (a rate: the fraction of the anchor's rate; a time: the multiple
+    of the anchor's time)."""
+    ratio = measured / value if value and measured else None
+    return {"label": label, "value": None if value is None else round(value, 3), "unit": unit,
+            "ratio": round(ratio, 3) if ratio else None}
+
+
+def _record(benchmark: Any, key: str, label: str, target: str, target_value: float | None, better: str,
+            measured: float | None, unit: str, anchors: list[dict], **details: Any) -> None:
+    """extra_info["pipeline"] of a measurement; `measured` None: not measurable in this run (net time <= 0)."""
+    met = (None if measured is None or target_value is None else
+           measured >= target_value if better == "higher" else measured <= target_value)
+    info = {"key": key, "label": label, "target": target, "target_value": target_value, "better": better,
+            "measured": None if measured is None else round(measured, 3), "unit": unit, "anchors": anchors,
+            "met": met, "master": MASTER, **details}
+    benchmark.extra_info.update({"pipeline": info})
+    shown = "not measurable (net time <= 0)" if measured is None else f"{measured:,.3f} {unit}"
+    print(f"\n{label}: {shown} (target {target}: {'' if met is None else 'met' if met else 'not met'}); "
+          + "; ".join(f"{a['label']} {a['value']} {a['unit']} (ratio {a['ratio']})" for a in anchors))
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    from spockwire.testing import PostgresCluster
+
+    work = str(tmp_path_factory.mktemp("pipeline"))
+    with PostgresCluster({"shared_buffers": "512MB", "max_wal_size": "8GB", "logical_decoding_work_mem": "64MB"},
+                         major=15) as pg:
+        db = pg.create_database("bench_pipeline")
+        for name in ("t", "e", "t_other"):
+            pg.execute(TABLE_SQL.format(name=name), dbname=db)
+        pg.execute(ROWS_SQL.format(name="t", rows=ROWS), dbname=db)
+        pg.execute("VACUUM (FREEZE, ANALYZE) t", dbname=db)
+        pg.execute(CHANGES_SQL, dbname=db)
+        pg.execute("CREATE PUBLICATION pub FOR TABLE t, t_other; CREATE PUBLICATION pub_e FOR TABLE e", dbname=db)
+        pl = Pipeline(pg, db, work)
+        pl.server_version = pg.query("SHOW server_version", dbname=db)[0][0]
+        try:
+            yield pl
+        finally:
+            for job in pl.jobs.values():
+                job.kill()
+            if not os.environ.get("SPOCKWIRE_BENCH_PIPELINE_KEEP"):
+                shutil.rmtree(work, ignore_errors=True)
+
+
+def _other_change(pl: Pipeline, cur: Any = None) -> None:
+    """A change to t_other (in the slot's publication, not among the job's tables): a micro-batch without a row
+    of t."""
+    sql = "INSERT INTO t_other (id) SELECT coalesce(max(id), 0) + 1 FROM t_other"
+    if cur is not None:
+        cur.execute(sql)
+    else:
+        pl.pg.execute(sql, dbname=pl.db)
+
+
+def _drop_slot(pl: Pipeline, slot: str, db: str | None = None) -> None:
+    for _ in range(100):     # a walsender or a backend that just read the slot lets go of it a moment later
+        if pl.pg.query("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND NOT active", (slot,),
+                       dbname=db or pl.db)[0][0]:
+            pl.pg.query("SELECT pg_drop_replication_slot(%s)", (slot,), dbname=db or pl.db)
+            return
+        time.sleep(0.1)
+
+
+def _need(pl: Pipeline, *keys: str) -> None:
+    missing = [k for k in keys if k not in pl.results]
+    if missing:
+        pytest.fail(f"an earlier phase of the pipeline did not complete ({', '.join(missing)})")
+
+
+def _common(pl: Pipeline) -> dict:
+    return {"server_version": pl.server_version, "rows": ROWS}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the measurements
+
+@pytest.mark.benchmark(group=GROUP)
+def test_snapshot(benchmark, pipeline):
+    pl = pipeline
+
+    def run() -> None:
+        empties = []
+        for r in range(EMPTY_ROUNDS):
+            empties.append(Job(pl, f"empty{r}", "e", slot=f"s_empty{r}", publication="pub_e").run().wall)
+            _drop_slot(pl, f"s_empty{r}")      # it would hold back the WAL of every later phase
+        pl.results["empty_snapshot_s"] = statistics.median(empties)
+        pl.results["empty_snapshot_runs"] = empties
+        job = pl.jobs["scd1"] = Job(pl, "scd1", "t", slot="s_scd1")
+        job.run()
+        assert check_equal(pl.dsn, "t", job.path()) == ROWS
+        snap_rows = sum(int(r.get("snapshot_rows", 0)) for _t, r in job.batches())
+        assert snap_rows == ROWS, f"the job reported {snap_rows:,} snapshot rows, not {ROWS:,}"
+        hist = pl.jobs["scd2"] = Job(pl, "scd2", "t", slot="s_scd2", history=True)
+        hist.run()
+        assert check_equal(pl.dsn, "t", hist.path()) == ROWS
+        assert check_equal(pl.dsn, "t", hist.path(history=True), history=True) == ROWS
+        # anchors, in this process: the table into Arrow, and those rows into a fresh Delta table
+        import spockwire
+        from deltalake import write_deltalake
+
+        reads, writes = [], []
+        for r in range(ANCHOR_ROUNDS):
+            t0 = time.perf_counter()
+            table = spockwire.read_table(pl.dsn, "t", workers=2)
+            reads.append(time.perf_counter() - t0)
+            assert table.num_rows == ROWS
+            out = os.path.join(pl.work, f"anchor_delta_{r}")
+            t0 = time.perf_counter()
+            write_deltalake(out, table)
+            writes.append(time.perf_counter() - t0)
+            shutil.rmtree(out, ignore_errors=True)
+            del table
+        pl.results["snapshot"] = {"gross": job.wall, "empty": statistics.median(empties),
+                                  "read_table": statistics.median(reads),
+                                  "write_deltalake": statistics.median(writes), "job": job.reported(),
+                                  "peak_rss": job.peak_rss, "peak_pss": job.peak_pss, "history_gross": hist.wall}
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    res = pl.results["snapshot"]
+    net = res["gross"] - res["empty"]
+    rate = _rate(ROWS, net)
+    pl.results["snapshot_rate"] = rate
+    _record(benchmark, "snapshot", f"snapshot of a {ROWS:,}-row, 7-column table into Delta (SCD 1), net",
+            ">= 1,000,000 rows/s", 1_000_000, "higher", rate, "rows/s",
+            [_anchor("spockwire.read_table (2 workers)", ROWS / res["read_table"], "rows/s", rate),
+             _anchor("deltalake.write_deltalake of the same rows", ROWS / res["write_deltalake"], "rows/s", rate)],
+            gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(res["empty"], 3),
+            empty_runs_s=[round(x, 3) for x in pl.results["empty_snapshot_runs"]],
+            gross_rate=round(ROWS / res["gross"]), job=res["job"], peak_rss_bytes=res["peak_rss"],
+            peak_pss_bytes=res["peak_pss"],
+            history_snapshot_gross_s=round(res["history_gross"], 3), seconds=net, **_common(pl))
+
+
+@pytest.mark.benchmark(group=GROUP)
+def test_changes(benchmark, pipeline):
+    pl = pipeline
+    _need(pl, "snapshot")
+    job, hist = pl.jobs["scd1"], pl.jobs["scd2"]
+
+    def run() -> None:
+        # the empty source: a restart from the checkpoint with no change of t to read, only one of t_other (with
+        # nothing at all to read the job runs no micro-batch, and --until-caught-up then waits for its --timeout)
+        empties, hist_empties = [], []
+        for _r in range(EMPTY_ROUNDS):
+            _other_change(pl)
+            empties.append(job.run().wall)
+            assert job.rows() == 0, f"the restart with nothing written read {job.rows()} rows"
+            hist_empties.append(hist.run().wall)
+        empty = statistics.median(empties)
+        pl.results["history_empty"] = statistics.median(hist_empties)
+        pl.results["history_empty_runs"] = hist_empties
+        pl.pg.query("SELECT pg_copy_logical_replication_slot('s_scd1', 's_twin')", dbname=pl.db)
+        write_s = pl.changes(CHANGES)
+        job.run()
+        assert job.rows() == CHANGES, f"the job applied {job.rows():,} changes, {CHANGES:,} were written"
+        check_equal(pl.dsn, "t", job.path())
+        ingest = _ingest(pl, "s_twin")
+        _drop_slot(pl, "s_twin")
+        pl.results["changes"] = {"gross": job.wall, "empty": empty, "empty_runs": empties, "write_s": write_s,
+                                 "ingest": ingest,
+                                 "job": job.reported(), "peak_rss": job.peak_rss, "peak_pss": job.peak_pss}
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    res = pl.results["changes"]
+    net = res["gross"] - res["empty"]
+    rate = _rate(CHANGES, net)
+    pl.results["changes_rate"] = rate
+    _record(benchmark, "changes", f"{CHANGES:,}-change backlog into the {ROWS:,}-row table (SCD 1), net",
+            ">= 250,000 changes/s", 250_000, "higher", rate, "changes/s",
+            [_anchor("spockwire ingest from a twin slot", res["ingest"]["rate"], "changes/s", rate)],
+            gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(res["empty"], 3),
+            empty_runs_s=[round(x, 3) for x in res["empty_runs"]],
+            gross_rate=round(CHANGES / res["gross"]), changes=CHANGES, backlog_write_s=round(res["write_s"], 3),
+            ingest=res["ingest"], job=res["job"], peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"],
+            seconds=net, **_common(pl))
+
+
+def _ingest(pl: Pipeline, slot: str) -> dict:
+    """`spockwire ingest` from `slot` until idle; rate to its last staging commit that wrote files."""
+    from spockwire.ingest.staging import StagingState, read_log
+
+    out = os.path.join(pl.work, "ingest")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    started = time.time()
+    t0 = time.perf_counter()
+    with open(os.path.join(pl.work, "ingest.stderr.log"), "a") as err:
+        proc = subprocess.run([sys.executable, "-m", "spockwire", "ingest", "--dsn", pl.dsn, "--slot", slot,
+                               "--publication", "pub", "--out", out, "--idle-exit", "5", "--flush-seconds", "0.5",
+                               "--no-progress"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                              timeout=JOB_TIMEOUT)
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, f"spockwire ingest exited with {proc.returncode}; see {pl.work}/ingest.stderr.log"
+    log = read_log(out)
+    last = max(_dt.datetime.fromisoformat(e["created_at"]).timestamp() for e in log if e["files"])
+    state = StagingState.load(out)
+    rows = sum(f.rows for fs in state.files.values() for f in fs)
+    shutil.rmtree(out, ignore_errors=True)
+    assert rows == CHANGES, f"ingest staged {rows:,} rows, {CHANGES:,} changes were written"
+    return {"seconds": round(last - started, 3), "wall_s": round(wall, 3), "rate": CHANGES / (last - started)}
+
+
+@pytest.mark.benchmark(group=GROUP)
+def test_changes_history(benchmark, pipeline):
+    pl = pipeline
+    _need(pl, "changes", "history_empty")
+    hist = pl.jobs["scd2"]
+
+    def run() -> None:
+        hist.run()
+        assert hist.rows() == CHANGES, f"the job applied {hist.rows():,} changes, {CHANGES:,} were written"
+        check_equal(pl.dsn, "t", hist.path())
+        check_equal(pl.dsn, "t", hist.path(history=True), history=True)
+        pl.results["history"] = {"gross": hist.wall, "job": hist.reported(), "peak_rss": hist.peak_rss,
+                                 "peak_pss": hist.peak_pss}
+        _drop_slot(pl, "s_scd2")       # not read again
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    res, empty = pl.results["history"], pl.results["history_empty"]
+    net = res["gross"] - empty
+    rate = _rate(CHANGES, net)
+    ingest = pl.results["changes"]["ingest"]["rate"]
+    _record(benchmark, "changes_history", f"the same backlog with --history (SCD 2 beside SCD 1), net",
+            ">= 150,000 changes/s", 150_000, "higher", rate, "changes/s",
+            [_anchor("spockwire ingest from a twin slot", ingest, "changes/s", rate),
+             _anchor("the SCD 1 job on the same backlog", pl.results["changes_rate"], "changes/s", rate)],
+            gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(empty, 3),
+            empty_runs_s=[round(x, 3) for x in pl.results["history_empty_runs"]],
+            gross_rate=round(CHANGES / res["gross"]), changes=CHANGES, job=res["job"],
+            peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"], seconds=net, **_common(pl))
+
+
+def _running(pl: Pipeline, name: str) -> Job:
+    """The SCD 1 job from its checkpoint, left running; returned once it has applied a first change."""
+    base = pl.jobs["scd1"]
+    job = Job(pl, "scd1", "t", slot="s_scd1", until_caught_up=False)
+    assert job.checkpoint == base.checkpoint
+    pl.jobs[name] = job
+    job.start()
+    job.wait_line(lambda r: r.get("started"), 0, 600)
+    # a warm-up: one change, waited for (a fresh job's first apply takes many times longer than the next ones)
+    after = len(job.lines)
+    pl.pg.execute("UPDATE t SET b = b + 1 WHERE id = (SELECT max(id) FROM t)", dbname=pl.db)
+    job.wait_line(lambda r: "batch" in r and int(r.get("rows", {}).get("public.t", 0)) >= 1, after, 600)
+    time.sleep(1.0)
+    return job
+
+
+@pytest.mark.benchmark(group=GROUP)
+def test_batch_fixed_cost(benchmark, pipeline):
+    pl = pipeline
+    _need(pl, "changes")
+
+    def run() -> None:
+        job = _running(pl, "fixed")
+        one, empty, one_latency, empty_latency = [], [], [], []
+        conn = pl.pg.connect(pl.db)
+        conn.autocommit = True
+        try:
+            warm = {}
+            for r in range(FIXED_ROUNDS + 1):         # round 0 warms the empty micro-batch up too
+                for kind in ("one", "empty"):
+                    after = len(job.lines)
+                    with conn.cursor() as cur:
+                        if kind == "one":
+                            cur.execute("UPDATE t SET b = b + 1 WHERE id = (SELECT max(id) FROM t)")
+                        else:
+                            _other_change(pl, cur)
+                    committed = time.time()
+                    want = 1 if kind == "one" else 0
+                    _i, seen, rec = job.wait_line(lambda rec: "batch" in rec and int(rec.get("rows", {}).get(
+                        "public.t", 0)) == want, after, 300)
+                    if r == 0:
+                        warm[kind] = round(float(rec["seconds"]), 3)
+                    else:
+                        (one if kind == "one" else empty).append(float(rec["seconds"]))
+                        (one_latency if kind == "one" else empty_latency).append(seen - committed)
+                    time.sleep(1.0)
+        finally:
+            conn.close()
+            job.interrupt()
+        check_equal(pl.dsn, "t", job.path())
+        pl.results["fixed"] = {"one": one, "empty": empty, "one_latency": one_latency, "warm_up": warm,
+                               "empty_latency": empty_latency, "job": job.reported()}
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    res = pl.results["fixed"]
+    one, empty = statistics.median(res["one"]), statistics.median(res["empty"])
+    _record(benchmark, "fixed_cost", "fixed cost of a micro-batch holding one change (the batch's own seconds)",
+            "<= 0.5 s", 0.5, "lower", one, "s",
+            [_anchor("an empty micro-batch", empty, "s", one)],
+            rounds=FIXED_ROUNDS, warm_up_s=res["warm_up"], one_change_s=[round(x, 3) for x in res["one"]],
+            empty_s=[round(x, 3) for x in res["empty"]],
+            one_change_commit_to_line_s=round(statistics.median(res["one_latency"]), 3),
+            empty_commit_to_line_s=round(statistics.median(res["empty_latency"]), 3), job=res["job"],
+            seconds=one, **_common(pl))
+
+
+@pytest.mark.benchmark(group=GROUP)
+def test_lag(benchmark, pipeline):
+    pl = pipeline
+    _need(pl, "changes")
+
+    def run() -> None:
+        job = _running(pl, "lag")
+        start_line = len(job.lines)
+        interval = TXN / LAG_RATE
+        commits: list[float] = []
+        conn = pl.pg.connect(pl.db)
+        conn.autocommit = False
+        t_start = time.time()
+        try:
+            with conn.cursor() as cur:
+                i = 0
+                while True:
+                    due = t_start + i * interval
+                    if due - t_start >= LAG_SECONDS:
+                        break
+                    pause = due - time.time()
+                    if pause > 0:
+                        time.sleep(pause)
+                    cur.execute("SELECT bench_txn('t', %s, %s)", (pl.next_txn, ROWS))
+                    conn.commit()
+                    commits.append(time.time())
+                    pl.next_txn += 1
+                    i += 1
+            written_s = commits[-1] - t_start
+            need = TXN * len(commits)
+            deadline_s = JOB_TIMEOUT
+            t_wait = time.monotonic()
+            while sum(int(r.get("rows", {}).get("public.t", 0)) for _t, r in job.lines[start_line:]
+                      if "batch" in r) < need:
+                if time.monotonic() - t_wait > deadline_s:
+                    raise AssertionError(f"the job did not apply the writers' {need:,} changes within "
+                                         f"{deadline_s:.0f}s after they stopped; see {job.log}")
+                if job.proc.poll() is not None:
+                    raise AssertionError(f"job exited ({job.proc.returncode}); see {job.log}")
+                time.sleep(0.2)
+        finally:
+            conn.close()
+            job.interrupt()
+        # transaction i (1,000 rows of t) is in the first batch after which the job reported >= 1,000 (i + 1) rows
+        lags, cum, k = [], 0, 0
+        for seen, rec in job.lines[start_line:]:
+            if "batch" not in rec:
+                continue
+            cum += int(rec.get("rows", {}).get("public.t", 0))
+            while k < len(commits) and TXN * (k + 1) <= cum:
+                lags.append(seen - commits[k])
+                k += 1
+        assert k == len(commits), (k, len(commits))
+        check_equal(pl.dsn, "t", job.path())
+        pl.results["lag"] = {"lags": lags, "written_s": written_s, "txns": len(commits), "job": job.reported(),
+                             "peak_rss": job.peak_rss, "peak_pss": job.peak_pss}
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    res = pl.results["lag"]
+    lags = sorted(res["lags"])
+    p95 = lags[min(len(lags) - 1, int(round(0.95 * (len(lags) - 1))))]
+    p50 = statistics.median(lags)
+    achieved = TXN * res["txns"] / res["written_s"] if res["written_s"] else 0.0
+    _record(benchmark, "lag", f"writers at {LAG_RATE:,.0f} changes/s for {LAG_SECONDS:g} s: p95 commit-to-Delta lag",
+            "<= 3 s", 3.0, "lower", p95, "s", [],
+            lag_p50_s=round(p50, 3), lag_max_s=round(lags[-1], 3), transactions=res["txns"],
+            write_rate_target=LAG_RATE, write_rate_achieved=round(achieved), write_seconds=round(res["written_s"], 3),
+            job=res["job"], peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"], seconds=p95,
+            **_common(pl))
+
+
+@pytest.mark.benchmark(group=GROUP)
+def test_memory(benchmark, pipeline):
+    pl = pipeline
+    _need(pl, "changes")
+
+    def run() -> None:
+        write_s = pl.changes(BIG_CHANGES)
+        job = Job(pl, "scd1", "t", slot="s_scd1", extra=(
+            "--option", f"maxWalBytesPerBatch={MAX_WAL_BYTES}", "--max-changes-per-batch", str(10 * BIG_CHANGES)))
+        pl.jobs["memory"] = job
+        job.run()
+        assert job.rows() == BIG_CHANGES, f"the job applied {job.rows():,} changes, {BIG_CHANGES:,} were written"
+        check_equal(pl.dsn, "t", job.path())
+        pl.results["memory"] = {"peak_rss": job.peak_rss, "peak_pss": job.peak_pss, "gross": job.wall,
+                                "write_s": write_s,
+                                "job": job.reported()}
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    res = pl.results["memory"]
+    gb = res["peak_rss"] / 1e9
+    _record(benchmark, "memory", f"{BIG_CHANGES:,}-change backlog with maxWalBytesPerBatch={MAX_WAL_BYTES:,}: "
+            "peak RSS of the job's processes", "<= 2 GB", 2.0, "lower", gb, "GB", [],
+            changes=BIG_CHANGES, max_wal_bytes=MAX_WAL_BYTES, peak_rss_bytes=res["peak_rss"],
+            peak_pss_bytes=res["peak_pss"], gross_s=round(res["gross"], 3),
+            gross_rate=round(BIG_CHANGES / res["gross"]), backlog_write_s=round(res["write_s"], 3),
+            job=res["job"], seconds=res["gross"], **_common(pl))
+
+
+@pytest.mark.benchmark(group=GROUP)
+def test_big_snapshot(benchmark, pipeline):
+    pl = pipeline
+    _need(pl, "snapshot_rate", "empty_snapshot_runs")
+
+    def run() -> None:
+        # beside t in the same database (DROP DATABASE afterwards would wait on the pglogical supervisor, which
+        # answers the barrier it raises only when its latch times out)
+        t0 = time.perf_counter()
+        pl.pg.execute(TABLE_SQL.format(name="big"), dbname=pl.db)
+        pl.pg.execute(ROWS_SQL.format(name="big", rows=BIG_ROWS), dbname=pl.db)
+        pl.pg.execute("VACUUM (FREEZE, ANALYZE) big", dbname=pl.db)
+        pl.pg.execute("CREATE PUBLICATION pub_big FOR TABLE big", dbname=pl.db)
+        load_s = time.perf_counter() - t0
+        # one more run on the empty source right before (the machine's load drifts over a long run)
+        r = len(pl.results["empty_snapshot_runs"])
+        pl.results["empty_snapshot_runs"].append(
+            Job(pl, f"empty{r}", "e", slot=f"s_empty{r}", publication="pub_e").run().wall)
+        _drop_slot(pl, f"s_empty{r}")
+        job = pl.jobs["big"] = Job(pl, "big", "big", slot="s_big", publication="pub_big")
+        job.run()
+        assert check_equal(pl.dsn, "big", job.path("big")) == BIG_ROWS
+        pl.results["big"] = {"gross": job.wall, "load_s": load_s, "job": job.reported(), "peak_rss": job.peak_rss,
+                             "peak_pss": job.peak_pss}
+
+    try:
+        benchmark.pedantic(run, rounds=1, iterations=1)
+    finally:
+        _drop_slot(pl, "s_big")
+        pl.pg.execute("DROP PUBLICATION IF EXISTS pub_big; DROP TABLE IF EXISTS big", dbname=pl.db)
+        shutil.rmtree(os.path.join(pl.work, "big"), ignore_errors=True)
+    res = pl.results["big"]
+    empty = statistics.median(pl.results["empty_snapshot_runs"])
+    net = res["gross"] - empty
+    rate = _rate(BIG_ROWS, net)
+    base = pl.results["snapshot_rate"]
+    _record(benchmark, "big_snapshot", f"snapshot of a {BIG_ROWS:,}-row table into Delta (SCD 1), net",
+            f"the rate holds (>= 0.9 x the {ROWS:,}-row rate)", 0.9 * base if base else None, "higher", rate, "rows/s",
+            [_anchor(f"the {ROWS:,}-row snapshot", base, "rows/s", rate)],
+            big_rows=BIG_ROWS, gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(empty, 3),
+            empty_runs_s=[round(x, 3) for x in pl.results["empty_snapshot_runs"]],
+            table_load_s=round(res["load_s"], 3), job=res["job"], peak_rss_bytes=res["peak_rss"],
+            peak_pss_bytes=res["peak_pss"], seconds=net,
+            **_common(pl))
