@@ -343,9 +343,11 @@ def flush_lsn(dsn: str) -> int:
 
 
 def wait_caught_up(query: Any, target_lsn: int, timeout: float = 600.0,
-                   tick: Callable[[], None] | None = None) -> None:
+                   tick: Callable[[], None] | None = None, slot_lsn: Callable[[], int | None] | None = None
+                   ) -> None:
     """Until the query has applied every change committed before `target_lsn` (a flush LSN read after the
-    writes of interest committed)."""
+    writes of interest committed). `slot_lsn`: the slot's confirmed position (it moves only once a micro-batch
+    is committed), for a query that has nothing to read at all and so reports no offset."""
     deadline = time.monotonic() + timeout
     while True:
         if query.exception() is not None:
@@ -353,12 +355,33 @@ def wait_caught_up(query: Any, target_lsn: int, timeout: float = 600.0,
         end = end_lsn(query.lastProgress)
         if end is not None and end >= target_lsn and not query.status["isDataAvailable"]:
             return
+        if slot_lsn is not None and not query.status["isDataAvailable"] and not query.status["isTriggerActive"]:
+            confirmed = slot_lsn()
+            if confirmed is not None and confirmed >= target_lsn and end_lsn(query.lastProgress) is None \
+                    and _no_data_read(query):
+                return
         if time.monotonic() > deadline:
             raise TimeoutError(f"the query did not catch up within {timeout:.0f}s (last progress: "
                                f"{query.lastProgress})")
         if tick is not None:
             tick()
         time.sleep(0.2)
+
+
+def _no_data_read(query: Any) -> bool:
+    """The query has not read a row since it started (every progress report, if any, without input)."""
+    return all(not p.get("numInputRows") for p in (query.recentProgress or []))
+
+
+def _slot_lsn(cfg: JobConfig) -> Callable[[], int | None]:
+    def read() -> int | None:
+        from .slot import _connect, slot_position
+
+        with _connect(cfg.dsn) as conn, conn.cursor() as cur:
+            pos = slot_position(cur, cfg.slot)
+        return pos[0] if pos else None
+
+    return read
 
 
 def _parse_table(text: str) -> tuple[str, tuple[str, ...] | None]:
@@ -406,7 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps({"started": True, "pid": os.getpid()}), flush=True)
     try:
         if target is not None:
-            wait_caught_up(query, target, timeout=args.timeout)
+            wait_caught_up(query, target, timeout=args.timeout,
+                           slot_lsn=None if cfg.starting_position == "snapshot" else _slot_lsn(cfg))
             print(json.dumps({"caught_up": True}), flush=True)
         else:
             query.awaitTermination()
