@@ -295,6 +295,10 @@ def test_stream_stop_and_restart_loses_and_repeats_nothing(spark, pg_db, tmp_pat
     first_end = _end_lsn(query.lastProgress)
     writer.join()
     _workload(pg_db, random.Random(3), 20, 9000)   # while no query runs
+    # then WAL without output (as other databases of a shared server write): the restarted query's last micro-batch
+    # with output may end short of it, and the query must still reach the flush LSN
+    pg_db.execute("CREATE TABLE other (id int, pad text)")
+    pg_db.execute("INSERT INTO other SELECT g, repeat('p', 200) FROM generate_series(1, 400) g")    # ~100 kB
     query = start()
     try:
         _wait_caught_up(query, pg_db, _slot(pg_db))
@@ -553,6 +557,80 @@ def test_planning_moves_over_wal_without_output_in_empty_ranges(pg_db):
     assert not found.empty and found.messages > 0 and found.end >= after
     batches = [b for _t, b in read_range(spec, skip.end, found.end)]
     assert [b.column(0).to_pylist() for b in batches] == [["insert"]]
+
+
+def _cut_short_of_the_flush(db, extra_slots: tuple[str, ...] = ()) -> tuple[dict, SlotSpec, int, int]:
+    """A transaction for the stream, then ~500 kB of WAL without output (a table outside the publication):
+    maxChangesPerBatch=40 estimates the first range's end from the transaction alone (about 7 times its WAL),
+    short of the flush LSN. (opts, spec, the slot's position, the estimated end)."""
+    opts = _setup_orders(db, extra_slots=extra_slots)
+    db.execute("CREATE TABLE other (id int, pad text)")
+    spec = SlotSpec(dsn=db.dsn, slot=opts["slot"], publication=("pub",))
+    db.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_flush_lsn())", (opts["slot"],))
+    start = _slot_lsn(db, opts["slot"])                 # after the DDL: the sample's WAL is the transaction's
+    db.execute("INSERT INTO orders (id, qty) SELECT g, g FROM generate_series(1, 3) g")
+    db.execute("INSERT INTO other SELECT g, repeat('p', 200) FROM generate_series(1, 2000) g")
+    cut = plan_end(spec, start, max_messages=40)
+    assert cut.estimated and start < cut.end < _flush_lsn(db), cut
+    return opts, spec, start, cut.end
+
+
+@pytest.mark.pg_servers("pg15", "pg18")
+def test_a_range_cut_short_of_the_flush_is_followed_by_an_empty_one(pg_db):
+    """maxChangesPerBatch's estimate ends a range short of the flush LSN, with only WAL without output after it:
+    the stream reader's next planning moves over that WAL in one empty range (else the query stays short of the
+    flush, and the slot holds that WAL, until idleAdvanceBytes of WAL went by). A reader of a restarted query, which
+    does not know how its checkpoint's last range ended, does the same. From the flush, a little WAL without output
+    makes no range, as before."""
+    import dataclasses
+
+    from spockwire.spark.datasource import SpockwireStreamReader
+
+    opts, spec, start, cut = _cut_short_of_the_flush(pg_db, extra_slots=("restart",))
+    options = {**opts, "maxChangesPerBatch": "40"}
+    again = dataclasses.replace(spec, slot=_slot(pg_db, "restart"))     # untouched so far: at `start` or before
+
+    def offset(lsn: int) -> dict:
+        return {"lsn": format_lsn(lsn)}
+
+    reader = SpockwireStreamReader(spec, None, options)
+    restarted = SpockwireStreamReader(again, None, {**options, "slot": again.slot})
+    try:
+        assert reader.latestOffset(offset(start), None) == offset(cut)
+        assert len(reader.partitions(offset(start), offset(cut))) == 1
+        reader.commit(offset(cut))
+        flush = _flush_lsn(pg_db)
+        end = parse_lsn(reader.latestOffset(offset(cut), None)["lsn"])
+        assert end >= flush
+        assert reader.partitions(offset(cut), offset(end)) == []          # empty: nothing to read
+        reader.commit(offset(end))
+        assert _slot_lsn(pg_db, opts["slot"]) == end
+        pg_db.execute("INSERT INTO other VALUES (0, 'p')")
+        assert reader.latestOffset(offset(end), None) == offset(end)      # idle: no micro-batch
+        # a restarted query's reader, from a checkpoint whose last range ended at the cut (the slot moved there)
+        restarted.commit(offset(cut))
+        assert _slot_lsn(pg_db, again.slot) == cut
+        # plan_end itself, from there, sees no output and below idleAdvanceBytes makes no range
+        assert plan_end(again, cut, max_messages=40).end == cut
+        assert parse_lsn(restarted.latestOffset(offset(cut), None)["lsn"]) >= _flush_lsn(pg_db)
+    finally:
+        reader.stop()
+        restarted.stop()
+
+
+def test_stream_cut_short_by_an_estimate_catches_up_with_the_flush(spark, pg_db, tmp_path):
+    """The same through Spark: a query with maxChangesPerBatch reaches the flush LSN although its micro-batch with
+    the last output ended short of it, before WAL without output (what `_wait_caught_up` waits for: WAL that other
+    databases of a shared server write after the workload's last transaction must not leave a query short of it)."""
+    opts, _spec, _start, _cut = _cut_short_of_the_flush(pg_db)
+    query = (spark.readStream.format("spockwire").options(**opts).option("maxChangesPerBatch", "40").load()
+             .writeStream.format("memory").queryName("cut_short").option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        _wait_caught_up(query, pg_db, _slot(pg_db), timeout=60)
+    finally:
+        query.stop()
+    assert sorted(r["id"] for r in spark.table("cut_short").collect()) == [1, 2, 3]
 
 
 def test_a_large_range_is_read_as_two_halves_side_by_side(spark, pg_db, tmp_path):

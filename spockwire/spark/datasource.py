@@ -306,6 +306,8 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._conn = ReusedConnection(spec.dsn)
         # ranges whose planning saw them whole without output: no task reads them
         self._empty: set[tuple[int, int]] = set()
+        # the end of the last range that reached the flush LSN its planning read (None: none yet in this process)
+        self._settled: int | None = None
 
     # offsets ---------------------------------------------------------------------------------------------------
     @staticmethod
@@ -370,8 +372,17 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         max_messages = self.max_messages
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             max_messages = min(max_messages or limit.max_rows, limit.max_rows)
+        # A range may end short of the flush LSN its planning read (maxChangesPerBatch's estimate or the transaction
+        # that reached it, maxWalBytesPerBatch, an empty range before the next output) with nothing but WAL
+        # without output for the stream after it. Below idleAdvanceBytes the planning makes no range over such
+        # WAL, so the query would stay short of the flush (and the slot hold that WAL) until more WAL came: from
+        # such a start, and from one this process did not plan (a checkpoint's), any WAL without output up to the
+        # bound becomes one empty range. From a start that reached the flush the idle rule holds as before.
+        idle_advance = self.idle_advance if begin == self._settled else 0
         plan = plan_end(self.spec, begin, max_messages=max_messages, max_wal_bytes=self.max_wal_bytes,
-                        until=self._until, idle_advance_bytes=self.idle_advance, connection=self._conn)
+                        until=self._until, idle_advance_bytes=idle_advance, connection=self._conn)
+        if plan.end >= plan.flush:
+            self._settled = plan.end
         if plan.empty and plan.end > begin:
             self._empty.add((begin, plan.end))
         self._known_start = plan.end

@@ -404,7 +404,8 @@ def plan_end(spec: SlotSpec, start: int, *, max_messages: int | None = None, max
       (`Plan.empty`) that moves the slot on.
     * no output up to the bound: `end` is `start` (no new range) -- unless more than `idle_advance_bytes` (default
       IDLE_ADVANCE_BYTES) of WAL went by, or the bound is max_wal_bytes', when an empty range moves the slot on,
-      so the server can recycle that WAL.
+      so the server can recycle that WAL. ``idle_advance_bytes=0``: any WAL without output up to the bound is an
+      empty range (the stream reader's choice after a range that ended short of the flush).
 
     `connection`: the connection to plan over (kept by the caller across micro-batches); a new one otherwise.
     """
