@@ -232,3 +232,40 @@ def test_delta_spark_engine(spark, tmp_path):
     apply_changes(start, str(path), format="delta", keys=["id"], engine="spark")
     apply_changes(changes(spark, EVENTS), str(path), format="delta", keys=["id"], engine="spark")
     assert table(spark.read.format("delta").load(str(path))) == AFTER_EVENTS
+
+
+def test_delta_files_stay_small_so_one_change_rewrites_one(tmp_path, monkeypatch):
+    """The table is written in data files of about TARGET_FILE_BYTES (also its delta.targetFileSize, which MERGE
+    keeps): a batch of one change reads and rewrites the one file whose key range holds its key. Arrow input: no
+    Spark needed."""
+    import deltalake
+    import numpy as np
+    import pyarrow as pa
+
+    from spockwire.spark import delta_target
+
+    monkeypatch.setattr(delta_target, "TARGET_FILE_BYTES", 1 << 20)
+    n = 200_000
+    ids = np.arange(n, dtype=np.int32)
+
+    def batch(kind, keys, lsn):
+        m = len(keys)
+        return pa.table({"_change_type": pa.array([kind] * m), "_commit_lsn": pa.array(np.full(m, lsn, np.int64)),
+                         "_commit_ts": pa.array([T0] * m, pa.timestamp("us", tz="UTC")), "_xid": pa.nulls(m, pa.int64()),
+                         "_seq": pa.array(np.arange(m, dtype=np.int64)), "_origin": pa.nulls(m, pa.string()),
+                         "_unchanged_toast": pa.nulls(m, pa.list_(pa.string())), "id": pa.array(keys),
+                         "name": pa.array([f"n{i}" for i in keys]), "doc": pa.array(["x" * 20] * m)})
+
+    path = str(tmp_path / "t")
+    first = apply_changes(batch("insert", ids, 10), path, keys=["id"], engine="delta-rs")
+    assert first.appended == n and first.commits == 1
+    table = deltalake.DeltaTable(path)
+    files = len(table.file_uris())
+    assert files >= 3
+    assert table.metadata().configuration["delta.targetFileSize"] == str(1 << 20)
+    one = apply_changes(batch("update_postimage", np.array([n // 2], np.int32), 20), path, keys=["id"],
+                        engine="delta-rs")
+    assert one.files_read == 1 and one.merge["num_target_files_removed"] == 1
+    assert one.merge["num_target_rows_copied"] < n // 2     # the one file's other rows, not the table's
+    assert len(deltalake.DeltaTable(path).file_uris()) <= files + 1
+    assert deltalake.DeltaTable(path).to_pyarrow_table().num_rows == n

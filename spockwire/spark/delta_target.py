@@ -79,6 +79,10 @@ def _key_filter(keys: Sequence[str], touched: pa.Table) -> Any:
     return expr
 
 
+#: the size of the data files the table is written in (and, as its delta.targetFileSize, what a MERGE rewrites
+#: them to): a MERGE rewrites every file holding a matched key, so a micro-batch of one change rewrites one such
+#: file rather than the whole table (1,000,000 rows as one file: 1.0-1.8 s for one change; as 8 MiB files: 0.5 s)
+TARGET_FILE_BYTES = 8 << 20
 #: above this many touched keys, candidate files are read whole and filtered in memory (a dataset filter with a
 #: large value set is evaluated at several times the cost of reading the files)
 FILTER_IN_MEMORY_KEYS = 4096
@@ -203,8 +207,10 @@ class DeltaTarget:
         if self.dt is None or append_only:
             # the target holds none of the keys: their rows are appended, no file read or rewritten
             if written.num_rows or self.dt is None or commit is not None:
+                created = {"configuration": {"delta.targetFileSize": str(TARGET_FILE_BYTES)}} if self.dt is None else {}
                 dl.write_deltalake(self.dt if self.dt is not None else self.path, written.select(cols),
-                                   mode="append", schema_mode="merge", commit_properties=commit)
+                                   mode="append", schema_mode="merge", commit_properties=commit,
+                                   target_file_size=TARGET_FILE_BYTES, **created)
                 metrics.commits += 1
                 metrics.appended = written.num_rows
             return
