@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from .resolve import DELETE, OP, Plan, Resolution, Stored
 
-__all__ = ["ArrowTarget", "STATE_KIND", "keys_in", "before", "state_rows", "unify"]
+__all__ = ["ArrowTarget", "STATE_KIND", "keys_in", "before", "state_rows", "truncate_positions", "unify"]
 
 #: state rows: delete (a tombstone) | truncate
 STATE_KIND = "_sw_state"

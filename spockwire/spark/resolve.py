@@ -257,12 +257,6 @@ def _events(changes: pa.Table, plan: Plan, table_cols: Sequence[str]) -> _Events
     return _Events(rows, op, carried)
 
 
-def _mark(n: int, rows: np.ndarray) -> np.ndarray:
-    out = np.zeros(n, dtype=bool)
-    out[rows] = True
-    return out
-
-
 def _sk(pos: tuple) -> tuple:
     """A sort key for a sequence tuple: a NULL (a plain table's row, which has no sequence yet) first."""
     return tuple((x is not None, x) for x in pos)
