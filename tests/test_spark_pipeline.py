@@ -42,7 +42,7 @@ def test_one_spark_job_per_micro_batch_snapshot_then_changes(spark, pg_db, tmp_p
     cfg = JobConfig(dsn=pg_db.dsn, slot=_slot(pg_db), publication=["pub"],
                     tables={"public.orders": None, "public.items": ("k",)}, target=str(tmp_path / "delta"),
                     checkpoint=str(tmp_path / "ck"), starting_position="snapshot", trigger_seconds=0.2,
-                    extra_options={"snapshotChunkPages": "4", "snapshotChunksPerBatch": "2"}, history=True)
+                    extra_options={"snapshotChunkPages": "1", "snapshotChunksPerBatch": "1"}, history=True)
     assert table_keys(cfg) == {"public.orders": ["id"], "public.items": ["k"]}   # orders: its primary key
     reports = []
     query = start(spark, cfg, reports.append)

@@ -130,11 +130,33 @@ class ArrowTarget:
         return Stored(rows, tombs, truncate_positions(self.state, plan))
 
     def apply(self, res: Resolution, table_cols: Sequence[str]) -> None:
-        """Write a resolution: the batch's truncates first, then the changed rows, then the state."""
+        """Write a resolution: the state (its deletes and truncates), then the table (as the Delta target does)."""
+        self.apply_state(res)
+        self.apply_table(res, table_cols)
+
+    def apply_state(self, res: Resolution) -> None:
+        """The state's part of a resolution: its deletes (SCD 1: the latest per key) and new truncates."""
         plan = self.plan
-        rows = res.rows
         known = {p for p, _ in truncate_positions(self.state, plan)}
         new_truncates = [t for t in res.truncates if t[0] not in known]
+        seq_types = {c: res.rows.schema.field(p).type
+                     for c, p in zip(plan.seq, plan.seq if plan.scd == 1 else plan.start_cols[:-1])}
+        add = state_rows(res, plan, new_truncates, seq_types)
+        if add is None:
+            return
+        state = self.state
+        if state is not None and plan.scd == 1:
+            dels = add.filter(pc.equal(add.column(STATE_KIND), "delete"))
+            if dels.num_rows:   # one tombstone per key: the latest
+                old = pc.equal(state.column(STATE_KIND), "delete")
+                hit = np.asarray(old.to_numpy(zero_copy_only=False)) & keys_in(state, plan.keys, dels)
+                state = state.filter(pa.array(~hit))
+        self.state = add if state is None else pa.concat_tables([state, unify(add, state.schema)])
+
+    def apply_table(self, res: Resolution, table_cols: Sequence[str]) -> None:
+        """The table's part of a resolution: the batch's truncates, then the changed rows."""
+        plan = self.plan
+        rows = res.rows
         out_cols = list(table_cols) + [c for c in plan.bookkeeping() if c not in table_cols]
         table = self.table
         if table is not None:
@@ -155,18 +177,6 @@ class ArrowTarget:
         else:
             schema = _merged_schema(table.schema, new.schema, out_cols)
             self.table = pa.concat_tables([unify(table, schema), unify(new, schema)])
-        seq_types = {c: res.rows.schema.field(p).type
-                     for c, p in zip(plan.seq, plan.seq if plan.scd == 1 else plan.start_cols[:-1])}
-        add = state_rows(res, plan, new_truncates, seq_types)
-        if add is not None:
-            state = self.state
-            if state is not None and plan.scd == 1:
-                dels = add.filter(pc.equal(add.column(STATE_KIND), "delete"))
-                if dels.num_rows:   # one tombstone per key: the latest
-                    old = pc.equal(state.column(STATE_KIND), "delete")
-                    hit = np.asarray(old.to_numpy(zero_copy_only=False)) & keys_in(state, plan.keys, dels)
-                    state = state.filter(pa.array(~hit))
-            self.state = add if state is None else pa.concat_tables([state, unify(add, state.schema)])
 
     def _truncate(self, table: pa.Table, pos: tuple, ts: Any) -> pa.Table:
         plan = self.plan

@@ -567,7 +567,10 @@ def _resolve_scd1(fr: _Frame, refs: _Refs) -> None:
     gs, ge = _group_bounds(keys_sorted)
     gkey = keys_sorted[gs]
     pos_sorted = fr.ev_pos[order]
-    stale = pos_sorted[ge - 1] <= last[gkey]
+    # stale: every change at or before what is stored -- unless the key's row is older than its remembered delete
+    # (the state was written, the table not: a batch retried after failing between the two), which the
+    # sequential fold settles
+    stale = (pos_sorted[ge - 1] <= last[gkey]) & ~_row_behind_tombstone(fr)[gkey]
     fresh = pos_sorted[gs] > last[gkey]
     moved = _moved_keys(fr)
     if len(moved):
@@ -623,15 +626,27 @@ def _resolve_scd2(fr: _Frame, refs: _Refs) -> None:
         _sequential(fr, refs, gkey[mg], order, gs, ge, gkey)
 
 
+def _row_behind_tombstone(fr: _Frame) -> np.ndarray:
+    """Per key: it has a stored row older than its latest remembered delete (SCD 1)."""
+    behind = np.zeros(fr.n_keys, dtype=bool)
+    if fr.st_key is None or fr.tb_key is None:
+        return behind
+    row = np.full(fr.n_keys, _NO, np.int64)
+    np.maximum.at(row, fr.st_key, fr.st_pos)
+    tomb = np.full(fr.n_keys, _NO, np.int64)
+    np.maximum.at(tomb, fr.tb_key, fr.tb_pos)
+    return (row != _NO) & (tomb > row)
+
+
 def _held_positions(fr: _Frame, width: int) -> np.ndarray:
-    """(key, position) pairs the target holds, as key * width + position."""
+    """(key, position) pairs the table holds (versions' starts and ends), as key * width + position. Remembered
+    deletes do not count: the state is written before the table, so a delete remembered there may still be
+    missing from the table (a batch retried after failing between the two)."""
     parts = [np.zeros(0, np.int64)]
     if fr.st_key is not None:
         parts.append(fr.st_key * width + fr.st_pos)
         ends = fr.st_end != _NO
         parts.append(fr.st_key[ends] * width + fr.st_end[ends])
-    if fr.tb_key is not None:
-        parts.append(fr.tb_key * width + fr.tb_pos)
     return np.concatenate(parts)
 
 
