@@ -3,8 +3,9 @@
     python -m spockwire.spark.job --dsn "host=db dbname=shop user=cdc" --slot lake --publication lake_pub \\
         --table public.orders=id --table public.customers=id --target /lake/tables --checkpoint /lake/_ck
 
-One streaming query reads the slot (the ``spockwire`` source, multi-table layout); every micro-batch is read
-once, into the driver as Arrow (its one Spark job), and applied with :func:`spockwire.spark.apply_changes` to one
+One streaming query reads the slot (the ``spockwire`` source, multi-table layout); every micro-batch is one Spark
+job whose tasks hand the decoded changes over as Arrow files (the source's ``stagingPath``), read on the driver and
+applied with :func:`spockwire.spark.apply_changes` to one
 Delta table per source table, ``<target>/<schema>.<table>`` (resolved per key in Arrow, written through
 delta-rs: an append for new keys, a MERGE otherwise). The query's checkpoint and the idempotence of
 ``apply_changes`` make it exactly-once: a batch that was applied but not yet committed to the checkpoint when the
@@ -147,21 +148,18 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
 
     def run(df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
-        batch = _MicroBatch.read(df, cfg)
+        batch = _MicroBatch.read(df)
         timings = {"read": time.monotonic() - t0}
         token = (f"spockwire-{query_id()}", int(batch_id)) if query_id is not None else None
         commit_ts: list[Any] = []
 
         def one(table: str) -> None:
             changes = batch.changes(table)
-            if changes is not None:
-                commit_ts.append(_change_times(changes))
+            if changes is None:
+                return
+            commit_ts.append(_change_times(changes))
             for history in ((False, True) if cfg.history else (False,)):
                 path = target_path(cfg.target, table, history)
-                if changes is None and os.path.exists(os.path.join(path, "_delta_log")):
-                    continue
-                if changes is None:
-                    continue
                 t1 = time.monotonic()
                 apply_changes(changes, path, format="delta", engine="delta-rs", keys=keys[table],
                               stored_as_scd_type=2 if history else 1, idempotence=token)
@@ -197,7 +195,7 @@ class _MicroBatch:
         self.last_lsn = last_lsn
 
     @classmethod
-    def read(cls, df: Any, cfg: JobConfig) -> "_MicroBatch":
+    def read(cls, df: Any) -> "_MicroBatch":
         import pyarrow.compute as pc
 
         from .batch_files import MANIFEST_ARROW
