@@ -612,7 +612,8 @@ def test_a_range_cut_short_of_the_flush_is_followed_by_an_empty_one(pg_db):
         assert _slot_lsn(pg_db, again.slot) == cut
         # plan_end itself, from there, sees no output and below idleAdvanceBytes makes no range
         assert plan_end(again, cut, max_messages=40).end == cut
-        assert parse_lsn(restarted.latestOffset(offset(cut), None)["lsn"]) >= _flush_lsn(pg_db)
+        flush = _flush_lsn(pg_db)              # before planning: the server's own WAL (autovacuum) may follow
+        assert parse_lsn(restarted.latestOffset(offset(cut), None)["lsn"]) >= flush
     finally:
         reader.stop()
         restarted.stop()
