@@ -1,9 +1,11 @@
 """Benchmark fixtures. Benchmarks live apart from the tests: run them with
 
     python -m pytest benchmarks -o python_files='bench_*.py' --benchmark-json=out/bench.json
-    python benchmarks/report.py out/bench.json          # writes BENCHMARKS.md
+    python benchmarks/report.py out/bench.json          # writes BENCHMARKS.md from that run
 
-or everything at once (peers, end to end, the report): scripts/bench.sh
+or everything at once (peers, end to end, the report, the charts): scripts/bench.sh. A run saved with
+--benchmark-json is also kept in benchmarks/results/ (benchmarks/runs.py): a full run as bench_run.json, the
+pipeline's measurements as pipeline_run.json; BENCHMARKS.md and the charts are made from those.
 """
 from __future__ import annotations
 
@@ -27,6 +29,14 @@ def pytest_benchmark_update_machine_info(config, machine_info):
         pass
     if hasattr(os, "getloadavg"):
         machine_info["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
+
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """Keep the run where benchmarks/report.py and benchmarks/charts.py find it (benchmarks/runs.py)."""
+    from benchmarks import runs
+
+    for path in runs.keep(output_json):
+        print(f"\nbenchmarks: kept {path}")
 
 
 @pytest.fixture(scope="session")
