@@ -15,7 +15,6 @@ them). Needs matplotlib (scripts/setup-machine.sh installs it); drawn with the A
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import matplotlib
@@ -249,11 +248,7 @@ def main() -> None:
     parser.add_argument("--pipeline", help="a run whose pipeline measurements to draw instead of RUN's own")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / report.IMAGES))
     args = parser.parse_args()
-    if args.run:
-        run = json.loads(Path(args.run).read_text())
-        pipe = json.loads(Path(args.pipeline).read_text()) if args.pipeline else None
-    else:
-        run, pipe = runs.load()
+    run, pipe = runs.load(args.run, args.pipeline)
     for path in draw(run, pipe, Path(args.out)):
         print(f"wrote {path}")
 

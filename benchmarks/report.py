@@ -17,7 +17,6 @@ a round) takes the place of the round's minimum. Dated analyses are not part of 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 from collections import defaultdict
 from pathlib import Path
@@ -508,11 +507,7 @@ def main() -> None:
     parser.add_argument("--pipeline", help="a run whose pipeline measurements to show instead of RUN's own")
     parser.add_argument("--out", default="BENCHMARKS.md")
     args = parser.parse_args()
-    if args.json_file:
-        data = json.loads(Path(args.json_file).read_text())
-        pipeline = json.loads(Path(args.pipeline).read_text()) if args.pipeline else None
-    else:
-        data, pipeline = runs.load()
+    data, pipeline = runs.load(args.json_file, args.pipeline)
     Path(args.out).write_text(render(data, pipeline))
     print(f"wrote {args.out}")
 

@@ -62,10 +62,15 @@ def _write(path: Path, data: dict) -> Path:
     return path
 
 
-def load(run: Path = RUN, pipeline: Path = PIPELINE) -> tuple[dict, dict | None]:
-    """The main run, and the run whose pipeline measurements are the newest (None: no pipeline run stored).
+def load(run: str | Path | None = None, pipeline: str | Path | None = None) -> tuple[dict, dict | None]:
+    """The main run, and the run whose pipeline measurements to show instead of its own (None: its own).
 
-    The main run's own pipeline measurements are used when it is at least as new as the pipeline file."""
+    Without `run`, the stored runs: bench_run.json, and pipeline_run.json when it is newer than bench_run.json's
+    own pipeline measurements (or bench_run.json has none). With `run` (a file of the caller's), `pipeline` or None.
+    """
+    if run is not None:
+        return json.loads(Path(run).read_text()), json.loads(Path(pipeline).read_text()) if pipeline else None
+    run, pipeline = RUN, PIPELINE
     main = json.loads(Path(run).read_text())
     other = json.loads(Path(pipeline).read_text()) if Path(pipeline).exists() else None
     own = [b for b in main.get("benchmarks", []) if is_pipeline(b)]
