@@ -82,10 +82,11 @@ def headline(tables: dict[str, list[dict]], out: Path, date: str) -> Path | None
     fig, ax = plt.subplots(figsize=(7.5, 0.34 * len(rows) + 1.1))
     _hbars(ax, [r["label"] for r in rows], [r["rps"] for r in rows],
            [OURS if _ours(r["label"]) else PEER for r in rows],
-           f"rows/s (spockwire: typed Arrow batches). Median of rounds, one run ({date[:10]}), 2 cores",
+           f"rows/s ({_description(tables, workload)}; spockwire: typed Arrow batches)\n"
+           f"Median of rounds, one run ({date[:10]}), 2 cores",
            [f"({r['rps'] / base['rps']:.0f}x pypgoutput)" if base and r is not base and _ours(r["label"]) else ""
             for r in rows])
-    ax.set_title(f"Decoding the same captured changes ({workload}: {_description(tables, workload)})", loc="left")
+    ax.set_title(f"Decoding the same captured changes: {workload} workload", loc="left")
     return _save(fig, out, "bench_headline.svg")
 
 
@@ -146,7 +147,7 @@ LIVE_LABELS = {
 def live(servers: dict[str, dict[str, dict]], out: Path, date: str) -> Path | None:
     if not servers:
         return None
-    fig, axes = plt.subplots(1, len(servers), figsize=(5.2 * len(servers), 3.0), sharey=True)
+    fig, axes = plt.subplots(len(servers), 1, figsize=(7.5, 2.6 * len(servers)), sharex=True)
     axes = axes if len(servers) > 1 else [axes]
     for ax, (server, named) in zip(axes, servers.items()):
         keys = [k for k in LIVE_ORDER if k in named]
@@ -157,8 +158,10 @@ def live(servers: dict[str, dict[str, dict]], out: Path, date: str) -> Path | No
                  if decoded and "test_sql_transport[c]" in named else ""}
         _hbars(ax, [LIVE_LABELS[k] for k in keys], [named[k]["rps"] for k in keys],
                [OURS if k.startswith(("test_stream", "test_sql")) else ANCHOR if k == "test_server_decode" else PEER
-                for k in keys], "rows/s", [notes.get(k, "") for k in keys], room=1.9)
+                for k in keys], "rows/s", [notes.get(k, "") for k in keys], room=1.5)
         ax.set_title(server.split(" (")[0], loc="left")
+    for ax in axes[:-1]:
+        ax.set_xlabel("")
     fig.suptitle("Streaming 1,000,000 rows from a live slot into Arrow batches", x=0.01, ha="left",
                  fontsize=10, fontweight="bold")
     fig.text(0, -0.04, f"Median of rounds, one run ({date[:10]}), server and client on the same 2 cores. "

@@ -3,8 +3,8 @@
     benchmarks/results/bench_run.json       the last full run of scripts/bench.sh (pytest-benchmark JSON)
     benchmarks/results/pipeline_run.json    the last run of benchmarks/bench_pipeline.py (the same format)
 
-A run saved with ``--benchmark-json`` is kept here by ``keep`` (called from benchmarks/conftest.py when pytest-benchmark
-writes its JSON): a run holding the decode peers, the end-to-end streams and the snapshot readers becomes
+A run saved with ``--benchmark-json`` at the default sizes (no SPOCKWIRE_BENCH_* setting) is kept here by ``keep``
+(called from benchmarks/conftest.py when pytest-benchmark writes its JSON): a run holding the decode peers, the end-to-end streams and the snapshot readers becomes
 bench_run.json; a run holding the pipeline's measurements also becomes pipeline_run.json (only those). ``load``
 gives the main run and the newest pipeline run.
 """
