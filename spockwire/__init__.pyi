@@ -35,7 +35,8 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
             sql_split_bytes: int = 16 << 20, types: Literal["typed", "raw"] = "typed",
             numeric: Literal["decimal", "text"] = "decimal",
             on_unrepresentable: Literal["text", "error"] = "text",
-            column_types: Mapping[str, Literal["text", "raw"]] | None = None) -> ReplicationStream:
+            column_types: Mapping[str, Literal["text", "raw"]] | None = None,
+            proto_format: Literal["native", "json"] = "native") -> ReplicationStream:
     """Open a replication stream on `slot` and return it, streaming (spockwire.connection.connect)."""
 
 
