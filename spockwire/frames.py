@@ -6,7 +6,8 @@ takes ``12 + payload_length`` bytes. A sequence of records is what ``Decoder.fee
 
 A *frame file* (``*.spwf``) is ``b"SPWFRAME"``, ``u16`` format version (1), ``u32 header_length``,
 ``header_length`` bytes of UTF-8 JSON (an object; only ``"protocol"`` is required; writers add ``"options"``,
-``"server_version"``, ``"slot"``, ``"created_at"``), then frame records up to the end of the file.
+``"server_version"``, ``"slot"``, ``"created_at"``, and ``"proto_format": "json"`` for a capture of the pglogical /
+spock JSON protocol -- without it the messages are native), then frame records up to the end of the file.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from typing import Any, BinaryIO, Iterable, Iterator, Union
 from .errors import FrameError
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "RECORD_HEADER_SIZE", "encode_frame", "encode_frames", "iter_frames",
-           "encode_file_header", "write_frame_file", "read_frame_file", "FrameWriter"]
+           "encode_file_header", "write_frame_file", "read_frame_file", "FrameWriter", "PROTO_FORMAT_KEY",
+           "frame_proto_format"]
 
 MAGIC = b"SPWFRAME"
 FORMAT_VERSION = 1
@@ -159,6 +161,20 @@ def parse_file_header(data: Buffer, *, source: str = "frame file") -> tuple[dict
     if not isinstance(header.get("protocol"), str):
         raise FrameError(f"{source}: the JSON header has no \"protocol\" string", offset=FILE_PREFIX_SIZE)
     return header, FILE_PREFIX_SIZE + header_length
+
+
+#: the header key naming the message format of a pglogical / spock capture ("native" when absent, or "json")
+PROTO_FORMAT_KEY = "proto_format"
+
+
+def frame_proto_format(header: dict[str, Any]) -> str:
+    """The message format of a frame file's records: "native" (no ``proto_format`` key: every file written
+    before the key existed) or "json"; FrameError for anything else."""
+    value = header.get(PROTO_FORMAT_KEY, "native")
+    if value not in ("native", "json") or (value == "json" and header.get("protocol") not in ("pglogical", "spock")):
+        raise FrameError(f"frame file header: proto_format {value!r} is not readable here (native, or json for "
+                         f"pglogical and spock)", offset=FILE_PREFIX_SIZE)
+    return value
 
 
 def read_frame_file(path: PathLike) -> tuple[dict[str, Any], memoryview]:

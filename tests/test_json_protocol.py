@@ -14,9 +14,10 @@ import pytest
 from spockwire.errors import ProtocolError
 from spockwire.wire.json_protocol import JsonDecoder
 from tests.conftest import load_impl
+from tests.test_connection_pg import collect, row_count
 from tests.test_spock_live import sdb  # noqa: F401  (fixture)
-from tests.test_typed_values import (CASES, PGL_BASE, SCHEMA, Dataset, _accepts_xml, _insert_sql, _storage,  # noqa: F401
-                                     dataset)
+from tests.test_typed_values import (CASES, PGL_BASE, SCHEMA, Dataset, _accepts_xml, _insert_sql,  # noqa: F401
+                                     _storage, dataset)
 
 IMPLS = ("c", "python")
 CHANGE = ("_change_type", "_commit_lsn", "_commit_ts", "_xid", "_seq", "_origin", "_unchanged_toast")
@@ -158,6 +159,46 @@ def test_pglogical_json_toast_key_changes_and_no_txinfo(pg_db) -> None:
                     assert without.column(name).equals(native["tk"].column(name)), name
     finally:
         catalog.close()
+
+
+@pytest.mark.parametrize("transport", ["replication", "sql"])
+def test_pglogical_connect_and_capture_in_json(pg_db, tmp_path, transport: str) -> None:
+    """`connect(..., proto_format="json")` sends the parameter, checks the JSON startup message and hands out the
+    batches the native stream gives; `spockwire capture --proto-format json` records that in the frame file's
+    header, and `decoder_for` (decode, inspect) reads the file back with the JSON decoder of either
+    implementation."""
+    import spockwire
+    from spockwire.cli import main
+    from spockwire.cli.common import decoder_for
+    from spockwire.frames import read_frame_file
+    from spockwire.values import PostgresTypeCatalog
+
+    _pglogical_toast_db(pg_db)
+    base = {"startup_params_format": "1", "min_proto_version": "1", "max_proto_version": "1",
+            "pglogical.replication_set_names": "default"}
+    catalog = PostgresTypeCatalog(pg_db.dsn)
+    try:
+        native = _decode(load_impl("c").Decoder("pglogical", type_catalog=catalog), _peek(pg_db, "jp", base))["tk"]
+    finally:
+        catalog.close()
+    path = tmp_path / "json.spwf"
+    assert main(["capture", "--dsn", pg_db.dsn, "--slot", "jp", "--plugin", "pglogical", "--proto-format", "json",
+                 "--transport", transport, "--idle-exit", "1", "-o", str(path)]) == 0
+    header, body = read_frame_file(path)
+    assert header["proto_format"] == "json" and header["protocol"] == "pglogical"
+    for impl in IMPLS:
+        dec = decoder_for(load_impl(impl), header, type_catalog=PostgresTypeCatalog(pg_db.dsn))
+        assert isinstance(dec, JsonDecoder)
+        dec.feed_frames(body)
+        got = pa.Table.from_batches([ev.to_arrow() for ev in dec.drain()]).replace_schema_metadata(None)
+        _same({"tk": got}, {"tk": native}, f"capture {impl}")
+    with spockwire.connect(pg_db.dsn, slot="jp", plugin="pglogical", proto_format="json", transport=transport,
+                           reconnect=False) as stream:
+        events = collect(stream, lambda evs: row_count(evs) >= native.num_rows)
+        assert stream.options["proto_format"] == "json" and stream.startup_params["no_txinfo"] == "f"
+    assert all(ev.relation.relid == 0 and ev.relation.qualified_name == "public.tk" for ev in events)
+    got = pa.Table.from_batches([ev.to_arrow() for ev in events]).replace_schema_metadata(None)
+    _same({"tk": got}, {"tk": native}, f"connect {transport}")
 
 
 # ------------------------------------------------------------------------------------------------------------------
