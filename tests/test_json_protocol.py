@@ -68,9 +68,11 @@ def _canon(value: Any) -> Any:
     return value
 
 
-def _json_reading(table: str, value: Any) -> Any:
-    """A native value as the JSON form can express it (docs/protocols.md, "The JSON protocol"): a json or jsonb
-    value that is JSON null is written like SQL NULL; an array's lower bounds are not written."""
+def _json_reading(table: str, column: str, value: Any) -> Any:
+    """A native value as the JSON form can express it (docs/protocols.md, "The JSON protocol"): no origin name; a
+    json or jsonb value that is JSON null is written like SQL NULL; an array's lower bounds are not written."""
+    if column == "_origin":
+        return None
     if table in ("t_json", "t_jsonb") and value == "null":
         return None
     if table == "t_a_jsonb" and isinstance(value, list):
@@ -90,7 +92,7 @@ def _same(json_tables: dict[str, pa.Table], native: dict[str, pa.Table], where: 
         for field in table.schema:
             ours = _storage(got.column(field.name).combine_chunks())
             theirs = _storage(table.column(field.name).combine_chunks())
-            expressible = [_json_reading(name, v) for v in theirs]
+            expressible = [_json_reading(name, field.name, v) for v in theirs]
             if expressible != theirs:
                 gaps.append(f"{name}.{field.name}")
             if _canon(ours) != _canon(expressible):
@@ -118,7 +120,13 @@ def test_pglogical_json_type_table_equals_native_text(dataset: Dataset) -> None:
     assert len(native["c"]) == len(CASES)
 
 
+#: pglogical startup parameters of the TOAST / key-change database (forwarded transactions included)
+PGL_DEFAULT = {"startup_params_format": "1", "min_proto_version": "1", "max_proto_version": "1",
+               "pglogical.replication_set_names": "default", "pglogical.forward_origins": "all"}
+
+
 def _pglogical_toast_db(pg_db: Any) -> None:
+    """TOAST_WORK, then a transaction replicated from elsewhere (origin `up_<db>`)."""
     pg_db.execute("CREATE EXTENSION pglogical")
     pg_db.execute("SELECT pglogical.create_node(node_name := 'jn', dsn := %s)", (pg_db.dsn,))
     pg_db.execute(TOAST_SCHEMA)
@@ -126,28 +134,36 @@ def _pglogical_toast_db(pg_db: Any) -> None:
     pg_db.execute("SELECT pg_create_logical_replication_slot('jp', 'pglogical_output')")
     for sql in TOAST_WORK:
         pg_db.execute(sql)
+    pg_db.execute("SELECT pg_replication_origin_create(%s)", (f"up_{pg_db.name}",))
+    pg_db.execute(f"SELECT pg_replication_origin_session_setup('up_{pg_db.name}'); "
+                  "SELECT pg_replication_origin_xact_setup('0/ABCDEF', now()); "
+                  "INSERT INTO tk VALUES (3, 'from elsewhere', 'x', NULL)")
 
 
 def test_pglogical_json_toast_key_changes_and_no_txinfo(pg_db) -> None:
     """An unchanged out-of-line value (left out of the JSON tuple) is `_unchanged_toast` as in the native stream;
     a key change and a delete carry the old key; with no_txinfo the xid, commit LSN and commit time are null (the
-    JSON form leaves them out) and everything else is unchanged."""
+    JSON form leaves them out) and everything else is unchanged. A forwarded transaction's `_origin` is null: its
+    BEGIN names only the local replication origin's number."""
     from spockwire.values import PostgresTypeCatalog
 
     _pglogical_toast_db(pg_db)
-    base = {"startup_params_format": "1", "min_proto_version": "1", "max_proto_version": "1",
-            "pglogical.replication_set_names": "default"}
+    base = PGL_DEFAULT
     frames = _peek(pg_db, "jp", dict(base, proto_format="json"))
+    # the forwarded transaction: an empty message where the native ORIGIN would be; pglogical's BEGIN has no
+    # "origin_id" (built without HAVE_REPLICATION_ORIGINS in its JSON writer)
+    assert frames[-3][1] == b"" and frames[-4][1].startswith(b'{"action":"B"') and b"origin" not in frames[-4][1]
     bare = _peek(pg_db, "jp", dict(base, proto_format="json", no_txinfo="t"))
     assert b'"xid"' not in b"".join(p for _l, p in bare)
     catalog = PostgresTypeCatalog(pg_db.dsn)
     try:
         for impl in IMPLS:
             native = _decode(load_impl(impl).Decoder("pglogical", type_catalog=catalog), _peek(pg_db, "jp", base))
-            _same(_json(impl, "pglogical", catalog, frames), native, f"toast {impl}")
+            assert _same(_json(impl, "pglogical", catalog, frames), native, f"toast {impl}") == ["tk._origin"]
             rows = native["tk"].to_pylist()
             assert [r["_change_type"] for r in rows] == ["insert", "insert", "update_postimage", "update_preimage",
-                                                         "update_postimage", "delete", "update_postimage"]
+                                                         "update_postimage", "delete", "update_postimage", "insert"]
+            assert [r["_origin"] for r in rows] == [None] * 7 + [f"up_{pg_db.name}"]
             assert rows[2]["_unchanged_toast"] == ["big"] and rows[2]["big"] is None
             assert rows[3]["id"] == 1 and rows[4]["id"] == 10 and rows[4]["tags"] == ["x", "y z", None]
             without = _json(impl, "pglogical", catalog, bare)["tk"]
@@ -155,8 +171,9 @@ def test_pglogical_json_toast_key_changes_and_no_txinfo(pg_db) -> None:
                 assert without.column(name).null_count == without.num_rows, name
                 assert without.schema.field(name).nullable
             for name in native["tk"].column_names:
-                if name not in ("_xid", "_commit_lsn", "_commit_ts"):
+                if name not in ("_xid", "_commit_lsn", "_commit_ts", "_origin"):
                     assert without.column(name).equals(native["tk"].column(name)), name
+            assert without.column("_origin").null_count == without.num_rows
     finally:
         catalog.close()
 
@@ -174,11 +191,10 @@ def test_pglogical_connect_and_capture_in_json(pg_db, tmp_path, transport: str) 
     from spockwire.values import PostgresTypeCatalog
 
     _pglogical_toast_db(pg_db)
-    base = {"startup_params_format": "1", "min_proto_version": "1", "max_proto_version": "1",
-            "pglogical.replication_set_names": "default"}
     catalog = PostgresTypeCatalog(pg_db.dsn)
     try:
-        native = _decode(load_impl("c").Decoder("pglogical", type_catalog=catalog), _peek(pg_db, "jp", base))["tk"]
+        native = _decode(load_impl("c").Decoder("pglogical", type_catalog=catalog),
+                         _peek(pg_db, "jp", PGL_DEFAULT))["tk"]
     finally:
         catalog.close()
     path = tmp_path / "json.spwf"
@@ -276,8 +292,8 @@ MALFORMED = [
      "bad JSON 'B' message at LSN 0/11, byte 88: commit_time 'soon' is not a timestamp with time zone"),
     ([S_PGL, B_OK, I_OK, b'{"action":"C", "final_lsn":"0/X", "end_lsn":"0/1998BF0"}'],
      "bad JSON 'C' message at LSN 0/13, byte 27: final_lsn '0/X' is not an LSN (X/Y in hex)"),
-    ([S_PGL, B_OK, b""], "bad JSON message at LSN 0/12, byte 0: empty message (Spock sends one only right after a "
-                         "BEGIN)"),
+    ([S_PGL, B_OK, b"", b""], "bad JSON message at LSN 0/13, byte 0: empty message (the plugins send one only right after "
+                               "a BEGIN)"),
     ([S_PGL, B_OK, b'{"action":"I","relation":["public","t"],"newtuple":{"id":1,"id":2}}'],
      "bad JSON 'I' message at LSN 0/12, byte 51: a tuple names a column twice"),
 ]

@@ -572,8 +572,10 @@ class JsonDecoder:
         action = None
         try:
             if not data:
-                if self.protocol != "spock" or not self._after_begin:
-                    raise _Bad(0, "empty message (Spock sends one only right after a BEGIN)")
+                # where the native protocol has an ORIGIN message (Spock: every transaction; pglogical: a
+                # forwarded one) the JSON protocol writes nothing, and the message boundary makes an empty message
+                if not self._after_begin:
+                    raise _Bad(0, "empty message (the plugins send one only right after a BEGIN)")
                 self._after_begin = False
                 return
             self._after_begin = False
