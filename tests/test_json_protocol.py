@@ -6,6 +6,7 @@ no_txinfo (the change columns it cannot fill are null), a live `connect(..., pro
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
 import pyarrow as pa
@@ -174,12 +175,16 @@ def test_pglogical_json_toast_key_changes_and_no_txinfo(pg_db) -> None:
                 if name not in ("_xid", "_commit_lsn", "_commit_ts", "_origin"):
                     assert without.column(name).equals(native["tk"].column(name)), name
             assert without.column("_origin").null_count == without.num_rows
+        # without a catalog: untyped columns of the values' text, as in the native stream
+        for impl in IMPLS:
+            untyped = _decode(load_impl(impl).Decoder("pglogical"), _peek(pg_db, "jp", base))
+            assert _same(_json(impl, "pglogical", None, frames), untyped, f"untyped {impl}") == ["tk._origin"]
     finally:
         catalog.close()
 
 
 @pytest.mark.parametrize("transport", ["replication", "sql"])
-def test_pglogical_connect_and_capture_in_json(pg_db, tmp_path, transport: str) -> None:
+def test_pglogical_connect_and_capture_in_json(pg_db, tmp_path, capsys, transport: str) -> None:
     """`connect(..., proto_format="json")` sends the parameter, checks the JSON startup message and hands out the
     batches the native stream gives; `spockwire capture --proto-format json` records that in the frame file's
     header, and `decoder_for` (decode, inspect) reads the file back with the JSON decoder of either
@@ -202,6 +207,12 @@ def test_pglogical_connect_and_capture_in_json(pg_db, tmp_path, transport: str) 
                  "--transport", transport, "--idle-exit", "1", "-o", str(path)]) == 0
     header, body = read_frame_file(path)
     assert header["proto_format"] == "json" and header["protocol"] == "pglogical"
+    capsys.readouterr()
+    assert main(["inspect", str(path), "--json"]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    kinds = [r["name"] for r in listed if r.get("record") == "frame"]
+    assert kinds[:3] == ["startup", "begin", "relation"] or kinds[:3] == ["startup", "begin", "insert"], kinds
+    assert kinds.count("commit") == 6 and "empty (JSON protocol: in place of origin)" in kinds
     for impl in IMPLS:
         dec = decoder_for(load_impl(impl), header, type_catalog=PostgresTypeCatalog(pg_db.dsn))
         assert isinstance(dec, JsonDecoder)

@@ -23,7 +23,7 @@ from ..errors import FrameError, ProtocolError
 from ..model import PG_EPOCH_OFFSET_US, ChangeBatch, Relation
 from .encodings import encoding_name, text_codec
 
-__all__ = ["JsonDecoder", "PROTO_FORMATS", "parse_json_startup_message", "json_decoder_or_native"]
+__all__ = ["JsonDecoder", "PROTO_FORMATS", "parse_json_startup_message", "json_decoder_or_native", "json_action"]
 
 #: the values of the ``proto_format`` startup parameter spockwire reads
 PROTO_FORMATS = ("native", "json")
@@ -401,6 +401,16 @@ def parse_json_startup_message(payload: Any) -> dict[str, str]:
         raise _error(bad, "S", None) from None
 
 
+def json_action(payload: Any) -> str:
+    """The action letter a JSON message starts with ("S", "B", "I", ...); "" for the empty message after a BEGIN,
+    "?" when it does not start like a message."""
+    data = bytes(payload)
+    if not data:
+        return ""
+    head = _ACTION_HEAD.match(data)
+    return head.group(1).decode() if head else "?"
+
+
 def _lsn_text(lsn: int) -> str:
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
 
@@ -579,8 +589,8 @@ class JsonDecoder:
                 self._after_begin = False
                 return
             self._after_begin = False
-            head = _ACTION_HEAD.match(data)
-            action = head.group(1).decode() if head else None    # named in a syntax error
+            action = json_action(data)
+            action = None if action == "?" else action      # named in a syntax error too
             root = parse_json(data, self._codec)
             if root[0] != "o":
                 raise _Bad(root[1], f"a message must be a JSON object, not {_KIND_NAMES[root[0]]}")
