@@ -6,6 +6,7 @@ no_txinfo (the change columns it cannot fill are null), a live `connect(..., pro
 """
 from __future__ import annotations
 
+import io
 import json
 from typing import Any, Sequence
 
@@ -183,14 +184,23 @@ def test_pglogical_json_toast_key_changes_and_no_txinfo(pg_db) -> None:
         catalog.close()
 
 
+def _cli(*argv: str) -> str:
+    """Run a `spockwire` command in this process; its standard output."""
+    from spockwire.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    out = io.StringIO()
+    assert args._run(args, out=out) == 0
+    return out.getvalue()
+
+
 @pytest.mark.parametrize("transport", ["replication", "sql"])
-def test_pglogical_connect_and_capture_in_json(pg_db, tmp_path, capsys, transport: str) -> None:
+def test_pglogical_connect_and_capture_in_json(pg_db, tmp_path, transport: str) -> None:
     """`connect(..., proto_format="json")` sends the parameter, checks the JSON startup message and hands out the
     batches the native stream gives; `spockwire capture --proto-format json` records that in the frame file's
     header, and `decoder_for` (decode, inspect) reads the file back with the JSON decoder of either
     implementation."""
     import spockwire
-    from spockwire.cli import main
     from spockwire.cli.common import decoder_for
     from spockwire.frames import read_frame_file
     from spockwire.values import PostgresTypeCatalog
@@ -203,13 +213,11 @@ def test_pglogical_connect_and_capture_in_json(pg_db, tmp_path, capsys, transpor
     finally:
         catalog.close()
     path = tmp_path / "json.spwf"
-    assert main(["capture", "--dsn", pg_db.dsn, "--slot", "jp", "--plugin", "pglogical", "--proto-format", "json",
-                 "--transport", transport, "--idle-exit", "1", "-o", str(path)]) == 0
+    _cli("capture", "--dsn", pg_db.dsn, "--slot", "jp", "--plugin", "pglogical", "--proto-format", "json",
+         "--transport", transport, "--idle-exit", "1", "-o", str(path))
     header, body = read_frame_file(path)
     assert header["proto_format"] == "json" and header["protocol"] == "pglogical"
-    capsys.readouterr()
-    assert main(["inspect", str(path), "--json"]) == 0
-    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    listed = [json.loads(line) for line in _cli("inspect", str(path), "--json").splitlines()]
     kinds = [r["name"] for r in listed if r.get("record") == "frame"]
     assert kinds[:3] == ["startup", "begin", "relation"] or kinds[:3] == ["startup", "begin", "insert"], kinds
     assert kinds.count("commit") == 6 and "empty (JSON protocol: in place of origin)" in kinds

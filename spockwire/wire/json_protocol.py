@@ -20,6 +20,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from ..errors import FrameError, ProtocolError
+from ..frames import iter_frames
 from ..model import PG_EPOCH_OFFSET_US, ChangeBatch, Relation
 from .encodings import encoding_name, text_codec
 
@@ -28,7 +29,6 @@ __all__ = ["JsonDecoder", "PROTO_FORMATS", "parse_json_startup_message", "json_d
 #: the values of the ``proto_format`` startup parameter spockwire reads
 PROTO_FORMATS = ("native", "json")
 
-_FRAME_HEAD = struct.Struct(">IQ")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _B_MSG = struct.Struct(">cBQqI")
@@ -547,26 +547,19 @@ class JsonDecoder:
         self._message(bytes(payload), lsn)
 
     def feed_frames(self, buffer: Any, *, partial_ok: bool = False) -> int:
-        view = memoryview(buffer).cast("B")
-        n, pos = len(view), 0
-        while pos < n:
-            if n - pos < 12:
-                if partial_ok:
-                    break
-                raise FrameError(f"truncated frame record at byte {pos}: need 12 bytes for the record header, "
-                                 f"{n - pos} remaining", offset=pos, needed=12, remaining=n - pos)
-            length, lsn = _FRAME_HEAD.unpack_from(view, pos)
-            if n - pos - 12 < length:
-                if partial_ok:
-                    break
-                raise FrameError(f"truncated frame record at byte {pos}: need {length} bytes for the payload, "
-                                 f"{n - pos - 12} remaining", offset=pos, needed=length, remaining=n - pos - 12)
-            try:
-                self._message(bytes(view[pos + 12:pos + 12 + length]), lsn)
-            except ProtocolError as exc:
-                exc.frame_offset = pos  # type: ignore[attr-defined]
+        pos = 0
+        try:
+            for lsn, payload in iter_frames(buffer):
+                try:
+                    self._message(bytes(payload), lsn)
+                except ProtocolError as exc:
+                    exc.frame_offset = pos  # type: ignore[attr-defined]
+                    raise
+                pos += 12 + len(payload)
+        except FrameError as exc:
+            if not partial_ok:
                 raise
-            pos += 12 + length
+            return exc.offset or 0
         return pos
 
     def drain(self) -> list[Any]:
