@@ -367,3 +367,49 @@ def test_value_errors_name_the_column_and_its_byte(oid: int, value: bytes, error
         assert info.value.column == 1 and info.value.offset == 63
         texts.append(str(info.value))
     assert texts[0] == texts[1]
+
+
+def test_a_spilled_large_transaction_keeps_its_change_columns(tmp_path) -> None:
+    """Rows of a transaction larger than `spill_bytes` wait on disk (the native decoder's spill) and still come
+    out with the JSON stream's xid, commit LSN and commit time."""
+    import datetime as dt
+
+    row = b'{"action":"I","relation":["public","t"],"newtuple":{"id":%d,"v":"' + b"x" * 4000 + b'"}}'
+    for impl in IMPLS:
+        dec = JsonDecoder("pglogical", implementation=load_impl(impl), spill_bytes=1 << 20,
+                          spill_dir=str(tmp_path))
+        for i, payload in enumerate([S_PGL, B_OK, *(row % n for n in range(600)), C_OK]):
+            dec.feed(payload, 0x10 + i)
+        events = dec.drain()
+        assert any(type(ev._inner).__name__ == "SpilledChangeBatch" for ev in events), impl
+        table = pa.Table.from_batches([ev.to_arrow() for ev in events])
+        assert table.column("id").to_pylist() == [str(n) for n in range(600)]   # untyped: the text
+        assert set(table.column("_xid").to_pylist()) == {730}
+        assert set(table.column("_commit_lsn").to_pylist()) == {0x1998BC0}
+        assert set(table.column("_commit_ts").to_pylist()) == {dt.datetime(2026, 11, 26, 16, 55, 37, 603620,
+                                                                           tzinfo=dt.timezone.utc)}
+        assert dec.committed_lsn == 0x1998BF0 and dec.open_transactions == 0
+
+
+def test_frame_files_name_their_format(tmp_path) -> None:
+    """A frame file without "proto_format" is native (every file written before the key); "json" is read by the
+    JSON decoder and refused, with a clear error, by the Spark frame-file reader; any other value is an error."""
+    from spockwire.cli.common import decoder_for
+    from spockwire.errors import FrameError
+    from spockwire.frames import frame_proto_format, read_frame_file, write_frame_file
+    from spockwire.spark.distributed import plan_chunks
+
+    native, js, odd = tmp_path / "n.spwf", tmp_path / "j.spwf", tmp_path / "o.spwf"
+    write_frame_file(native, "pglogical", [])
+    write_frame_file(js, "pglogical", [(0x10, S_PGL)], proto_format="json")
+    write_frame_file(odd, "pgoutput", [], proto_format="json")
+    assert frame_proto_format(read_frame_file(native)[0]) == "native"
+    header, body = read_frame_file(js)
+    assert frame_proto_format(header) == "json"
+    dec = decoder_for(load_impl("python"), header)
+    assert isinstance(dec, JsonDecoder) and dec.feed_frames(body) == body.nbytes
+    assert dec.startup_params["no_txinfo"] == "f"
+    with pytest.raises(FrameError, match="a capture of the JSON protocol is read by `spockwire decode`"):
+        plan_chunks(str(js))
+    with pytest.raises(FrameError, match="proto_format 'json' is not readable here"):
+        frame_proto_format(read_frame_file(odd)[0])
