@@ -247,7 +247,8 @@ def test_spock_json_type_table_toast_and_keys_equal_native_text(sdb) -> None:
     """Spock's JSON stream (no LSN prefix, an empty message after each BEGIN) decodes to what its native protocol
     5 text stream decodes to, for every type of the type table and the TOAST / key-change workload, in both
     implementations; `_origin` (the local node's name in native O messages, a local transaction here: null in
-    both) is null."""
+    both) is null. `connect(..., proto_format="json")` over the replication protocol gives the same batches."""
+    import spockwire
     from spockwire.values import PostgresTypeCatalog
 
     sdb.execute(SCHEMA)
@@ -273,6 +274,16 @@ def test_spock_json_type_table_toast_and_keys_equal_native_text(sdb) -> None:
         assert len(native) == len(cases) + 1
     finally:
         catalog.close()
+    # the same over a walsender connection: the JSON startup message is checked (protocol 5 negotiated)
+    total = sum(t.num_rows for t in native.values())
+    with spockwire.connect(sdb.dsn, slot="js", plugin="spock", proto_format="json", reconnect=False) as stream:
+        events = collect(stream, lambda evs: row_count(evs) >= total)
+        assert stream.proto_version == 5 and stream.startup_params["proto_version"] == "5"
+    live: dict[str, list] = {}
+    for ev in events:
+        live.setdefault(ev.relation.name, []).append(ev.to_arrow())
+    _same({name: pa.Table.from_batches(b).replace_schema_metadata(None) for name, b in live.items()}, native,
+          "spock connect")
 
 
 # ------------------------------------------------------------------------------------------------------------------
