@@ -4,7 +4,9 @@ Each message is one JSON object (docs/protocols.md, "The JSON protocol"). :class
 and hands each one, rewritten as the pglogical native message it stands for with every value in its text form, to
 the native decoder of the chosen implementation (C or pure Python, ``SPOCKWIRE_IMPL``). So the values go through
 the same text kernels and the type catalog as a native text stream, and both implementations give the same values
-and the same errors. The JSON reading itself is Python: this is a diagnostics format, not a fast path.
+and the same errors. The JSON reading itself is Python (the C JSON reader of the standard library, and a reader of
+its own that keeps byte positions, for errors and for json values, whose exact text matters): this is a
+diagnostics format, not a fast path.
 
 What the JSON form does not carry stays null, never made up: ``_xid``, ``_commit_lsn`` and ``_commit_ts`` under
 ``no_txinfo``; ``_origin`` always; the relation id (``Relation.relid`` is 0) and the key flags of the columns.
@@ -150,6 +152,47 @@ def parse_json(data: bytes, codec: str | None = None) -> tuple:
             want = _NEXT
 
 
+class _Number(str):
+    """A JSON number's text, as the C reader hands it over."""
+
+
+class _Object(list):
+    """A JSON object's (key, value) pairs in order, as the C reader hands them over."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+_C_READER = json.JSONDecoder(object_pairs_hook=_Object, parse_float=_Number, parse_int=_Number,
+                             parse_constant=_reject_constant)
+
+
+def _nodes(value: Any) -> tuple:
+    """A value of the C reader as a node without byte positions (-1: parse_json finds them when needed)."""
+    if isinstance(value, str):
+        return ("n" if type(value) is _Number else "s", -1, -1, value)
+    if value is None:
+        return ("z", -1, -1, None)
+    if value is True or value is False:
+        return ("b", -1, -1, value)
+    if type(value) is _Object:
+        return ("o", -1, -1, [(k, _nodes(v)) for k, v in value])
+    return ("a", -1, -1, [_nodes(v) for v in value])
+
+
+def parse_json_fast(data: bytes, codec: str | None = None) -> tuple | None:
+    """The node tree of a JSON text read by Python's C JSON reader, without byte positions; None when only
+    :func:`parse_json` can say what is wrong with it (or when it holds a backslash-u escape, which may stand for a
+    NUL or a lone surrogate)."""
+    if b"\\u" in data:
+        return None
+    try:
+        return _nodes(_C_READER.decode(data.decode(codec or "utf-8")))
+    except (ValueError, RecursionError):
+        return None
+
+
 _KIND_NAMES = {"s": "a string", "n": "a number", "b": "a boolean", "z": "null", "a": "an array", "o": "an object"}
 
 
@@ -229,7 +272,6 @@ _BOX = 603
 _UNKNOWN = ("unknown",)
 _ARRAY_SPECIAL = re.compile(r'[{}"\\ \t\n\r\v\f]')
 _RECORD_SPECIAL = re.compile(r'[()",\\ \t\n\r\v\f]')
-_XSD_ZONE = re.compile(r"([+-]\d\d):00((?: BC)?)$")
 
 
 def _array_elements() -> dict[int, int]:
@@ -259,6 +301,14 @@ def _xsd_timestamp(text: str) -> str:
     """datum_to_json's XSD timestamp (``2024-01-02T03:04:05``) in timestamp_out's ISO form."""
     i = text.find("T")
     return text if i < 0 else text[:i] + " " + text[i + 1:]
+
+
+def _xsd_zone(text: str) -> str:
+    """datum_to_json's zone of whole hours (``+00:00``) as timestamptz_out prints it (``+00``); ``+05:30`` stays."""
+    core, bc = (text[:-3], " BC") if text.endswith(" BC") else (text, "")
+    if len(core) >= 6 and core[-6] in "+-" and core[-3:] == ":00" and core[-5:-3].isdigit():
+        return core[:-3] + bc
+    return text
 
 
 class _Values:
@@ -318,6 +368,8 @@ class _Values:
             # json_out's text is written as it is, with its own leading and trailing whitespace: the plugins put
             # none of theirs around a value, so every space next to it is the value's
             start, end = node[1], node[2]
+            if start < 0:
+                raise _Bad(-1, "the text of a json value needs the message read with byte positions")
             while start > 0 and data[start - 1] in b" \t\n\r":
                 start -= 1
             while end < len(data) and data[end] in b" \t\n\r":
@@ -355,7 +407,7 @@ class _Values:
         if c == "ts":
             return _xsd_timestamp(node[3])
         if c == "tstz":
-            return _XSD_ZONE.sub(r"\1\2", _xsd_timestamp(node[3]), count=1)
+            return _xsd_zone(_xsd_timestamp(node[3]))
         return node[3]
 
     def _array(self, node: tuple, element: tuple, delim: str, data: bytes, codec: str | None) -> str:
@@ -584,27 +636,40 @@ class JsonDecoder:
             self._after_begin = False
             action = json_action(data)
             action = None if action == "?" else action      # named in a syntax error too
-            root = parse_json(data, self._codec)
-            if root[0] != "o":
-                raise _Bad(root[1], f"a message must be a JSON object, not {_KIND_NAMES[root[0]]}")
-            first = root[3][0] if root[3] else None
-            if first is None or first[0] != "action" or first[1][0] != "s":
-                raise _Bad(root[1], 'a message must begin with its "action" string')
-            action = first[1][3]
-            if action == "S":
-                self._startup(root)
-            elif self._txinfo is None:
-                raise _Bad(0, "the stream must begin with the startup message (action S)")
-            elif action == "B":
-                self._begin(root, lsn)
-            elif action == "C":
-                self._commit(root, lsn)
-            elif action in _CHANGE_NAMES:
-                self._change(root, action, data, lsn)
-            else:
-                raise _Bad(first[1][1], f"unknown action {action!r}")
+            root = parse_json_fast(data, self._codec)
+            if root is not None:
+                try:
+                    self._dispatch(root, data, lsn)
+                    return
+                except _Bad as bad:
+                    if bad.offset >= 0:
+                        raise
+                    # a problem in a tree without positions: read the message again with them, to say where
+            self._dispatch(parse_json(data, self._codec), data, lsn)
         except _Bad as bad:
             raise _error(bad, action, lsn) from None
+
+    def _dispatch(self, root: tuple, data: bytes, lsn: int | None) -> None:
+        """One message, read; every check here comes before anything is fed to the native decoder (so a message
+        refused while read without byte positions can be read again with them)."""
+        if root[0] != "o":
+            raise _Bad(root[1], f"a message must be a JSON object, not {_KIND_NAMES[root[0]]}")
+        first = root[3][0] if root[3] else None
+        if first is None or first[0] != "action" or first[1][0] != "s":
+            raise _Bad(root[1], 'a message must begin with its "action" string')
+        action = first[1][3]
+        if action == "S":
+            self._startup(root)
+        elif self._txinfo is None:
+            raise _Bad(0, "the stream must begin with the startup message (action S)")
+        elif action == "B":
+            self._begin(root, data, lsn)
+        elif action == "C":
+            self._commit(root, lsn)
+        elif action in _CHANGE_NAMES:
+            self._change(root, action, data, lsn)
+        else:
+            raise _Bad(first[1][1], f"unknown action {action!r}")
 
     def _feed_inner(self, payload: bytes, lsn: int | None, action: str,
                     locate: Callable[[ProtocolError], _Bad] | None = None) -> None:
@@ -614,6 +679,14 @@ class JsonDecoder:
             if locate is None:
                 raise _Bad(0, _problem(exc)) from None
             raise locate(exc) from None
+
+    def _at(self, root: tuple, data: bytes, *path: str) -> int:
+        """The byte offset of the member at `path` (object keys) of the message; read again with byte positions
+        when `root` was read without them."""
+        node = root if root[1] >= 0 else parse_json(data, self._codec)
+        for key in path:
+            node = dict(node[3])[key]
+        return node[1]
 
     def _startup(self, root: tuple) -> None:
         fields = _fields(root, _START_KEYS, "the startup message")
@@ -634,7 +707,7 @@ class JsonDecoder:
         self._feed_inner(b"S\x01" + b"".join(k.encode() + b"\0" + v.encode() + b"\0" for k, v in inner.items()),
                          None, "S")
 
-    def _begin(self, root: tuple, lsn: int | None) -> None:
+    def _begin(self, root: tuple, data: bytes, lsn: int | None) -> None:
         fields = _fields(root, _BEGIN_KEYS, "BEGIN")
         flag = fields.get("has_catalog_changes")
         if flag is None or flag[3] not in ("t", "f"):
@@ -656,7 +729,7 @@ class JsonDecoder:
         self._token = (self._token + 1) & 0xFFFFFFFF
         self._txn = (self._token, xid, ts)
         self._feed_inner(_B_MSG.pack(b"B", 0, 0, 0 if ts is None else ts, self._token), lsn, "B",
-                         lambda exc: _Bad(fields["commit_time"][1], _problem(exc)))
+                         lambda exc: _Bad(self._at(root, data, "commit_time"), _problem(exc)))
         self._after_begin = True
 
     def _commit(self, root: tuple, lsn: int | None) -> None:
@@ -695,26 +768,26 @@ class JsonDecoder:
             raise _Bad(root[1], f"{what} outside a transaction")
         table = self._table(rel, [t for t in (old, new) if t is not None], action, lsn)
         out = bytearray(action.encode() + b"\0" + _U32.pack(table.inner_relid))
-        spans: list[tuple[int, tuple, dict[str, tuple]]] = []
-        for mark, tup in ((b"K", old), (b"N", new)):
+        starts: list[tuple[int, str, dict[str, tuple]]] = []   # where each tuple starts in the native message
+        for mark, key, tup in ((b"K", "oldtuple", old), (b"N", "newtuple", new)):
             if tup is None:
                 continue
             out += mark
-            values = {key: node for key, node in tup[3]}
-            spans.append((len(out), tup, values))
+            values = {name: node for name, node in tup[3]}
+            starts.append((len(out), key, values))
             self._tuple(out, table, values, data)
 
         def locate(exc: ProtocolError) -> _Bad:
-            column = exc.column
-            tup, values = spans[0][1], spans[0][2]
-            for start, t, v in spans:
+            key, values = starts[0][1], starts[0][2]
+            for start, k, v in starts:
                 if exc.offset is not None and exc.offset >= start:
-                    tup, values = t, v
+                    key, values = k, v
+            column = exc.column
             if column is None or column >= len(table.columns):
-                return _Bad(tup[1], _problem(exc))
+                return _Bad(self._at(root, data, key), _problem(exc))
             name = table.columns[column]
-            node = values.get(name)
-            return _Bad(node[1] if node is not None else tup[1], _problem(exc), column, name)
+            path = (key, name) if name in values else (key,)
+            return _Bad(self._at(root, data, *path), _problem(exc), column, name)
 
         self._feed_inner(bytes(out), lsn, action, locate)
 
