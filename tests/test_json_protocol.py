@@ -363,7 +363,9 @@ class _Types:
                   "JSON string, not a number"),
     (1007, b"[[1],2]", "bad JSON 'I' message at LSN 0/12, byte 63 of column 1 (\"v\"): an array mixes sub-arrays "
                        "and elements"),
-], ids=["int4-text", "bool-string", "date-number", "ragged-array"])
+    (1007, b"[[[[[[[1]]]]]]]", "bad JSON 'I' message at LSN 0/12, byte 63 of column 1 (\"v\"): an array value nested "
+                               "deeper than PostgreSQL's 6 dimensions"),
+], ids=["int4-text", "bool-string", "date-number", "ragged-array", "seven-dimensions"])
 def test_value_errors_name_the_column_and_its_byte(oid: int, value: bytes, error: str) -> None:
     """A value that does not fit its column's type: the error of the text kernel (the same in both
     implementations) or of the JSON shape, at the byte where the value starts in the JSON message."""
@@ -424,3 +426,16 @@ def test_frame_files_name_their_format(tmp_path) -> None:
         plan_chunks(str(js))
     with pytest.raises(FrameError, match="proto_format 'json' is not readable here"):
         frame_proto_format(read_frame_file(odd)[0])
+
+
+def test_deeply_nested_json_without_a_catalog_is_its_text() -> None:
+    """Without a catalog a value's type is unknown: an array nested deeper than any PostgreSQL array (a json value)
+    is its JSON text, read without recursion."""
+    deep = b"[" * 3000 + b"]" * 3000
+    for impl in IMPLS:
+        dec = JsonDecoder("pglogical", implementation=load_impl(impl))
+        msg = b'{"action":"I","relation":["public","t"],"newtuple":{"id":1,"v":' + deep + b"}}"
+        for i, payload in enumerate([S_PGL, B_OK, msg, C_OK]):
+            dec.feed(payload, 0x10 + i)
+        (event,) = dec.drain()
+        assert event.to_arrow().column("v").to_pylist() == [deep.decode()], impl

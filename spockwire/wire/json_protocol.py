@@ -303,6 +303,21 @@ def _xsd_timestamp(text: str) -> str:
     return text if i < 0 else text[:i] + " " + text[i + 1:]
 
 
+#: PostgreSQL's MAXDIM: an array has at most this many dimensions
+_MAXDIM = 6
+
+
+def _deeper_than(node: tuple, limit: int) -> bool:
+    """Whether JSON arrays nest in `node` more than `limit` deep (not counting arrays inside objects)."""
+    level, depth = [node], 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [item for n in level for item in n[3] if item[0] == "a"]
+    return False
+
+
 def _xsd_zone(text: str) -> str:
     """datum_to_json's zone of whole hours (``+00:00``) as timestamptz_out prints it (``+00``); ``+05:30`` stays."""
     core, bc = (text[:-3], " BC") if text.endswith(" BC") else (text, "")
@@ -364,7 +379,7 @@ class _Values:
         kind, c = node[0], cat[0]
         if kind == "z":
             return None
-        if c == "json" or (c == "unknown" and kind == "o"):
+        if c == "json" or (c == "unknown" and (kind == "o" or (kind == "a" and _deeper_than(node, _MAXDIM)))):
             # json_out's text is written as it is, with its own leading and trailing whitespace: the plugins put
             # none of theirs around a value, so every space next to it is the value's
             start, end = node[1], node[2]
@@ -412,6 +427,8 @@ class _Values:
 
     def _array(self, node: tuple, element: tuple, delim: str, data: bytes, codec: str | None) -> str:
         items = node[3]
+        if _deeper_than(node, _MAXDIM):
+            raise _Bad(node[1], f"an array value nested deeper than PostgreSQL's {_MAXDIM} dimensions")
         if element[0] != "json" and items and any(item[0] == "a" for item in items):
             if not all(item[0] == "a" for item in items):
                 raise _Bad(node[1], "an array mixes sub-arrays and elements")
