@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any, Sequence
 
 import pyarrow as pa
@@ -199,7 +200,7 @@ def test_pglogical_connect_and_capture_in_json(pg_db, tmp_path, transport: str) 
     """`connect(..., proto_format="json")` sends the parameter, checks the JSON startup message and hands out the
     batches the native stream gives; `spockwire capture --proto-format json` records that in the frame file's
     header, and `decoder_for` (decode, inspect) reads the file back with the JSON decoder of either
-    implementation."""
+    implementation; `spockwire decode` stages its rows."""
     import spockwire
     from spockwire.cli.common import decoder_for
     from spockwire.frames import read_frame_file
@@ -217,6 +218,8 @@ def test_pglogical_connect_and_capture_in_json(pg_db, tmp_path, transport: str) 
          "--transport", transport, "--idle-exit", "1", "-o", str(path))
     header, body = read_frame_file(path)
     assert header["proto_format"] == "json" and header["protocol"] == "pglogical"
+    staged = _cli("decode", str(path), "--out", str(tmp_path / "staging"))
+    assert re.search(r"public\.tk\s+8 rows", staged), staged
     listed = [json.loads(line) for line in _cli("inspect", str(path), "--json").splitlines()]
     kinds = [r["name"] for r in listed if r.get("record") == "frame"]
     assert kinds[:3] == ["startup", "begin", "relation"] or kinds[:3] == ["startup", "begin", "insert"], kinds
