@@ -39,7 +39,7 @@ _C_MSG = struct.Struct(">cBQQq")
 # ------------------------------------------------------------------------------------------------------------------
 # strict JSON reading with byte positions
 
-_TOKEN = re.compile(rb'[ \t\n\r]*(?:("(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*")'
+_TOKEN = re.compile(rb'[ \t\n\r]*(?:("[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*")'
                     rb'|(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)|(true|false|null)|([\[\]{}:,]))')
 _WS = re.compile(rb"[ \t\n\r]*")
 
