@@ -574,7 +574,7 @@ class JsonDecoder:
     proto_format = "json"
 
     def __init__(self, protocol: str = "pglogical", *, implementation: Any = None, type_catalog: Any = None,
-                 proto_version: int | None = None, **options: Any) -> None:
+                 **options: Any) -> None:
         if protocol not in ("pglogical", "spock"):
             raise ValueError(f"the JSON protocol is pglogical's and spock's, not {protocol!r}")
         if implementation is None:
@@ -688,7 +688,7 @@ class JsonDecoder:
         else:
             raise _Bad(first[1][1], f"unknown action {action!r}")
 
-    def _feed_inner(self, payload: bytes, lsn: int | None, action: str,
+    def _feed_inner(self, payload: bytes, lsn: int | None,
                     locate: Callable[[ProtocolError], _Bad] | None = None) -> None:
         try:
             self._inner.feed(payload, lsn)
@@ -722,7 +722,7 @@ class JsonDecoder:
         # the inner decoder reads what this class writes: UTF-8 text values, no binary or internal datums
         inner = {"max_proto_version": "1", "min_proto_version": "1", "database_encoding": "UTF8", "encoding": "UTF8"}
         self._feed_inner(b"S\x01" + b"".join(k.encode() + b"\0" + v.encode() + b"\0" for k, v in inner.items()),
-                         None, "S")
+                         None)
 
     def _begin(self, root: tuple, data: bytes, lsn: int | None) -> None:
         fields = _fields(root, _BEGIN_KEYS, "BEGIN")
@@ -745,7 +745,7 @@ class JsonDecoder:
         ts = _commit_time(fields["commit_time"]) if "commit_time" in fields else None
         self._token = (self._token + 1) & 0xFFFFFFFF
         self._txn = (self._token, xid, ts)
-        self._feed_inner(_B_MSG.pack(b"B", 0, 0, 0 if ts is None else ts, self._token), lsn, "B",
+        self._feed_inner(_B_MSG.pack(b"B", 0, 0, 0 if ts is None else ts, self._token), lsn,
                          lambda exc: _Bad(self._at(root, data, "commit_time"), _problem(exc)))
         self._after_begin = True
 
@@ -767,7 +767,7 @@ class JsonDecoder:
         else:
             raise _Bad(0, "COMMIT under no_txinfo carries no end LSN: feed it with its frame LSN")
         token, xid, ts = self._txn
-        self._feed_inner(_C_MSG.pack(b"C", 0, 0, end_lsn, 0 if ts is None else ts), lsn, "C")
+        self._feed_inner(_C_MSG.pack(b"C", 0, 0, end_lsn, 0 if ts is None else ts), lsn)
         self._txn = None
         self._committed[token] = (xid, commit_lsn, None if ts is None else ts + PG_EPOCH_OFFSET_US)
 
@@ -806,7 +806,7 @@ class JsonDecoder:
             path = (key, name) if name in values else (key,)
             return _Bad(self._at(root, data, *path), _problem(exc), column, name)
 
-        self._feed_inner(bytes(out), lsn, action, locate)
+        self._feed_inner(bytes(out), lsn, locate)
 
     def _table(self, rel: tuple, tuples: list[tuple], action: str, lsn: int | None) -> _Table:
         nsp, name = rel[3][0][3], rel[3][1][3]
@@ -829,7 +829,7 @@ class JsonDecoder:
         for column in columns:
             raw = column.encode("utf-8") + b"\0"
             out += b"C\0N" + _U16.pack(len(raw)) + raw
-        self._feed_inner(bytes(out), lsn, "R")
+        self._feed_inner(bytes(out), lsn)
         table.columns = columns
         inner = self._inner.relations[table.inner_relid]
         types = None
@@ -875,5 +875,5 @@ def json_decoder_or_native(module: Any, protocol: str, proto_format: str | None,
         return module.Decoder(protocol, **options)
     if proto_format != "json":
         raise ValueError(f"proto_format must be 'native' or 'json', not {proto_format!r}")
-    options.pop("proto_version", None)
+    options.pop("proto_version", None)   # the JSON messages are the same under every protocol version
     return JsonDecoder(protocol, implementation=module, **options)
