@@ -23,6 +23,8 @@ from tests.test_typed_values import (CASES, PGL_BASE, SCHEMA, Dataset, _accepts_
                                      _storage, dataset)
 
 IMPLS = ("c", "python")
+#: fixtures of this module that reach a server dynamically (tests/conftest.py marks the tests using them `pg`)
+SERVER_FIXTURES = frozenset({"dataset"})
 CHANGE = ("_change_type", "_commit_lsn", "_commit_ts", "_xid", "_seq", "_origin", "_unchanged_toast")
 
 #: a workload for TOAST and key changes (big: an out-of-line value, unchanged in the second update)
