@@ -115,10 +115,9 @@ def test_pglogical_json_type_table_equals_native_text(dataset: Dataset) -> None:
     same batches (change columns and values) in both implementations; relation ids are not in the JSON form."""
     frames = _peek(dataset.db, "tv_pgl", dict(PGL_BASE, proto_format="json"))
     assert frames[0][1].startswith(b'{"action":"S"')
-    native = {}
+    native, text = {}, _peek(dataset.db, "tv_pgl", PGL_BASE)
     for impl in IMPLS:
-        native[impl] = _decode(load_impl(impl).Decoder("pglogical", type_catalog=dataset.catalog),
-                               _peek(dataset.db, "tv_pgl", PGL_BASE))
+        native[impl] = _decode(load_impl(impl).Decoder("pglogical", type_catalog=dataset.catalog), text)
         got = _json(impl, "pglogical", dataset.catalog, frames)
         assert _same(got, native[impl], f"pglogical json {impl}") == ["t_json.v", "t_jsonb.v", "t_a_jsonb.v",
                                                                       "t_a_inet.v"]
@@ -161,9 +160,10 @@ def test_pglogical_json_toast_key_changes_and_no_txinfo(pg_db) -> None:
     bare = _peek(pg_db, "jp", dict(base, proto_format="json", no_txinfo="t"))
     assert b'"xid"' not in b"".join(p for _l, p in bare)
     catalog = PostgresTypeCatalog(pg_db.dsn)
+    text = _peek(pg_db, "jp", base)
     try:
         for impl in IMPLS:
-            native = _decode(load_impl(impl).Decoder("pglogical", type_catalog=catalog), _peek(pg_db, "jp", base))
+            native = _decode(load_impl(impl).Decoder("pglogical", type_catalog=catalog), text)
             assert _same(_json(impl, "pglogical", catalog, frames), native, f"toast {impl}") == ["tk._origin"]
             rows = native["tk"].to_pylist()
             assert [r["_change_type"] for r in rows] == ["insert", "insert", "update_postimage", "update_preimage",
@@ -181,7 +181,7 @@ def test_pglogical_json_toast_key_changes_and_no_txinfo(pg_db) -> None:
             assert without.column("_origin").null_count == without.num_rows
         # without a catalog: untyped columns of the values' text, as in the native stream
         for impl in IMPLS:
-            untyped = _decode(load_impl(impl).Decoder("pglogical"), _peek(pg_db, "jp", base))
+            untyped = _decode(load_impl(impl).Decoder("pglogical"), text)
             assert _same(_json(impl, "pglogical", None, frames), untyped, f"untyped {impl}") == ["tk._origin"]
     finally:
         catalog.close()
@@ -270,9 +270,10 @@ def test_spock_json_type_table_toast_and_keys_equal_native_text(sdb) -> None:
     frames = _peek(sdb, "js", dict(SPOCK_BASE, proto_format="json"))
     assert b"" in [p for _l, p in frames] and all(p[:1] in (b"{", b"") for _l, p in frames)
     catalog = PostgresTypeCatalog(sdb.dsn)
+    text = _peek(sdb, "js", SPOCK_BASE)
     try:
         for impl in IMPLS:
-            native = _decode(load_impl(impl).Decoder("spock", type_catalog=catalog), _peek(sdb, "js", SPOCK_BASE))
+            native = _decode(load_impl(impl).Decoder("spock", type_catalog=catalog), text)
             assert native["tk"].column("_unchanged_toast").to_pylist()[2] == ["big"]
             gaps = _same(_json(impl, "spock", catalog, frames), native, f"spock json {impl}")
             assert gaps == [n for n in ("t_json.v", "t_jsonb.v", "t_a_jsonb.v", "t_a_inet.v") if n[:-2] in native]
