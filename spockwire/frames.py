@@ -6,9 +6,10 @@ takes ``12 + payload_length`` bytes. A sequence of records is what ``Decoder.fee
 
 A *frame file* (``*.spwf``) is ``b"SPWFRAME"``, ``u16`` format version (1), ``u32 header_length``,
 ``header_length`` bytes of UTF-8 JSON (an object; only ``"protocol"`` is required; writers add ``"options"``,
-``"server_version"``, ``"slot"``, ``"created_at"``, and ``"type_catalog"``: the types the stream needs, recorded
-by ``spockwire capture`` -- spockwire.values.recorded), then frame records up to the end of the file. The JSON may
-be followed by spaces inside ``header_length`` (room a writer keeps to rewrite the header in place).
+``"server_version"``, ``"slot"``, ``"created_at"``, ``"proto_format": "json"`` for a capture of the pglogical /
+spock JSON protocol -- without it the messages are native -- and ``"type_catalog"``: the types the stream needs,
+recorded by ``spockwire capture`` -- spockwire.values.recorded), then frame records up to the end of the file. The
+JSON may be followed by spaces inside ``header_length`` (room a writer keeps to rewrite the header in place).
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from typing import Any, BinaryIO, Iterable, Iterator, Union
 from .errors import FrameError
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "RECORD_HEADER_SIZE", "encode_frame", "encode_frames", "iter_frames",
-           "encode_file_header", "write_frame_file", "read_frame_file", "read_file_header", "FrameWriter"]
+           "encode_file_header", "write_frame_file", "read_frame_file", "read_file_header", "FrameWriter",
+           "PROTO_FORMAT_KEY", "frame_proto_format"]
 
 MAGIC = b"SPWFRAME"
 FORMAT_VERSION = 1
@@ -177,6 +179,20 @@ def read_file_header(fh: BinaryIO, *, source: str = "frame file") -> tuple[dict[
         return parse_file_header(prefix, source=source)       # raises what is wrong with it
     header_length = _FILE_PREFIX.unpack(prefix)[2]
     return parse_file_header(prefix + fh.read(header_length), source=source)
+
+
+#: the header key naming the message format of a pglogical / spock capture ("native" when absent, or "json")
+PROTO_FORMAT_KEY = "proto_format"
+
+
+def frame_proto_format(header: dict[str, Any]) -> str:
+    """The message format of a frame file's records: "native" (no ``proto_format`` key: every file written
+    before the key existed) or "json"; FrameError for anything else."""
+    value = header.get(PROTO_FORMAT_KEY, "native")
+    if value not in ("native", "json") or (value == "json" and header.get("protocol") not in ("pglogical", "spock")):
+        raise FrameError(f"frame file header: proto_format {value!r} is not readable here (native, or json for "
+                         f"pglogical and spock)", offset=FILE_PREFIX_SIZE)
+    return value
 
 
 def read_frame_file(path: PathLike) -> tuple[dict[str, Any], memoryview]:

@@ -6,13 +6,14 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..frames import FrameWriter, iter_frames
+from ..frames import PROTO_FORMAT_KEY, FrameWriter, iter_frames
 from ..values.catalog import PostgresTypeCatalog, TypeCatalogError
 from ..values.recorded import HEADER_KEY, RecordedTypeCatalog
 from ..wire import load_implementation
+from ..wire.json_protocol import json_decoder_or_native
 from .common import CliError, format_lsn, human_bytes
 from .config import CONFIG, Setting, add_settings, positive_int, resolve
-from .stream_settings import INTERNAL, STREAM_SETTINGS, stream_kwargs
+from .stream_settings import INTERNAL, PROTO_FORMAT, STREAM_SETTINGS, stream_kwargs
 
 NAME = "capture"
 HELP = "record a slot's raw messages (with LSNs) into a frame file"
@@ -24,7 +25,7 @@ IDLE_EXIT = Setting("idle_exit", "stop after this many seconds without messages"
                     metavar="SECONDS")
 ACK = Setting("ack", "acknowledge what was captured (consumes the slot); by default the slot does not move",
               is_flag=True, default=False)
-SETTINGS = (CONFIG, *STREAM_SETTINGS, INTERNAL, OUT, MAX_MESSAGES, DURATION, IDLE_EXIT, ACK)
+SETTINGS = (CONFIG, *STREAM_SETTINGS, INTERNAL, PROTO_FORMAT, OUT, MAX_MESSAGES, DURATION, IDLE_EXIT, ACK)
 
 
 def register(subparsers: Any) -> None:
@@ -107,12 +108,15 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     impl = load_implementation()
     kwargs = stream_kwargs(cfg)
     meta = {"slot": cfg.slot, "plugin": cfg.plugin,
-            "options": {k: v for k, v in kwargs.items() if k not in ("slot", "plugin", "create_slot")}}
+            "options": {k: v for k, v in kwargs.items() if k not in ("slot", "plugin", "create_slot", "proto_format")}}
+    proto_format = kwargs.get("proto_format", "native")
+    if proto_format != "native":
+        meta[PROTO_FORMAT_KEY] = proto_format     # absent: native (every file written before the key existed)
     protocol = "pgoutput" if cfg.plugin == "pgoutput" else cfg.plugin
     taps: list[_Tap] = []
     with FrameWriter(cfg.out, protocol, header_reserve=HEADER_RESERVE, **meta) as writer:
         def factory(proto: str) -> Any:
-            tap = _Tap(impl.Decoder(proto, types="raw"), writer)
+            tap = _Tap(json_decoder_or_native(impl, proto, proto_format, types="raw"), writer)
             taps.append(tap)
             return tap
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from pyarrow import MonthDayNano as _MonthDayNano
 
-from ..frames import parse_file_header, read_frame_file
+from ..frames import frame_proto_format, parse_file_header, read_frame_file
+from ..wire.json_protocol import json_decoder_or_native
 from ..ingest.staging import COMPRESSIONS, DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS
 from ..values.catalog import TypeCatalogError, parse_column_types
 from ..values.recorded import RecordedTypeCatalog
@@ -89,7 +90,7 @@ def decoder_for(module: ModuleType, header: dict[str, Any], types: str | None = 
         except (TypeError, ValueError):
             pass
     try:
-        return module.Decoder(protocol=protocol, **kwargs)
+        return json_decoder_or_native(module, protocol, frame_proto_format(header), **kwargs)
     except ValueError as exc:
         raise CliError(f"cannot decode this frame file: {exc}") from None
 

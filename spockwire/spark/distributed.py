@@ -20,7 +20,8 @@ from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
-from ..frames import RECORD_HEADER_SIZE, encode_frame, read_file_header
+from ..errors import FrameError
+from ..frames import RECORD_HEADER_SIZE, encode_frame, frame_proto_format, read_file_header
 from ..values.recorded import RecordedTypeCatalog
 from . import schema as S
 from .slot import decoder_types_supported, make_decoder, select_events
@@ -145,6 +146,9 @@ def plan_chunks(path: str, chunk_bytes: int = 32 << 20) -> tuple[dict, list[Chun
     with open(path, "rb") as fh:
         header, body_start = read_file_header(fh, source=str(path))
         size = os.fstat(fh.fileno()).st_size
+        if frame_proto_format(header) != "native":
+            raise FrameError(f"{path}: a capture of the JSON protocol is read by `spockwire decode` / "
+                             "spockwire.wire.json_protocol.JsonDecoder, not split for Spark")
         scanner = _Scanner(header["protocol"])
         chunks: list[Chunk] = []
         chunk_start = body_start
