@@ -13,7 +13,8 @@ driver died is read again from the same LSN range and applied again, which leave
 table's commit also records the batch, so a table that holds it skips it). Killing the driver (even with
 SIGKILL) and starting the same command again therefore neither loses nor repeats a change.
 
-`spockwire demo` runs this pipeline in its own process; the kill -9 test (tests/test_spark_exactly_once.py)
+`spockwire pipeline` is this job as a command (settings file, progress lines, Prometheus metrics, a clean stop on
+SIGTERM: spockwire/cli/pipeline_cmd.py, the same `run`). `spockwire demo` runs this pipeline in its own process; the kill -9 test (tests/test_spark_exactly_once.py)
 runs it as a child process and kills it.
 """
 from __future__ import annotations
@@ -269,10 +270,11 @@ def _summary(batch: Any) -> _Summary:
 
 
 def _change_times(changes: Any) -> Any:
-    """The commit times of a table's changes (snapshot rows, whose commit time is the snapshot's, left out)."""
+    """The commit times of a table's changes (snapshot rows and the snapshot's truncate rows, whose commit time is
+    the snapshot's, left out: they have no transaction id)."""
     import pyarrow.compute as pc
 
-    keep = pc.or_(pc.not_equal(changes.column("_change_type"), "insert"), pc.is_valid(changes.column("_xid")))
+    keep = pc.is_valid(changes.column("_xid"))
     return pc.cast(changes.column("_commit_ts").filter(keep).drop_null(), "int64")
 
 
@@ -301,7 +303,7 @@ def table_keys(cfg: JobConfig) -> dict[str, list[str]]:
                 keys = [c.name for c in read_table_relation(cur, table).columns if c.is_key]
                 if not keys:
                     raise JobError(f"{table} has no key: its replica identity names no column (REPLICA IDENTITY "
-                                     f"FULL or NOTHING, or no primary key); give one with --table {table}=COLUMN[,...]")
+                                   f"FULL or NOTHING, or no primary key); give one with --table {table}=COLUMN[,...]")
                 out[table] = keys
     return out
 
@@ -549,7 +551,8 @@ def _check(cfg: JobConfig) -> None:
     from .slot import _connect, refuse_password_in_dsn
 
     try:
-        refuse_password_in_dsn(cfg.dsn, "the dsn")
+        refuse_password_in_dsn(cfg.dsn, "the dsn", "the password setting or --password-file of `spockwire "
+                               "pipeline`")
     except ValueError as exc:
         raise JobError(str(exc)) from None
     try:
@@ -597,7 +600,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..cli.pipeline_cmd import stop_on_signals
 
     with stop_on_signals() as stop:
-        return run(cfg, master=args.master, until_caught_up=args.until_caught_up, timeout=args.timeout, stop=stop)
+        try:
+            return run(cfg, master=args.master, until_caught_up=args.until_caught_up, timeout=args.timeout,
+                       stop=stop)
+        except JobError as exc:
+            print(f"{p.prog}: error: {exc}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

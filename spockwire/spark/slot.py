@@ -48,7 +48,8 @@ def with_password(dsn: str, password: str | None) -> str:
     return make_dsn(dsn, password=password)
 
 
-def refuse_password_in_dsn(dsn: str, where: str = "the dsn option") -> None:
+def refuse_password_in_dsn(dsn: str, where: str = "the dsn option",
+                           instead: str = "the source's password option (redacted by Spark)") -> None:
     """Raise ValueError when `dsn` holds a password (``password=...`` or ``postgresql://user:secret@...``): a
     dsn is shown in query plans and logs, a password has paths of its own (the source's `password` option, which
     Spark redacts, PGPASSFILE or PGPASSWORD). The message never repeats the dsn."""
@@ -60,9 +61,8 @@ def refuse_password_in_dsn(dsn: str, where: str = "the dsn option") -> None:
     except ProgrammingError:
         return                  # not parsable: libpq reports it when it connects
     if keys.get("password"):
-        raise ValueError(f"{where} holds a password: remove it from the connection string and give it with the "
-                         "source's password option (redacted by Spark), a password file (PGPASSFILE) or "
-                         "PGPASSWORD")
+        raise ValueError(f"{where} holds a password: remove it from the connection string and give it with "
+                         f"{instead}, a password file (PGPASSFILE) or PGPASSWORD")
 
 
 class SlotAheadError(SpockwireError):
