@@ -289,3 +289,18 @@ def test_errors_before_spark_starts_are_one_line(pg_db, tmp_path, capsys, monkey
     status, line = _one_line_error(capsys, *common, "--option", f"password={password}")
     assert status == 2 and "--password-file" in line and password not in line
     assert not (tmp_path / "ck").exists()
+
+
+def test_the_source_keeps_the_password_out_of_the_dsn():
+    from spockwire.spark.datasource import options_to_spec
+
+    spec = options_to_spec({"dsn": "host=db dbname=shop user=cdc", "slot": "s", "PASSWORD": "pw 'x"})
+    assert spec.dsn == "host=db dbname=shop user=cdc" and "pw" not in repr(spec)
+    from psycopg2.extensions import parse_dsn
+
+    assert parse_dsn(spec.conninfo) == {"host": "db", "dbname": "shop", "user": "cdc", "password": "pw 'x"}
+    assert options_to_spec({"dsn": "host=db", "slot": "s"}).conninfo == "host=db"
+    for dsn in ("host=db user=cdc password=s3cret", "postgresql://cdc:s3cret@db/shop"):
+        with pytest.raises(ValueError, match="the dsn option holds a password") as raised:
+            options_to_spec({"dsn": dsn, "slot": "s"})
+        assert "s3cret" not in str(raised.value)

@@ -555,6 +555,9 @@ def _check(cfg: JobConfig) -> None:
                                "pipeline`")
     except ValueError as exc:
         raise JobError(str(exc)) from None
+    if any(k.lower() == "password" for k in cfg.extra_options):
+        raise JobError("a password among the source options: give it as the password setting or --password-file of "
+                       "`spockwire pipeline` (JobConfig.password), PGPASSFILE or PGPASSWORD")
     try:
         with _connect(conninfo(cfg)):
             pass
