@@ -2,13 +2,15 @@
 per source table, exactly once, with a progress line per micro-batch and Prometheus metrics.
 
 SIGTERM or SIGINT: the micro-batch being applied is finished and committed to the checkpoint, then the job stops
-(exit status 0); the next run goes on from the checkpoint.
+(exit status 0); the next run goes on from the checkpoint. A second signal ends the process at once (exit status
+128 + the signal's number), which loses nothing either: the next run applies again what was not committed.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -74,8 +76,14 @@ def stop_on_signals() -> Iterator[threading.Event]:
     previous: dict[int, Any] = {}
 
     def handler(signum: int, _frame: Any) -> None:
-        if not stop.is_set():
-            log.info("%s: finishing the micro-batch being applied, then stopping", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            # a second signal: at once (as after kill -9, the next run applies again what was not committed; the
+            # JVM ends when its driver's pipe closes)
+            log.warning("%s again: stopping at once", name)
+            logging.shutdown()
+            os._exit(128 + signum)
+        log.info("%s: finishing the micro-batch being applied, then stopping (again: at once)", name)
         stop.set()
 
     if threading.current_thread() is threading.main_thread():
