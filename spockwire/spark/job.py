@@ -503,6 +503,11 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
                 monitor.on_batch(b)
 
     gate = StopGate()
+    if stop.is_set():                    # asked to stop while Spark started
+        if own_session:
+            spark.stop()
+        print(json.dumps({"stopped": True, "last_batch": None}), file=out, flush=True)
+        return 0
     try:
         query = start(spark, cfg, report, gate)
     except BaseException:

@@ -119,8 +119,9 @@ class PipelineMonitor:
 
     def tick(self, query: Any) -> None:
         progress = query.lastProgress
-        if progress is not None and progress is not self._last_progress:
-            self._last_progress = progress
+        stamp = None if progress is None else (progress.get("batchId"), progress.get("timestamp"))
+        if stamp is not None and stamp != self._last_progress:
+            self._last_progress = stamp
             self._snapshot(progress)
         now = time.monotonic()
         if now - self._last_lag >= self.lag_interval:
