@@ -300,7 +300,7 @@ def test_the_source_keeps_the_password_out_of_the_dsn():
 
     assert parse_dsn(spec.conninfo) == {"host": "db", "dbname": "shop", "user": "cdc", "password": "pw 'x"}
     assert options_to_spec({"dsn": "host=db", "slot": "s"}).conninfo == "host=db"
-    for dsn in ("host=db user=cdc password=s3cret", "postgresql://cdc:s3cret@db/shop"):
+    for dsn in ("host=db user=cdc password=s3cret", "postgresql://cdc:s3cret@db/shop", "host=db password=a s3cret"):
         with pytest.raises(ValueError, match="the dsn option holds a password") as raised:
             options_to_spec({"dsn": dsn, "slot": "s"})
         assert "s3cret" not in str(raised.value)

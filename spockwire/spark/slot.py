@@ -58,8 +58,8 @@ def refuse_password_in_dsn(dsn: str, where: str = "the dsn option",
 
     try:
         keys = parse_dsn(dsn)
-    except ProgrammingError:
-        return                  # not parsable: libpq reports it when it connects
+    except ProgrammingError:    # not parsable: libpq's error would quote a piece of it
+        keys = {"password": "password" in dsn.lower()}
     if keys.get("password"):
         raise ValueError(f"{where} holds a password: remove it from the connection string and give it with "
                          f"{instead}, a password file (PGPASSFILE) or PGPASSWORD")
