@@ -38,7 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def _role(pg_db, password: str) -> str:
     """A login role that must authenticate with `password` over TCP (the cluster's other roles keep trust)."""
     role = f"cdc_{secrets.token_hex(4)}"
-    pg_db.execute(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD %s", (password,))
+    pg_db.execute(f"SET password_encryption = 'scram-sha-256'; CREATE ROLE {role} LOGIN REPLICATION PASSWORD %s",
+                  (password,))
+    assert pg_db.query("SELECT rolpassword LIKE 'SCRAM-SHA-256$%%' FROM pg_authid WHERE rolname = %s", (role,)) \
+        == [(True,)]
     pg_db.cluster.require_password(role)
     return role
 
