@@ -28,6 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from ..errors import SpockwireError
+from .environment import check_java
+
 __all__ = ["JobConfig", "BatchReport", "spark_session", "target_path", "start", "wait_caught_up", "main"]
 
 
@@ -88,12 +91,14 @@ def target_path(target: str, table: str, history: bool = False) -> str:
 def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", impl: str | None = None) -> Any:
     """A local SparkSession set up for the pipeline: small shuffles, no UI, UTC, quiet logs.
 
-    Spark's Python workers run this interpreter and decode with `impl` (default: the implementation this process
-    selected)."""
+    Spark's Python workers run this interpreter (unless ``PYSPARK_PYTHON`` names another) and decode with `impl`
+    (default: the implementation this process selected). Without Java 17 it raises SparkEnvironmentError before
+    Spark starts; `register` then checks the workers (spockwire.spark.environment)."""
     from pyspark.sql import SparkSession
 
     import spockwire
 
+    check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = master[len("local["):-1] if master.startswith("local[") else "2"
@@ -415,7 +420,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     checkpoint=args.checkpoint, starting_position=args.starting_position,
                     max_changes_per_batch=args.max_changes_per_batch,
                     extra_options=dict(o.split("=", 1) for o in args.option), history=args.history)
-    spark = spark_session(args.master, app="spockwire-job")
+    try:
+        spark = spark_session(args.master, app="spockwire-job")
+    except SpockwireError as exc:
+        print(f"spockwire.spark.job: error: {exc}", file=sys.stderr)
+        return 1
     lock = threading.Lock()
 
     def report(b: BatchReport) -> None:
