@@ -188,8 +188,9 @@ def test_register_names_the_worker_interpreter_that_cannot_import_spockwire(tmp_
     (other / "spockwire" / "__init__.py").write_text('__version__ = "0.0.9"\n')
     for module in ("wire/_decoder.py", "connection/_pump.py"):
         (other / "spockwire" / module).write_text("")
+    python = os.path.abspath(sys.executable)   # as the driver's sys.executable shows it (`..` resolved)
     sessions = [(str(bare / "bin" / "python3"), {}), (str(tmp_path / "no-python"), {}),
-                (sys.executable, {"spark.executorEnv.PYTHONPATH": str(other)}), (sys.executable, {})]
+                (python, {"spark.executorEnv.PYTHONPATH": str(other)}), (python, {})]
     script = tmp_path / "sessions.py"
     script.write_text(WORKER_SESSIONS)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
@@ -199,7 +200,7 @@ def test_register_names_the_worker_interpreter_that_cannot_import_spockwire(tmp_
     results = json.loads(proc.stdout.splitlines()[-1])
 
     here = os.path.dirname(os.path.realpath(spockwire.__file__))
-    fix = (f"set PYSPARK_PYTHON (spark.pyspark.python under spark-submit) to {sys.executable}, the interpreter "
+    fix = (f"set PYSPARK_PYTHON (spark.pyspark.python under spark-submit) to {python}, the interpreter "
            "this spockwire runs in, before the SparkSession starts")
     version = "%d.%d.%d" % sys.version_info[:3]
     assert results == [
@@ -207,7 +208,7 @@ def test_register_names_the_worker_interpreter_that_cannot_import_spockwire(tmp_
         f"{', '.join(worker_modules())} (ModuleNotFoundError: No module named 'numpy'): {fix}",
         f"Spark's Python workers ({tmp_path / 'no-python'}) could not run a Python task (Cannot run program "
         f"\"{tmp_path / 'no-python'}\": error=2, No such file or directory): {fix}",
-        f"Spark's Python workers run {sys.executable}, which imports spockwire 0.0.9 from "
+        f"Spark's Python workers run {python}, which imports spockwire 0.0.9 from "
         f"{os.path.realpath(other / 'spockwire')}, "
         f"not spockwire {spockwire.__version__} from {here} as this driver does: the workers run this driver's "
         f"Python with another import path: put {os.path.dirname(here)} first on PYTHONPATH",
