@@ -30,7 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
-from ..errors import SpockwireError
+from ..errors import SparkEnvironmentError, SpockwireError
+from .environment import check_java
 
 __all__ = ["JobConfig", "BatchReport", "JobError", "spark_session", "target_path", "start", "wait_caught_up", "run",
            "main"]
@@ -100,12 +101,15 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
                   conf: Mapping[str, str] | None = None) -> Any:
     """A local SparkSession set up for the pipeline: small shuffles, no UI, UTC, quiet logs.
 
-    Spark's Python workers run this interpreter and decode with `impl` (default: the implementation this process
-    selected). `conf`: further Spark settings (they win over these)."""
+    Spark's Python workers run this interpreter (unless ``PYSPARK_PYTHON`` names another) and decode with `impl`
+    (default: the implementation this process selected). `conf`: further Spark settings (they win over these).
+    Without Java 17 it raises SparkEnvironmentError before Spark starts; `register` then checks the workers
+    (spockwire.spark.environment)."""
     from pyspark.sql import SparkSession
 
     import spockwire
 
+    check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = master[len("local["):-1] if master.startswith("local[") else "2"
@@ -493,7 +497,10 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
     target = flush_lsn(conninfo(cfg)) if until_caught_up else None
     own_session = spark is None
     if own_session:
-        spark = spark_session(master, app="spockwire-job", conf=spark_conf)
+        try:
+            spark = spark_session(master, app="spockwire-job", conf=spark_conf)
+        except SparkEnvironmentError as exc:          # no Java 17: one line, before anything started
+            raise JobError(str(exc)) from None
     lock = threading.Lock()
 
     def report(b: BatchReport) -> None:
