@@ -493,14 +493,16 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
     on (left running at the end; default: a new one, `spark_session`, stopped at the end)."""
     out = out if out is not None else sys.stdout
     stop = stop if stop is not None else threading.Event()
-    _check(cfg)
-    target = flush_lsn(conninfo(cfg)) if until_caught_up else None
     own_session = spark is None
     if own_session:
         try:
-            spark = spark_session(master, app="spockwire-job", conf=spark_conf)
-        except SparkEnvironmentError as exc:          # no Java 17: one line, before anything started
+            check_java()                              # no Java 17: one line, before anything started
+        except SparkEnvironmentError as exc:
             raise JobError(str(exc)) from None
+    _check(cfg)
+    target = flush_lsn(conninfo(cfg)) if until_caught_up else None
+    if own_session:
+        spark = spark_session(master, app="spockwire-job", conf=spark_conf)
     lock = threading.Lock()
 
     def report(b: BatchReport) -> None:
@@ -619,7 +621,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(cfg, master=args.master, until_caught_up=args.until_caught_up, timeout=args.timeout,
                        stop=stop)
         except JobError as exc:
-            print(f"{p.prog}: error: {exc}", file=sys.stderr)
+            print(f"spockwire.spark.job: error: {exc}", file=sys.stderr)
             return 1
 
 
