@@ -156,7 +156,7 @@ def test_pipeline_on_a_cluster_survives_driver_and_worker_kills(spark_cluster, p
             lock.rollback()
             lock.close()
         writer, stop = writing()
-        cluster.start_worker(1)
+        cluster.start_worker(1, wait=False)     # (registers while run 2 goes on)
         wait_batch(run2, "changes")
         assert run2.wait_for("batch", 120, after=len(run2.lines)), log_tail()
         time.sleep(rng.uniform(0.0, 0.2))

@@ -13,10 +13,9 @@ Example::
         spark = (SparkSession.builder.master(cluster.master_url)
                  .config("spark.executor.memory", "512m").getOrCreate())
 
-The executors run in processes of their own: their Python workers run the interpreter the driver names
-(``PYSPARK_PYTHON`` or ``spark.pyspark.python``), which must have spockwire installed, or find it through
-``spark.executorEnv.PYTHONPATH``. Set ``SPOCKWIRE_KEEP_SPARK=1`` to keep the work directory and the logs after
-``stop()``.
+The executors run in processes of their own: their Python workers run the interpreter the driver's
+``PYSPARK_PYTHON`` names, which must have spockwire installed, or find it through ``spark.executorEnv.PYTHONPATH``.
+Set ``SPOCKWIRE_KEEP_SPARK=1`` to keep the work directory and the logs after ``stop()``.
 """
 from __future__ import annotations
 
@@ -192,15 +191,17 @@ class SparkCluster:
             raise
         return self
 
-    def start_worker(self, index: int) -> None:
-        """Start worker `index` again (after :meth:`kill_worker`), on new ports; waits until the master lists it as
-        ALIVE. (The master lists the killed one as ALIVE until its worker timeout passed: :meth:`wait_workers`.)"""
+    def start_worker(self, index: int, wait: bool = True) -> None:
+        """Start worker `index` again (after :meth:`kill_worker`), on new ports; with `wait`, return once the master
+        lists it as ALIVE. (The master lists the killed one as ALIVE until its worker timeout passed:
+        :meth:`wait_workers` waits for both.)"""
         if self.workers[index].running:
             return
         worker = self.workers[index] = self._worker(index)
         self._launch(worker)
-        self._wait(lambda s: s is not None and any(int(w["port"]) == worker.port and w.get("state") == "ALIVE"
-                                                   for w in s.get("workers", [])), f"{worker.name} to register")
+        if wait:
+            self._wait(lambda s: s is not None and any(int(w["port"]) == worker.port and w.get("state") == "ALIVE"
+                                                       for w in s.get("workers", [])), f"{worker.name} to register")
 
     def state(self) -> dict[str, Any] | None:
         """The master's state (its web UI's ``/json/``: workers, applications), or None when it does not answer."""
