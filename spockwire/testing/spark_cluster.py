@@ -97,18 +97,13 @@ class _Daemon:
         return self.proc is not None and self.proc.poll() is None
 
 
-_LIVE: "weakref.WeakSet[SparkCluster]" = weakref.WeakSet()
-
-
-def _stop_all_at_exit() -> None:
-    for cluster in list(_LIVE):
+def _stop_at_exit(ref: "weakref.ReferenceType[SparkCluster]") -> None:
+    cluster = ref()
+    if cluster is not None and not cluster.stopped:
         try:
             cluster.stop()
         except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
-
-
-atexit.register(_stop_all_at_exit)
 
 
 class SparkCluster:
@@ -141,7 +136,8 @@ class SparkCluster:
         #: the web UI port of every worker started, and its index (a worker started again gets new ports)
         self.webui_ports: dict[int, int] = {}
         self.workers: list[_Daemon] = [self._worker(i) for i in range(workers)]
-        _LIVE.add(self)
+        self.stopped = False
+        atexit.register(_stop_at_exit, weakref.ref(self))
 
     @property
     def master_url(self) -> str:
@@ -312,7 +308,7 @@ class SparkCluster:
                 pass
             if daemon.log is not None and not daemon.log.closed:
                 daemon.log.close()
-        _LIVE.discard(self)
+        self.stopped = True
         left = [p for p in family if _pid_alive(p)]
         if not self.keep:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
