@@ -100,8 +100,8 @@ def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordB
 def _not_shared(path: str, host: str | None) -> str:
     folder = path.rsplit("/", 1)[0]
     return (f"the micro-batch file {path}, written by a task on {host or 'an executor'}, is not there for its reader "
-            f"on {socket.gethostname()}: the staging folder {folder} (the pipeline job's "
-            "<checkpoint>/spockwire-batches) must be on storage the driver and every executor share (HDFS, S3, ABFS, GCS, NFS, ...), as the "
+            f"on {socket.gethostname()}: the staging folder {folder} (the pipeline job's <checkpoint>/spockwire-"
+            "batches) must be on storage the driver and every executor share (HDFS, S3, ABFS, GCS, NFS, ...), as the "
             "checkpoint must be")
 
 

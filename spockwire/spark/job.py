@@ -100,7 +100,7 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = master[len("local["):-1] if master.startswith("local[") else "2"
     parallel = "2" if cores in ("*", "") else cores
-    builder = (SparkSession.builder.master(master).appName(app)
+    spark = (SparkSession.builder.master(master).appName(app)
              .config("spark.executorEnv.SPOCKWIRE_IMPL", impl or spockwire.__impl__)
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
@@ -110,10 +110,9 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
              .config("spark.sql.adaptive.enabled", "false")
              .config("spark.sql.streaming.pollingDelay", "10ms")
              # a Python process the JVM starts may take long to connect back on a busy machine (the default is 15 s)
-             .config("spark.python.authenticate.socketTimeout", "120s"))
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+             .config("spark.python.authenticate.socketTimeout", "120s")
+             .config(map=dict(conf or {}))      # the caller's settings win
+             .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     import spockwire.spark
 
