@@ -34,8 +34,8 @@ def spark_cluster():
 
 
 def _cluster_args(cluster: SparkCluster, events: Path) -> list[str]:
-    """The job's arguments for the cluster: one executor of one core per worker, the event log on, this tree on
-    the executors' Python path (spockwire is not installed there)."""
+    """The job's arguments for the cluster: one executor of one core per worker, the event log on, and the
+    executors' Python path the driver's (they import spockwire from where the driver does)."""
     events.mkdir(exist_ok=True)
     conf = {"spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "512m",
             "spark.driver.memory": "512m",
