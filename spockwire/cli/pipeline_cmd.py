@@ -8,15 +8,12 @@ SIGTERM or SIGINT: the micro-batch being applied is finished and committed to th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import os
-import signal
 import sys
-import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from ..spark.monitor import stop_on_signals
 from .common import IMPL
 from .config import CONFIG, ConfigError, Setting, add_settings, positive_int, resolve
 from .ingest_cmd import LOG_FORMAT, METRICS_HOST, METRICS_PORT, configure_logging
@@ -67,33 +64,6 @@ def register(subparsers: Any) -> None:
                               "applied, then exit 0; run it again to go on from the checkpoint (see docs/spark.md).")
     add_settings(p, SETTINGS)
     p.set_defaults(_run=run)
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[threading.Event]:
-    """An event that SIGINT and SIGTERM set (instead of ending the process) while the block runs."""
-    stop = threading.Event()
-    previous: dict[int, Any] = {}
-
-    def handler(signum: int, _frame: Any) -> None:
-        name = signal.Signals(signum).name
-        if stop.is_set():
-            # a second signal: at once (as after kill -9, the next run applies again what was not committed; the
-            # JVM ends when its driver's pipe closes)
-            log.warning("%s again: stopping at once", name)
-            logging.shutdown()
-            os._exit(128 + signum)
-        log.info("%s: finishing the micro-batch being applied, then stopping (again: at once)", name)
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, handler)
-    try:
-        yield stop
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _pairs(value: str | None, what: str) -> dict[str, str]:

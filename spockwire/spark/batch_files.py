@@ -12,9 +12,13 @@ columns and the table's columns, with the Arrow types Spark's own schema gives t
 files has the schema it would have from the DataFrame). File names are derived from the task's partition, and
 written under a temporary name then renamed: a retried task writes the same file again. On a cluster the folder
 must be on storage the executors and the driver share (as the checkpoint is): any URI pyarrow's file systems open.
+A manifest row also names the host of the task that wrote the file; the reader checks that every file is there
+with the rows its task wrote (:func:`check_files`, :func:`read_files`) and raises :class:`BatchFileError`
+otherwise -- a folder on an executor's local disk fails the micro-batch, it never loses its changes.
 """
 from __future__ import annotations
 
+import socket
 import uuid
 from typing import Any, Iterator, Sequence
 
@@ -22,15 +26,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import fs as pafs
 
+from ..errors import SpockwireError
 from . import schema as S
 
-__all__ = ["MANIFEST_SCHEMA", "MANIFEST_ARROW", "write_files", "read_files", "delete_files", "clear", "table_schema",
-           "partition_name"]
+__all__ = ["MANIFEST_SCHEMA", "MANIFEST_ARROW", "BatchFileError", "write_files", "read_files", "check_files",
+           "delete_files", "clear", "table_schema", "partition_name"]
 
-#: the DataFrame of a micro-batch in ``stagingPath`` mode: one row per Arrow file
-MANIFEST_SCHEMA = "_table string, path string, rows long, snapshot_rows long, last_lsn long"
+#: the DataFrame of a micro-batch in ``stagingPath`` mode: one row per Arrow file (`host`: where its task ran)
+MANIFEST_SCHEMA = "_table string, path string, rows long, snapshot_rows long, last_lsn long, host string"
 MANIFEST_ARROW = pa.schema([("_table", pa.string()), ("path", pa.string()), ("rows", pa.int64()),
-                            ("snapshot_rows", pa.int64()), ("last_lsn", pa.int64())])
+                            ("snapshot_rows", pa.int64()), ("last_lsn", pa.int64()), ("host", pa.string())])
+
+
+class BatchFileError(SpockwireError):
+    """A micro-batch's Arrow file is not what its task wrote: missing where the reader looks (the staging folder is
+    not shared by the driver and the executors), or holding another number of rows."""
 
 
 def _fs(path: str) -> tuple[Any, str]:
@@ -81,22 +91,43 @@ def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordB
     for table, (_sink, _writer, tmp, final, counts) in open_.items():
         fs.move(tmp, final)
         rows.append((table, final if "://" not in staging else f"{staging.split('://', 1)[0]}://{final}",
-                     counts[0], counts[1], counts[2] if counts[2] >= 0 else None))
+                     counts[0], counts[1], counts[2] if counts[2] >= 0 else None, socket.gethostname()))
     if rows:
         yield pa.RecordBatch.from_arrays([pa.array([r[i] for r in rows], f.type) for i, f in enumerate(MANIFEST_ARROW)],
                                          schema=MANIFEST_ARROW)
 
 
-def read_files(paths: Sequence[str]) -> pa.Table | None:
-    """The rows of one table's files (memory-mapped when local), as one Arrow table; None for no file."""
+def _not_shared(path: str, host: str | None) -> str:
+    folder = path.rsplit("/", 1)[0]
+    return (f"the micro-batch file {path}, written by a task on {host or 'an executor'}, is not there for its reader "
+            f"on {socket.gethostname()}: the staging folder {folder} (the pipeline job's <checkpoint>/spockwire-"
+            "batches) must be on storage the driver and every executor share (HDFS, S3, ABFS, GCS, NFS, ...), as the "
+            "checkpoint must be")
+
+
+def check_files(manifest: pa.Table) -> None:
+    """Every file a micro-batch's manifest names is there for this process (the driver); :class:`BatchFileError`
+    names the first one that is not, and the host that wrote it."""
+    for row in manifest.select(["path", "host"]).to_pylist():
+        fs, p = _fs(row["path"])
+        if fs.get_file_info(p).type != pafs.FileType.File:
+            raise BatchFileError(_not_shared(row["path"], row["host"]))
+
+
+def read_files(paths: Sequence[str], rows: Sequence[int] | None = None) -> pa.Table | None:
+    """The rows of one table's files (memory-mapped when local), as one Arrow table; None for no file. `rows`: the
+    row count of each file in its manifest row (a file holding another count is a :class:`BatchFileError`)."""
     tables = []
-    for path in paths:
+    for i, path in enumerate(paths):
         fs, p = _fs(path)
-        if isinstance(fs, pafs.LocalFileSystem):
-            source = pa.memory_map(p)
-        else:
-            source = fs.open_input_stream(p)
+        try:
+            source = pa.memory_map(p) if isinstance(fs, pafs.LocalFileSystem) else fs.open_input_stream(p)
+        except FileNotFoundError:
+            raise BatchFileError(_not_shared(path, None)) from None
         tables.append(pa.ipc.open_stream(source).read_all())
+        if rows is not None and tables[-1].num_rows != rows[i]:
+            raise BatchFileError(f"the micro-batch file {path} holds {tables[-1].num_rows} rows, its task wrote "
+                                 f"{rows[i]}: another process wrote a file of that name in the staging folder")
     if not tables:
         return None
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]

@@ -99,11 +99,12 @@ def target_path(target: str, table: str, history: bool = False) -> str:
 
 def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", impl: str | None = None,
                   conf: Mapping[str, str] | None = None) -> Any:
-    """A local SparkSession set up for the pipeline: small shuffles, no UI, UTC, quiet logs.
+    """A SparkSession set up for the pipeline: small shuffles, no UI, UTC, quiet logs; `conf`: more settings (they
+    win), such as a cluster's ``spark.executor.memory``.
 
-    Spark's Python workers run this interpreter (unless ``PYSPARK_PYTHON`` names another) and decode with `impl`
-    (default: the implementation this process selected). `conf`: further Spark settings (they win over these).
-    Without Java 17 it raises SparkEnvironmentError before Spark starts; `register` then checks the workers
+    Spark's Python workers run this interpreter (unless ``PYSPARK_PYTHON`` names another: on a cluster, the nodes'
+    Python with spockwire) and decode with `impl` (default: the implementation this process selected). Without
+    Java 17 it raises SparkEnvironmentError before Spark starts; `register` then checks the workers
     (spockwire.spark.environment)."""
     from pyspark.sql import SparkSession
 
@@ -125,7 +126,7 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
              .config("spark.sql.streaming.pollingDelay", "10ms")
              # a Python process the JVM starts may take long to connect back on a busy machine (the default is 15 s)
              .config("spark.python.authenticate.socketTimeout", "120s")
-             .config(map=dict(conf or {}))
+             .config(map=dict(conf or {}))      # the caller's settings win
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     import spockwire.spark
@@ -212,24 +213,30 @@ class _MicroBatch:
         self.rows = rows
         self.snapshot = snapshot
         self.last_lsn = last_lsn
+        self.file_rows: dict[str, list[int]] = {}     # each file's row count, as its task wrote it
 
     @classmethod
     def read(cls, df: Any) -> "_MicroBatch":
         import pyarrow.compute as pc
 
-        from .batch_files import MANIFEST_ARROW
+        from .batch_files import MANIFEST_ARROW, check_files
 
         table = df.toArrow()            # the micro-batch's one Spark job
         if table.schema.names == MANIFEST_ARROW.names:
+            check_files(table)          # every file there for the driver (a staging folder that is not shared fails)
             files: dict[str, list[str]] = {}
+            file_rows: dict[str, list[int]] = {}
             rows: dict[str, int] = {}
             snap: dict[str, int] = {}
             for r in table.to_pylist():
                 files.setdefault(r["_table"], []).append(r["path"])
+                file_rows.setdefault(r["_table"], []).append(r["rows"])
                 rows[r["_table"]] = rows.get(r["_table"], 0) + r["rows"]
                 snap[r["_table"]] = snap.get(r["_table"], 0) + r["snapshot_rows"]
             last = pc.max(table.column("last_lsn")).as_py() if table.num_rows else None
-            return cls(files, None, rows, snap, last)
+            batch = cls(files, None, rows, snap, last)
+            batch.file_rows = file_rows
+            return batch
         s = _summary(table)
         return cls(None, table, s.rows, s.snapshot, s.last_lsn)
 
@@ -239,7 +246,7 @@ class _MicroBatch:
         from .batch_files import read_files
 
         if self.files is not None:
-            return read_files(self.files[table]) if table in self.files else None
+            return read_files(self.files[table], self.file_rows.get(table)) if table in self.files else None
         if not self.rows.get(table):
             return None
         return select_table_arrow(self.rows_table, table)
@@ -604,7 +611,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="any other option of the spockwire source (snapshotChunkPages=64, ...); repeatable")
     p.add_argument("--history", action="store_true",
                    help="also keep an SCD 2 table per source table (<target>/<schema>.<table>_history)")
-    p.add_argument("--master", default="local[2]")
+    p.add_argument("--master", default="local[2]", help="local[N], or a cluster's master (spark://host:7077, ...)")
+    p.add_argument("--conf", action="append", default=[], metavar="NAME=VALUE",
+                   help="a Spark setting (spark.executor.memory=2g, spark.executorEnv.PYTHONPATH=...); repeatable")
     p.add_argument("--until-caught-up", action="store_true",
                    help="stop once every change committed before the job started is applied")
     p.add_argument("--timeout", type=float, default=600.0)
@@ -614,11 +623,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     checkpoint=args.checkpoint, starting_position=args.starting_position,
                     max_changes_per_batch=args.max_changes_per_batch,
                     extra_options=dict(o.split("=", 1) for o in args.option), history=args.history)
-    from ..cli.pipeline_cmd import stop_on_signals
+    from .monitor import stop_on_signals
 
     with stop_on_signals() as stop:
         try:
-            return run(cfg, master=args.master, until_caught_up=args.until_caught_up, timeout=args.timeout,
+            return run(cfg, master=args.master, spark_conf=dict(c.split("=", 1) for c in args.conf),
+                       until_caught_up=args.until_caught_up, timeout=args.timeout,
                        stop=stop)
         except JobError as exc:
             print(f"spockwire.spark.job: error: {exc}", file=sys.stderr)
