@@ -85,14 +85,21 @@ def target_path(target: str, table: str, history: bool = False) -> str:
     return os.path.join(target, name + ("_history" if history else ""))
 
 
-def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", impl: str | None = None) -> Any:
+def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", impl: str | None = None,
+                  remote: str | None = None) -> Any:
     """A local SparkSession set up for the pipeline: small shuffles, no UI, UTC, quiet logs.
 
     Spark's Python workers run this interpreter and decode with `impl` (default: the implementation this process
-    selected)."""
+    selected). `remote` (``sc://host:port``): a Spark Connect session on that server instead (its workers run the
+    server's Python; `master` and `impl` are the server's settings)."""
     from pyspark.sql import SparkSession
 
     import spockwire
+
+    if remote:
+        from .connect import connect_session
+
+        return connect_session(remote)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -306,12 +313,47 @@ def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | 
     from .batch_files import clear
 
     clear(staging_path(cfg))         # files of a batch in flight when an earlier run stopped
-    query = (_reader(spark, cfg).writeStream.foreachBatch(apply_batch(cfg, on_batch, query_id))
+    connect = _connect_plumbing(spark, cfg, on_batch)
+    function = apply_batch(cfg, on_batch, query_id) if connect is None else apply_batch(cfg, *connect[:2])
+    query = (_reader(spark, cfg).writeStream.foreachBatch(function)
              .option("checkpointLocation", cfg.checkpoint).queryName(f"spockwire_{cfg.slot}")
              .trigger(processingTime=f"{int(cfg.trigger_seconds * 1000)} milliseconds").start())
     holder["id"] = str(query.id)
     started.set()
+    if connect is not None and on_batch is not None:
+        connect[2](query)
     return query
+
+
+# --- Spark Connect ----------------------------------------------------------------------------------------------
+# Over Spark Connect the foreachBatch function is pickled and runs in a Python process of the server: it learns the
+# query's id from the checkpoint, and reports each micro-batch as a file in the checkpoint, which a thread of the
+# client hands to `on_batch` (the client must see the checkpoint folder for the reports, as a driver does).
+
+def reports_path(cfg: JobConfig) -> str:
+    """Where the micro-batches' reports wait for the client (Spark Connect): inside the query's checkpoint."""
+    return cfg.checkpoint.rstrip("/") + "/spockwire-reports"
+
+
+def _connect_plumbing(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None
+                      ) -> tuple[Any, Any, Callable[[Any], None]] | None:
+    """For a Spark Connect session: (the foreachBatch function's reporter, its query id, a function starting the
+    client's report thread for the started query); None for a classic session."""
+    from .connect import CheckpointQueryId, ReportFiles, is_connect, tail_reports
+
+    if not is_connect(spark):
+        return None
+    from .batch_files import clear
+
+    folder = reports_path(cfg)
+    clear(folder)                    # reports of an earlier run
+
+    def follow(query: Any) -> None:
+        assert on_batch is not None
+        tail_reports(folder, lambda: bool(query.isActive), lambda d: BatchReport(**d), on_batch)
+
+    return (ReportFiles(folder) if on_batch is not None else None), CheckpointQueryId(cfg.checkpoint), follow
+# --- end of Spark Connect ---------------------------------------------------------------------------------------
 
 
 def end_lsn(progress: Any) -> int | None:
@@ -406,6 +448,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--history", action="store_true",
                    help="also keep an SCD 2 table per source table (<target>/<schema>.<table>_history)")
     p.add_argument("--master", default="local[2]")
+    p.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
+                   help="run through a Spark Connect server instead of a local session (--master is then the "
+                        "server's)")
     p.add_argument("--until-caught-up", action="store_true",
                    help="stop once every change committed before the job started is applied")
     p.add_argument("--timeout", type=float, default=600.0)
@@ -415,7 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     checkpoint=args.checkpoint, starting_position=args.starting_position,
                     max_changes_per_batch=args.max_changes_per_batch,
                     extra_options=dict(o.split("=", 1) for o in args.option), history=args.history)
-    spark = spark_session(args.master, app="spockwire-job")
+    spark = spark_session(args.master, app="spockwire-job", remote=args.remote)
     lock = threading.Lock()
 
     def report(b: BatchReport) -> None:
