@@ -410,7 +410,8 @@ def wait_caught_up(query: Any, target_lsn: int, timeout: float = 600.0,
 
 def _no_data_read(query: Any) -> bool:
     """The query has not read a row since it started (every progress report, if any, without input)."""
-    return all(not p.get("numInputRows") for p in (query.recentProgress or []))
+    # (the property: a Spark Connect client's progress reports carry the rows per source only)
+    return all(not p.numInputRows for p in (query.recentProgress or []))
 
 
 def _slot_lsn(cfg: JobConfig) -> Callable[[], int | None]:

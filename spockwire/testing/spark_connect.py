@@ -26,6 +26,17 @@ __all__ = ["SparkConnectServer", "spark_home", "SERVER_CLASS"]
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 _STARTED = re.compile(r"Spark Connect server started at: [^\s:]*:(\d+)")
+_LOG4J = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stdout.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.started.name = org.apache.spark.sql.connect.service.SparkConnectServer
+logger.started.level = info
+"""
 
 
 def spark_home() -> Path:
@@ -83,10 +94,12 @@ class SparkConnectServer:
             raise RuntimeError("the Spark Connect server is not started")
         return f"sc://127.0.0.1:{self.port}"
 
-    def command(self, port: int) -> list[str]:
+    def command(self, port: int, log4j: Path | None = None) -> list[str]:
         """The server's command line."""
         cmd = [str(spark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", self.master,
                "--name", "spockwire Spark Connect", "--driver-memory", self.driver_memory]
+        if log4j is not None:
+            cmd += ["--driver-java-options", f"-Dlog4j.configurationFile=file:{log4j}"]
         for key, value in {**self.conf, "spark.connect.grpc.binding.port": str(port)}.items():
             cmd += ["--conf", f"{key}={value}"]
         return cmd + ["spark-internal"]
@@ -95,14 +108,17 @@ class SparkConnectServer:
         """Start the server and wait until it accepts clients."""
         if self.proc is not None:
             return self
+        self._tmp = tempfile.TemporaryDirectory(prefix="spockwire-connect-")
         if self.log is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="spockwire-connect-")
             self.log = Path(self._tmp.name) / "server.log"
+        # warnings and errors only, but the line saying where the server listens
+        log4j = Path(self._tmp.name) / "log4j2.properties"
+        log4j.write_text(_LOG4J)
         env = dict(os.environ, SPARK_HOME=str(spark_home()), PYSPARK_PYTHON=self.python,
                    PYSPARK_DRIVER_PYTHON=self.python, **self.env)
         with open(self.log, "ab") as out:
             # a process group of its own: stop() ends the launcher script and the JVM together
-            self.proc = subprocess.Popen(self.command(_free_port()), stdout=out, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(self.command(_free_port(), log4j), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         deadline = time.monotonic() + timeout
         while True:
@@ -110,11 +126,11 @@ class SparkConnectServer:
             if found:       # the port it bound (Spark moves to the next one when the chosen port was taken)
                 self.port = int(found.group(1))
                 return self
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            code = self.proc.poll()
+            if code is not None or time.monotonic() > deadline:
                 tail = self.log_tail()
                 self.stop()
-                raise RuntimeError(f"the Spark Connect server did not start (exit code {self.proc.returncode}):"
-                                   f"\n{tail}")
+                raise RuntimeError(f"the Spark Connect server did not start (exit code {code}):\n{tail}")
             time.sleep(0.2)
 
     def session(self) -> Any:
