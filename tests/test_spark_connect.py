@@ -22,6 +22,7 @@ import pytest
 
 import spockwire
 from spockwire.connection.slots import parse_lsn
+from spockwire.spark.connect import start_query
 from spockwire.testing.spark_connect import SparkConnectServer
 from tests.test_spark_source import COLUMNS, _norm, _pg_rows, _setup_orders, _slot, _workload
 
@@ -96,9 +97,9 @@ def test_live_slot_over_connect_exactly_once_after_the_client_stops(connect_serv
     _workload(pg_db, random.Random(11), 40)
 
     def start(spark):
-        return (spark.readStream.format("spockwire").options(**opts).option("maxChangesPerBatch", "30").load()
-                .writeStream.foreachBatch(_audited_apply(str(audit), target, ["id"]))
-                .option("checkpointLocation", ck).trigger(processingTime="200 milliseconds").start())
+        return start_query(spark.readStream.format("spockwire").options(**opts).option("maxChangesPerBatch", "30")
+                           .load().writeStream.foreachBatch(_audited_apply(str(audit), target, ["id"]))
+                           .option("checkpointLocation", ck).trigger(processingTime="200 milliseconds").start)
 
     spark = _client(connect_server)
     query = start(spark)
@@ -157,9 +158,9 @@ def test_staging_stream_and_frames_over_connect_exactly_once_on_restart(connect_
     audit, target, ck = tmp_path / "audit", str(tmp_path / "t"), str(tmp_path / "ck")
 
     def start(spark, **trigger):
-        return (sws.read_staging_stream(spark, str(out), "public.t", maxCommitsPerBatch=1)
-                .writeStream.foreachBatch(_audited_apply(str(audit), target, ["id"]))
-                .option("checkpointLocation", ck).trigger(**trigger).start())
+        return start_query(sws.read_staging_stream(spark, str(out), "public.t", maxCommitsPerBatch=1)
+                           .writeStream.foreachBatch(_audited_apply(str(audit), target, ["id"]))
+                           .option("checkpointLocation", ck).trigger(**trigger).start)
 
     spark = _client(connect_server)
     query = start(spark, processingTime="1 hour")      # one micro-batch, then the client stops it

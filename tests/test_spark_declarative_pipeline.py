@@ -39,7 +39,9 @@ def _check(db, target: str) -> None:
 
 
 def _run(spec: Path) -> str:
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # SPARK_TESTING: the CLI's own Connect server takes a free port, not the fixed 15002 (SPARK-42272), so that runs
+    # side by side on one machine do not meet
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "SPARK_TESTING": "1"}
     run = run_pipeline(["run", "--spec", str(spec)], env=env, cwd=str(spec.parent), echo=False, timeout=900)
     assert run.completed, run.output[-5000:]
     assert "Flow changes has COMPLETED" in run.output

@@ -13,7 +13,10 @@ import time
 from dataclasses import asdict
 from typing import Any, Callable
 
-__all__ = ["is_connect", "connect_session", "CheckpointQueryId", "ReportFiles", "tail_reports"]
+__all__ = ["is_connect", "connect_session", "start_query", "CheckpointQueryId", "ReportFiles", "tail_reports"]
+
+#: what Spark says when a Python process it started did not connect back within its fixed 10 s
+WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
 
 
 def is_connect(spark: Any) -> bool:
@@ -35,6 +38,20 @@ def connect_session(url: str, conf: dict[str, str] | None = None) -> Any:
 
     spockwire.spark.register(spark)
     return spark
+
+
+def start_query(start: Callable[[], Any], attempts: int = 3) -> Any:
+    """``start()`` (a ``writeStream...start()``), tried again when the server's Python process for the query's
+    ``foreachBatch`` did not connect back in time: Spark gives it a fixed 10 s, which a loaded server can miss (the
+    process imports PySpark's Connect client first). The query did not start then, so starting it again is safe."""
+    for attempt in range(attempts):
+        try:
+            return start()
+        except Exception as exc:  # noqa: BLE001 - PySpark's Connect errors have no common class for this
+            if WORKER_DID_NOT_CONNECT not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(1.0 + attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _fs(path: str) -> tuple[Any, str]:

@@ -315,9 +315,15 @@ def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | 
     clear(staging_path(cfg))         # files of a batch in flight when an earlier run stopped
     connect = _connect_plumbing(spark, cfg, on_batch)
     function = apply_batch(cfg, on_batch, query_id) if connect is None else apply_batch(cfg, *connect[:2])
-    query = (_reader(spark, cfg).writeStream.foreachBatch(function)
-             .option("checkpointLocation", cfg.checkpoint).queryName(f"spockwire_{cfg.slot}")
-             .trigger(processingTime=f"{int(cfg.trigger_seconds * 1000)} milliseconds").start())
+    writer = (_reader(spark, cfg).writeStream.foreachBatch(function)
+              .option("checkpointLocation", cfg.checkpoint).queryName(f"spockwire_{cfg.slot}")
+              .trigger(processingTime=f"{int(cfg.trigger_seconds * 1000)} milliseconds"))
+    if connect is None:
+        query = writer.start()
+    else:
+        from .connect import start_query
+
+        query = start_query(writer.start)
     holder["id"] = str(query.id)
     started.set()
     if connect is not None and on_batch is not None:
@@ -350,9 +356,19 @@ def _connect_plumbing(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchRepor
 
     def follow(query: Any) -> None:
         assert on_batch is not None
-        tail_reports(folder, lambda: bool(query.isActive), lambda d: BatchReport(**d), on_batch)
+        _REPORTS[id(query)] = tail_reports(folder, lambda: bool(query.isActive), lambda d: BatchReport(**d), on_batch)
 
     return (ReportFiles(folder) if on_batch is not None else None), CheckpointQueryId(cfg.checkpoint), follow
+
+
+_REPORTS: dict[int, threading.Thread] = {}
+
+
+def finish_reports(query: Any, timeout: float = 30.0) -> None:
+    """After `query` stopped (Spark Connect): wait until every report its micro-batches left was handed over."""
+    thread = _REPORTS.pop(id(query), None)
+    if thread is not None:
+        thread.join(timeout)
 # --- end of Spark Connect ---------------------------------------------------------------------------------------
 
 
@@ -480,6 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             query.awaitTermination()
     finally:
         query.stop()
+        finish_reports(query)
         spark.stop()
     return 0
 
