@@ -17,7 +17,8 @@ from tests.apply_oracle import replay_scd1, replay_scd2, workload
 
 KEYS, COLUMNS = ("h", "id"), ("h", "id", "name", "doc")
 SCHEMA = pa.schema([("_change_type", pa.string()), ("_commit_lsn", pa.int64()),
-                    ("_commit_ts", pa.timestamp("us", "UTC")), ("_xid", pa.int64()), ("_seq", pa.int64()), ("_origin", pa.string()),
+                    ("_commit_ts", pa.timestamp("us", "UTC")), ("_xid", pa.int64()), ("_seq", pa.int64()),
+                    ("_origin", pa.string()),
                     ("_unchanged_toast", pa.list_(pa.string())), ("h", pa.int64()), ("id", pa.int64()),
                     ("name", pa.string()), ("doc", pa.string())])
 HISTORIES = 120
