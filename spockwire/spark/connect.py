@@ -29,7 +29,9 @@ def connect_session(url: str, conf: dict[str, str] | None = None) -> Any:
 
     `conf`: runtime settings of the session (the server's static settings -- master, executor environment --
     belong to the server's command line)."""
-    from pyspark.sql import SparkSession
+    # the Connect session's own builder: PySpark's generic one refuses a remote session in a process that also runs
+    # a classic one (SESSION_ALREADY_EXIST)
+    from pyspark.sql.connect.session import SparkSession
 
     spark = SparkSession.builder.remote(url).getOrCreate()
     for key, value in {"spark.sql.session.timeZone": "UTC", **(conf or {})}.items():

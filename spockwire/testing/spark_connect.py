@@ -135,7 +135,7 @@ class SparkConnectServer:
 
     def session(self) -> Any:
         """A Spark Connect session on this server."""
-        from pyspark.sql import SparkSession
+        from pyspark.sql.connect.session import SparkSession   # (also beside a classic session in this process)
 
         return SparkSession.builder.remote(self.url).getOrCreate()
 
