@@ -42,7 +42,7 @@ def connect_session(url: str, conf: dict[str, str] | None = None) -> Any:
     return spark
 
 
-def start_query(start: Callable[[], Any], attempts: int = 3) -> Any:
+def start_query(start: Callable[[], Any], attempts: int = 5) -> Any:
     """``start()`` (a ``writeStream...start()``), tried again when the server's Python process for the query's
     ``foreachBatch`` did not connect back in time: Spark gives it a fixed 10 s, which a loaded server can miss (the
     process imports PySpark's Connect client first). The query did not start then, so starting it again is safe."""
