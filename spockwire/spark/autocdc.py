@@ -171,8 +171,9 @@ def autocdc_batches(batches: Iterator[pa.RecordBatch], keys: Sequence[str], *, r
 
 def autocdc_changes(changes: "DataFrame | pa.Table", keys: Sequence[str] | None = None, *,
                     replica_identity_full: bool = False, truncates: str = "error") -> "DataFrame | pa.Table":
-    """`changes` (one table's change DataFrame -- the ``spockwire`` source, ``select_table``, the staging reader --
-    or an Arrow table of them) as events AUTO CDC applies the way :func:`~spockwire.spark.apply_changes` does, with
+    """`changes` (one table's change DataFrame -- the ``spockwire`` source, ``select_table`` of it; the staging
+    reader, whose large commits span several files, after the repartitioning the module describes -- or an Arrow
+    table of them) as events AUTO CDC applies the way :func:`~spockwire.spark.apply_changes` does, with
     ``keys``, ``sequence_by = struct(_commit_lsn, _seq)`` and ``apply_as_deletes = "_change_type = 'delete'"``:
     preimages dropped, a key change a ``delete`` of the old key, unchanged TOASTed values filled from the preimage
     (`replica_identity_full`) or refused; truncates refused, kept or dropped (`truncates`: error | keep | drop).
