@@ -94,10 +94,10 @@ def test_live_slot_over_connect_exactly_once_after_the_client_stops(connect_serv
     checkpoint."""
     opts = _setup_orders(pg_db, extra_slots=("oracle",))
     audit, target, ck = tmp_path / "audit", str(tmp_path / "orders"), str(tmp_path / "ck")
-    _workload(pg_db, random.Random(11), 40)
+    _workload(pg_db, random.Random(11), 25)
 
     def start(spark):
-        return start_query(spark.readStream.format("spockwire").options(**opts).option("maxChangesPerBatch", "30")
+        return start_query(spark.readStream.format("spockwire").options(**opts).option("maxChangesPerBatch", "40")
                            .load().writeStream.foreachBatch(_audited_apply(str(audit), target, ["id"]))
                            .option("checkpointLocation", ck).trigger(processingTime="200 milliseconds").start)
 
@@ -105,7 +105,7 @@ def test_live_slot_over_connect_exactly_once_after_the_client_stops(connect_serv
     query = start(spark)
     _wait_for_rows(query)
     spark.stop()                       # the client is gone, and with its session the query
-    _workload(pg_db, random.Random(12), 30, start_id=5000)
+    _workload(pg_db, random.Random(12), 20, start_id=5000)
     spark = _client(connect_server)
     try:
         query = start(spark)           # the same checkpoint
