@@ -67,7 +67,7 @@ PIP_PACKAGES=(
 
 # The Spark integration (the test command installs it: the Spark tests are part of the suite). Delta tables
 # are written through delta-rs (deltalake); delta-spark's jars come from Maven, which a cluster provides.
-SPARK_PACKAGES=("pyspark>=4.2,<5" "pandas>=2.2,<3" "deltalake>=0.20")
+SPARK_PACKAGES=("pyspark[connect,pipelines]>=4.2,<5" "pandas>=2.2,<3" "deltalake>=0.20")
 
 log() { printf 'setup-machine: %s\n' "$*" >&2; }
 

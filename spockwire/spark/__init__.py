@@ -6,6 +6,7 @@ DataFrame, `apply_changes` to Delta/Parquet/in-memory tables, and distributed de
     changes = sws.read_staging(spark, "staging/", "public.orders")
     sws.apply_changes(changes, target="/data/orders", format="delta", keys=["id"])   # stored_as_scd_type=1|2
     df = sws.decode_frame_file(spark, "capture.spwf", table="public.orders")
+    events = sws.autocdc_changes(changes, keys=["id"])   # for create_auto_cdc_flow (AUTO CDC)
 
 See docs/spark.md.
 """
@@ -14,31 +15,42 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["register", "apply_changes", "apply_to_dataframe", "decode_frame_file", "read_staging",
-           "read_staging_stream", "select_table", "scd2_columns", "ApplyMetrics"]
+           "read_staging_stream", "select_table", "scd2_columns", "ApplyMetrics", "autocdc_changes", "CHANGE_COLUMNS"]
 
 
 def register(spark: Any, *, check_workers: bool = True) -> None:
-    """Register the ``spockwire`` and ``spockwire_staging`` data sources with a SparkSession.
+    """Register the ``spockwire`` and ``spockwire_staging`` data sources and the ``spockwire_apply`` streaming sink
+    with a SparkSession (a Spark Connect session too).
 
-    First, unless `check_workers` is False, one tiny Python task checks that Spark's Python workers import this
-    spockwire and what it needs there (numpy, pyarrow, psycopg2, the compiled decoder): if they cannot, or import
-    another version, :class:`~spockwire.errors.SparkEnvironmentError` says so in one line that names the worker
-    interpreter and the fix (``PYSPARK_PYTHON``). The check runs once per Spark application."""
+    First, unless `check_workers` is False or the session is a Spark Connect client's, one tiny Python task checks
+    that Spark's Python workers import this spockwire and what it needs there (numpy, pyarrow, psycopg2, the
+    compiled decoder): if they cannot, or import another version, :class:`~spockwire.errors.SparkEnvironmentError`
+    says so in one line that names the worker interpreter and the fix (``PYSPARK_PYTHON``). The check runs once
+    per Spark application."""
+    from .connect import is_connect
     from .datasource import SpockwireDataSource
     from .environment import check_workers as check
+    from .sink import ApplySink
     from .staging import StagingDataSource
 
-    if check_workers:
+    if check_workers and not is_connect(spark):
         check(spark)
 
     spark.dataSource.register(SpockwireDataSource)
     spark.dataSource.register(StagingDataSource)
+    spark.dataSource.register(ApplySink)
 
 
 def __getattr__(name: str) -> Any:
     if name in ("apply_changes", "apply_to_dataframe", "select_table", "scd2_columns", "ApplyMetrics"):
         from . import apply
         return getattr(apply, name)
+    if name == "autocdc_changes":
+        from .autocdc import autocdc_changes
+        return autocdc_changes
+    if name == "CHANGE_COLUMNS":
+        from .schema import CHANGE_COLUMNS
+        return CHANGE_COLUMNS
     if name == "decode_frame_file":
         from .distributed import decode_frame_file
         return decode_frame_file

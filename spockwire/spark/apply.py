@@ -164,6 +164,11 @@ def apply_changes(changes: "DataFrame | pa.Table", target: "str | DataFrame | No
         engine = "spark" if spark is not None and has_delta_spark(spark) else "delta-rs"
     if engine == "spark":
         if spark is None or not has_delta_spark(spark):
+            from .connect import is_connect
+
+            if spark is not None and is_connect(spark):
+                raise RuntimeError("engine='spark' needs a classic SparkSession (delta-spark's MERGE through the "
+                                   "JVM); from a Spark Connect session use engine='delta-rs'")
             raise RuntimeError("engine='spark' needs delta-spark in the session: the delta-spark Python "
                                "package and its jars (spark.jars.packages=io.delta:delta-spark_2.13:<version>, "
                                "or spark.jars=...)")
@@ -307,7 +312,12 @@ def _has_parquet(path: str, top: bool = False) -> bool:
 # Delta through delta-spark (a cluster with the Delta jars)
 
 def has_delta_spark(spark: "SparkSession") -> bool:
-    """Whether the session can use delta-spark (the Python package and the JVM classes)."""
+    """Whether the session can use delta-spark (the Python package and the JVM classes). A Spark Connect session
+    has no JVM gateway to ask: it writes through delta-rs."""
+    from .connect import is_connect
+
+    if is_connect(spark):
+        return False
     try:
         import delta.tables  # noqa: F401
     except ImportError:

@@ -249,8 +249,6 @@ def decode_chunk(path: str, protocol: str, start: int, end: int, preamble: bytes
 def decode_frame_file(spark: Any, path: str, table: str, *, chunk_bytes: int = 32 << 20, types: str = "auto",
                       partitions: int | None = None) -> Any:
     """A DataFrame of `table`'s changes in the frame file at `path`, decoded in parallel (one task per chunk)."""
-    from pyspark.sql import types as T
-
     path = os.path.abspath(path)
     if "." not in table:
         table = f"public.{table}"
@@ -263,18 +261,16 @@ def decode_frame_file(spark: Any, path: str, table: str, *, chunk_bytes: int = 3
     out_schema = S.spark_schema([(relation, arrow)])
     target = S.target_arrow_schema(out_schema)
 
-    plan_schema = T.StructType([T.StructField("index", T.LongType()), T.StructField("start", T.LongType()),
-                                T.StructField("end", T.LongType()), T.StructField("preamble", T.BinaryType())])
-    rows = [(c.index, c.start, c.end, bytearray(c.preamble)) for c in chunks]
-    # one chunk per partition (or `partitions` round-robin slices of them)
-    rdd = spark.sparkContext.parallelize(rows, numSlices=partitions or len(chunks))
-    plan = spark.createDataFrame(rdd, plan_schema)
+    spans = [(c.start, c.end, bytes(c.preamble)) for c in chunks]
+    # one chunk per partition (or `partitions` slices of them): the chunks' numbers as a range, no RDD (a Spark
+    # Connect session has none); each task looks its chunks up in the plan it carries
+    plan = spark.range(0, len(chunks), 1, max(1, partitions or len(chunks)))
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task_catalog = None if recorded is None else _recorded_catalog({"type_catalog": recorded}, path)
         for b in batches:
-            for i in range(b.num_rows):
-                yield from decode_chunk(path, protocol, b.column(1)[i].as_py(), b.column(2)[i].as_py(),
-                                        b.column(3)[i].as_py(), table, types, target, task_catalog)
+            for i in b.column(0).to_pylist():
+                start, end, preamble = spans[i]
+                yield from decode_chunk(path, protocol, start, end, preamble, table, types, target, task_catalog)
 
     return plan.mapInArrow(decode, out_schema)

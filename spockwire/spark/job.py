@@ -98,17 +98,23 @@ def target_path(target: str, table: str, history: bool = False) -> str:
 
 
 def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", impl: str | None = None,
-                  conf: Mapping[str, str] | None = None) -> Any:
+                  conf: Mapping[str, str] | None = None, remote: str | None = None) -> Any:
     """A SparkSession set up for the pipeline: small shuffles, no UI, UTC, quiet logs; `conf`: more settings (they
     win), such as a cluster's ``spark.executor.memory``.
 
     Spark's Python workers run this interpreter (unless ``PYSPARK_PYTHON`` names another: on a cluster, the nodes'
     Python with spockwire) and decode with `impl` (default: the implementation this process selected). Without
     Java 17 it raises SparkEnvironmentError before Spark starts; `register` then checks the workers
-    (spockwire.spark.environment)."""
+    (spockwire.spark.environment). `remote` (``sc://host:port``): a Spark Connect session on that server instead
+    (its workers run the server's Python; `master`, `impl` and `conf` are the server's settings)."""
     from pyspark.sql import SparkSession
 
     import spockwire
+
+    if remote:
+        from .connect import connect_session
+
+        return connect_session(remote)
 
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -342,13 +348,67 @@ def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | 
     from .batch_files import clear
 
     clear(staging_path(cfg))         # files of a batch in flight when an earlier run stopped
-    apply = apply_batch(cfg, on_batch, query_id)
-    query = (_reader(spark, cfg).writeStream.foreachBatch(gate.wrap(apply) if gate is not None else apply)
-             .option("checkpointLocation", cfg.checkpoint).queryName(f"spockwire_{cfg.slot}")
-             .trigger(processingTime=f"{int(cfg.trigger_seconds * 1000)} milliseconds").start())
+    connect = _connect_plumbing(spark, cfg, on_batch)
+    if connect is None:
+        apply = apply_batch(cfg, on_batch, query_id)
+        function = gate.wrap(apply) if gate is not None else apply
+    else:                  # the function runs in the server's Python: no gate (a stop replays the batch in flight)
+        function = apply_batch(cfg, *connect[:2])
+    writer = (_reader(spark, cfg).writeStream.foreachBatch(function)
+              .option("checkpointLocation", cfg.checkpoint).queryName(f"spockwire_{cfg.slot}")
+              .trigger(processingTime=f"{int(cfg.trigger_seconds * 1000)} milliseconds"))
+    if connect is None:
+        query = writer.start()
+    else:
+        from .connect import start_query
+
+        query = start_query(writer.start)
     holder["id"] = str(query.id)
     started.set()
+    if connect is not None and on_batch is not None:
+        connect[2](query)
     return query
+
+
+# --- Spark Connect ----------------------------------------------------------------------------------------------
+# Over Spark Connect the foreachBatch function is pickled and runs in a Python process of the server: it learns the
+# query's id from the checkpoint, and reports each micro-batch as a file in the checkpoint, which a thread of the
+# client hands to `on_batch` (the client must see the checkpoint folder for the reports, as a driver does).
+
+def reports_path(cfg: JobConfig) -> str:
+    """Where the micro-batches' reports wait for the client (Spark Connect): inside the query's checkpoint."""
+    return cfg.checkpoint.rstrip("/") + "/spockwire-reports"
+
+
+def _connect_plumbing(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None
+                      ) -> tuple[Any, Any, Callable[[Any], None]] | None:
+    """For a Spark Connect session: (the foreachBatch function's reporter, its query id, a function starting the
+    client's report thread for the started query); None for a classic session."""
+    from .connect import CheckpointQueryId, ReportFiles, is_connect, tail_reports
+
+    if not is_connect(spark):
+        return None
+    from .batch_files import clear
+
+    folder = reports_path(cfg)
+    clear(folder)                    # reports of an earlier run
+
+    def follow(query: Any) -> None:
+        assert on_batch is not None
+        _REPORTS[id(query)] = tail_reports(folder, lambda: bool(query.isActive), lambda d: BatchReport(**d), on_batch)
+
+    return (ReportFiles(folder) if on_batch is not None else None), CheckpointQueryId(cfg.checkpoint), follow
+
+
+_REPORTS: dict[int, threading.Thread] = {}
+
+
+def finish_reports(query: Any, timeout: float = 30.0) -> None:
+    """After `query` stopped (Spark Connect): wait until every report its micro-batches left was handed over."""
+    thread = _REPORTS.pop(id(query), None)
+    if thread is not None:
+        thread.join(timeout)
+# --- end of Spark Connect ---------------------------------------------------------------------------------------
 
 
 def end_lsn(progress: Any) -> int | None:
@@ -405,7 +465,8 @@ def wait_caught_up(query: Any, target_lsn: int, timeout: float = 600.0,
 
 def _no_data_read(query: Any) -> bool:
     """The query has not read a row since it started (every progress report, if any, without input)."""
-    return all(not p.get("numInputRows") for p in (query.recentProgress or []))
+    # (the property: a Spark Connect client's progress reports carry the rows per source only)
+    return all(not p.numInputRows for p in (query.recentProgress or []))
 
 
 def _slot_lsn(cfg: JobConfig) -> Callable[[], int | None]:
@@ -488,7 +549,7 @@ def _failure(query: Any) -> JobError | None:
 
 def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = False, timeout: float = 600.0,
         spark_conf: Mapping[str, str] | None = None, monitor: Any = None, stop: threading.Event | None = None,
-        out: TextIO | None = None, spark: Any = None) -> int:
+        out: TextIO | None = None, spark: Any = None, remote: str | None = None) -> int:
     """Run the pipeline (`python -m spockwire.spark.job` and `spockwire pipeline`); returns 0 or raises JobError.
 
     Checks come first, before Spark starts: the dsn holds no password, the database accepts the connection, every
@@ -497,11 +558,12 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
     before the start is applied (within `timeout` seconds). One JSON line per micro-batch on `out` (default
     stdout). `monitor`: ``on_batch(report)`` after each micro-batch, ``tick(query)`` between them
     (`spockwire.spark.monitor.PipelineMonitor`: progress lines and Prometheus metrics). `spark`: a session to run
-    on (left running at the end; default: a new one, `spark_session`, stopped at the end)."""
+    on (left running at the end; default: a new one, `spark_session`, stopped at the end); `remote`: a Spark
+    Connect server to run through instead (``sc://host:port``; a stop then replays the micro-batch in flight)."""
     out = out if out is not None else sys.stdout
     stop = stop if stop is not None else threading.Event()
     own_session = spark is None
-    if own_session:
+    if own_session and not remote:
         try:
             check_java()                              # no Java 17: one line, before anything started
         except SparkEnvironmentError as exc:
@@ -509,7 +571,7 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
     _check(cfg)
     target = flush_lsn(conninfo(cfg)) if until_caught_up else None
     if own_session:
-        spark = spark_session(master, app="spockwire-job", conf=spark_conf)
+        spark = spark_session(master, app="spockwire-job", conf=spark_conf, remote=remote)
     lock = threading.Lock()
 
     def report(b: BatchReport) -> None:
@@ -559,6 +621,7 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
             raise failure
     finally:
         query.stop()
+        finish_reports(query)
         if own_session:
             spark.stop()
     return 0
@@ -614,6 +677,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--master", default="local[2]", help="local[N], or a cluster's master (spark://host:7077, ...)")
     p.add_argument("--conf", action="append", default=[], metavar="NAME=VALUE",
                    help="a Spark setting (spark.executor.memory=2g, spark.executorEnv.PYTHONPATH=...); repeatable")
+    p.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
+                   help="run through a Spark Connect server instead of a local session (--master and --conf are "
+                        "then the server's)")
     p.add_argument("--until-caught-up", action="store_true",
                    help="stop once every change committed before the job started is applied")
     p.add_argument("--timeout", type=float, default=600.0)
@@ -628,7 +694,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with stop_on_signals() as stop:
         try:
             return run(cfg, master=args.master, spark_conf=dict(c.split("=", 1) for c in args.conf),
-                       until_caught_up=args.until_caught_up, timeout=args.timeout,
+                       remote=args.remote, until_caught_up=args.until_caught_up, timeout=args.timeout,
                        stop=stop)
         except JobError as exc:
             print(f"spockwire.spark.job: error: {exc}", file=sys.stderr)
