@@ -26,8 +26,8 @@ import struct
 from fractions import Fraction
 from typing import Any, Callable
 
-from ._convert_py import ValueFailure, char_text, numeric_text_from_binary, timetz_text
-from .failures import INVALID, INVALID_UTF8, NO_ROLE_NAMES, NO_TEXT_FORM
+from ._binary_py import char_text, numeric_text_from_binary, timetz_text
+from .failures import INVALID, INVALID_UTF8, NO_ROLE_NAMES, NO_TEXT_FORM, ValueFailure
 
 __all__ = ["send_to_text", "can_render", "RENDERED_TYPES", "TYPE_NAMES", "RANGE_SUBTYPES", "MULTIRANGE_RANGES",
            "ARRAY_ELEMENTS", "float8_text", "float4_text"]
