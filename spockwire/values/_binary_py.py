@@ -10,8 +10,8 @@ from typing import Any
 from .kinds import ARRAY, BOOL, BYTEA, CHAR, DATE, DECIMAL, ENUM, FLOAT4, FLOAT8, INTERVAL, JSON, JSONB, NUMERIC_TEXT, \
     PGTEXT, TEXT, TIME, TIMESTAMP, TIMESTAMPTZ, TIMETZ, UUID, ColumnSpec
 from .failures import LOWER_BOUND, MULTIDIMENSIONAL, OUT_OF_RANGE, SPECIAL_DECIMAL
-from ._text_py import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, UNIX_DAYS_2000, UNIX_US_2000, US_PER_DAY, _BE_INT, _F4, \
-    _F8, _I16, _I32, _I64, _U16, _fail, _utf8, decimal_store
+from ._text_py import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, UNIX_DAYS_2000, UNIX_US_2000, US_PER_DAY, _BE_INT, \
+    _F4, _F8, _I16, _I32, _I64, _U16, _fail, _utf8, decimal_store
 
 
 # ------------------------------------------------------------------ binary forms

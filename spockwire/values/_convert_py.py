@@ -26,8 +26,8 @@ from ._text_py import B, I, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, T, UNIX_
 from ._binary_py import _binary, _pg_days, _pg_us, char_text, numeric_text_from_binary, timetz_text
 
 __all__ = ["ValueFailure", "decode_value", "text_value", "build_array", "numeric_text_from_binary", "timetz_text",
-           "char_text", "days_from_civil", "RAW", "OTHER", "T", "B", "I", "UNIX_DAYS_2000", "UNIX_US_2000", "US_PER_DAY",
-           "INT32_MIN", "INT32_MAX", "INT64_MIN", "INT64_MAX"]
+           "char_text", "days_from_civil", "RAW", "OTHER", "T", "B", "I", "UNIX_DAYS_2000", "UNIX_US_2000",
+           "US_PER_DAY", "INT32_MIN", "INT32_MAX", "INT64_MIN", "INT64_MAX"]
 
 
 _INTERNAL_STRUCTS = {BOOL: "?", INT2: "h", INT4: "i", INT8: "q", OID: "I", FLOAT4: "f", FLOAT8: "d", DATE: "i",

@@ -32,7 +32,8 @@ from ._binary_py import numeric_text_from_binary
 from .failures import INVALID, LAYOUT_INVALID, DatumFailure, ValueFailure
 
 __all__ = ["LAYOUT_TYPES", "layout_send_form", "jsonb_send", "tsvector_send", "tsquery_send", "jsonpath_send",
-           "aclitem_fields", "numeric_send", "swap_fields", "JSONB_OID", "TSVECTOR_OID", "TSQUERY_OID", "JSONPATH_OID", "ACLITEM_OID"]
+           "aclitem_fields", "numeric_send", "swap_fields",
+           "JSONB_OID", "TSVECTOR_OID", "TSQUERY_OID", "JSONPATH_OID", "ACLITEM_OID"]
 
 JSONB_OID, TSVECTOR_OID, TSQUERY_OID, JSONPATH_OID, ACLITEM_OID = 3802, 3614, 3615, 4072, 1033
 
