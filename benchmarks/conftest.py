@@ -1,9 +1,11 @@
 """Benchmark fixtures. Benchmarks live apart from the tests: run them with
 
     python -m pytest benchmarks -o python_files='bench_*.py' --benchmark-json=out/bench.json
-    python benchmarks/report.py out/bench.json          # writes BENCHMARKS.md
+    python benchmarks/report.py out/bench.json          # writes BENCHMARKS.md from that run
 
-or everything at once (peers, end to end, the report): scripts/bench.sh
+or everything at once (peers, end to end, the report, the charts): scripts/bench.sh. A run saved with
+--benchmark-json is also kept in benchmarks/results/ (benchmarks/runs.py): a full run as bench_run.json, the
+pipeline's measurements as pipeline_run.json; BENCHMARKS.md and the charts are made from those.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from benchmarks.captured import captured_workloads  # noqa: F401 - session fixtu
 from benchmarks.workloads import pgoutput_inserts
 
 ROWS = 200_000
+#: SPOCKWIRE_BENCH_* settings that change no measurement (where results go, time limits)
+NOT_SIZES = {"SPOCKWIRE_BENCH_OUT", "SPOCKWIRE_BENCH_PIPELINE_JOB_TIMEOUT", "SPOCKWIRE_BENCH_PIPELINE_KEEP"}
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
@@ -27,6 +31,21 @@ def pytest_benchmark_update_machine_info(config, machine_info):
         pass
     if hasattr(os, "getloadavg"):
         machine_info["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    # sizes other than the defaults (SPOCKWIRE_BENCH_SCALE=0.05 ...): such a run is not kept as the run of record
+    machine_info["bench_settings"] = {k: v for k, v in sorted(os.environ.items())
+                                      if k.startswith("SPOCKWIRE_BENCH_") and k not in NOT_SIZES}
+
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """Keep the run where benchmarks/report.py and benchmarks/charts.py find it (benchmarks/runs.py)."""
+    from benchmarks import runs
+
+    settings = output_json.get("machine_info", {}).get("bench_settings")
+    if settings:
+        print(f"\nbenchmarks: not kept in benchmarks/results/ (sizes other than the defaults: {settings})")
+        return
+    for path in runs.keep(output_json):
+        print(f"\nbenchmarks: kept {path}")
 
 
 @pytest.fixture(scope="session")

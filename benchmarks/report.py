@@ -1,27 +1,38 @@
-"""Turn pytest-benchmark JSON into the Markdown tables of BENCHMARKS.md.
+"""Turn pytest-benchmark JSON into BENCHMARKS.md: a summary of ratios against the peers, the charts, then the tables.
 
-    python benchmarks/report.py out/bench.json [--out BENCHMARKS.md]
+    python benchmarks/report.py [RUN.json] [--pipeline PIPELINE.json] [--out BENCHMARKS.md]
 
-One statistic everywhere: rows/s and MB/s come from the median round of each benchmark (pytest-benchmark's
-``median``, or the median measured inside a peer's process or a benchmark's own loop, passed as
+Without RUN.json the stored runs are used (benchmarks/runs.py: benchmarks/results/bench_run.json, and the newest
+pipeline run). One statistic everywhere: rows/s and MB/s come from the median round of each benchmark
+(pytest-benchmark's ``median``, or the median measured inside a peer's process or a benchmark's own loop, passed as
 ``extra_info["seconds"]``); every row also gets its ratio to other rows of its table, so the claims are ratios
-measured in one run, not absolute times.
-
-After the run's tables comes benchmarks/analysis.md, verbatim: measurements of their own runs that explain them.
+measured in one run, not absolute times. The charts (benchmarks/charts.py) are drawn from the same runs.
 
 Benchmarks of bench_peers.py (``extra_info["role"]``) get one table per captured workload: rows/s, MB/s of the
 row's own input, its ratio to each peer's rows/s and its speed as a fraction of copying the same bytes (memcpy).
 Benchmarks of bench_e2e.py / bench_connection.py get one end-to-end table (rows/s, client CPU, ratio to the
 server's decode rate). A time in ``extra_info["seconds"]`` (measured inside another process, or the timed part of
-a round) takes the place of the round's minimum.
+a round) takes the place of the round's minimum. Dated analyses are not part of it: benchmarks/analysis.md.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 from collections import defaultdict
 from pathlib import Path
+
+try:
+    from . import runs
+except ImportError:          # run as a script: benchmarks/ is on sys.path
+    import runs  # type: ignore[no-redef]
+
+#: the charts benchmarks/charts.py draws, in the order BENCHMARKS.md shows them: (file, alt text)
+CHARTS = (("bench_headline.svg", "Decoding the narrow workload: spockwire against every peer, rows/s"),
+          ("bench_decode.svg", "Decoding the same captured changes: spockwire against its peers, six workloads"),
+          ("bench_live.svg", "Streaming from a live slot: rows/s against pg_recvlogical and the server's own decode"),
+          ("bench_snapshot.svg", "Reading a whole table: read_table against ADBC, connectorx and the raw COPY"),
+          ("bench_pipeline.svg", "The Spark pipeline into Delta: measured rates against targets and anchors"))
+IMAGES = "docs/images"
 
 
 def _machine(info: dict) -> str:
@@ -31,21 +42,30 @@ def _machine(info: dict) -> str:
             f"{info.get('release', '')}")
 
 
-def render(data: dict) -> str:
+def render(data: dict, pipeline_run: dict | None = None) -> str:
+    """BENCHMARKS.md from a run; the pipeline section from `pipeline_run` when given (a run of its own)."""
     groups: dict[str, list[dict]] = defaultdict(list)
-    peers = [b for b in data["benchmarks"] if "role" in b.get("extra_info", {})]
-    e2e = [b for b in data["benchmarks"] if _is_e2e(b)]
-    snapshot = [b for b in data["benchmarks"] if "snapshot_reader" in b.get("extra_info", {})]
-    pipeline = [b for b in data["benchmarks"] if isinstance(b.get("extra_info", {}).get("pipeline"), dict)
-                or "bench_pipeline.py" in b.get("fullname", "")]
+    peers = [b for b in data["benchmarks"] if runs.is_peer(b)]
+    e2e = [b for b in data["benchmarks"] if runs.is_e2e(b)]
+    snapshot = [b for b in data["benchmarks"] if runs.is_snapshot(b)]
+    pipeline = [b for b in (pipeline_run or data)["benchmarks"] if runs.is_pipeline(b)]
     for bench in data["benchmarks"]:
-        if "role" in bench.get("extra_info", {}) or _is_e2e(bench) or bench in snapshot or bench in pipeline:
+        if runs.is_peer(bench) or runs.is_e2e(bench) or runs.is_snapshot(bench) or runs.is_pipeline(bench):
             continue
         groups[bench.get("group") or bench["name"]].append(bench)
     lines = ["# Benchmarks", "",
+             "spockwire measured beside the tools people use for the same job, in one run on one machine, stated as "
+             "ratios: decoding captured changes (pypgoutput, wal2json + JSON, Node's pg-logical-replication, a "
+             "memcpy of the same bytes), streaming from a live slot (pg_recvlogical, the server's own decode), "
+             "reading whole tables (ADBC, connectorx, the raw COPY transfer) and the Spark pipeline into Delta. "
+             "Every figure is the median of its rounds. `scripts/bench.sh` runs it all and writes this file and "
+             "the charts (docs/images/) from the runs it keeps in benchmarks/results/; dated analyses (profiles, "
+             "instruction counts, before/after comparisons) are in benchmarks/analysis.md, newest first.", "",
              f"Machine: {_machine(data.get('machine_info', {}))}. Run: {data.get('datetime', '')}.", ""]
     lines += _setup_lines(data, peers + e2e)
-    lines += _peer_sections(peers) + _e2e_section(e2e) + _snapshot_section(snapshot) + _pipeline_section(pipeline)
+    lines += _summary(peers, e2e, snapshot, pipeline, pipeline_run)
+    lines += _peer_sections(peers) + _e2e_section(e2e) + _snapshot_section(snapshot)
+    lines += _pipeline_section(pipeline, pipeline_run)
     if groups:
         lines += ["## Synthetic decode workloads", "",
                   "Each table is one workload measured in one run; `ratio` is the row's rows/s divided by the "
@@ -70,13 +90,6 @@ def render(data: dict) -> str:
             lines.append(f"| {label} | {rps:,.0f} | {mb_cell} | {best:.4f} | {ratio} |" if rps else
                          f"| {label} | | | {best:.4f} | |")
         lines.append("")
-    analysis = Path(__file__).with_name("analysis.md")
-    if analysis.exists():
-        lines += ["## Analyses (their own runs)", "",
-                  "What follows is kept from " + analysis.name + ": measurements that explain the tables above "
-                  "(instruction counts, profiles, codec costs, before/after comparisons), each with the date, "
-                  "command and conditions of its own run. The tables above are all from the one run named at the "
-                  "top.", "", analysis.read_text().strip(), ""]
     return "\n".join(lines)
 
 
@@ -86,11 +99,6 @@ def render(data: dict) -> str:
 def _seconds(bench: dict) -> float:
     extra = bench.get("extra_info", {})
     return float(extra["seconds"]) if extra.get("seconds") else float(bench["stats"]["median"])
-
-
-def _is_e2e(bench: dict) -> bool:
-    full = bench.get("fullname", "")
-    return "bench_e2e.py" in full or "bench_connection.py" in full
 
 
 def _fmt_ratio(x: float) -> str:
@@ -148,7 +156,7 @@ def _peer_sections(benches: list[dict]) -> list[str]:
     text_peers = [p for p in peer_names if not any(r["peer"] == p and r["input"] == "pgoutput-binary"
                                                    for w in order for r in tables[w])]
     binary_peers = [p for p in peer_names if p not in text_peers]
-    lines += ["### Summary", "",
+    lines += ["### All workloads", "",
               "spockwire C with `types=\"typed\"` (Arrow columns of the PostgreSQL types) against each peer that "
               "decodes text-format pgoutput or wal2json; spockwire C with `types=\"raw\"` against the peer that "
               "hands binary-format values over undecoded.", ""]
@@ -304,9 +312,9 @@ def _fmt_value(value: float | None, unit: str) -> str:
     return f"{value:.3f} {unit}"
 
 
-def _pipeline_section(benches: list[dict]) -> list[str]:
+def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[str]:
     """bench_pipeline.py: the Spark pipeline into Delta (the job as a child process, local[2]), each measurement
-    against its target and against anchors measured in the same run."""
+    against its target and against anchors measured in the same run (`own_run`: a run of its own, named)."""
     if not benches:
         return []
     # a phase that failed after its timed part has no extra_info["pipeline"]: listed by name, without figures
@@ -324,7 +332,7 @@ def _pipeline_section(benches: list[dict]) -> list[str]:
              "the same run. "
              "`ratio` is "
              "measured / anchor: for a rate the fraction of the anchor's rate, for a time the multiple of the "
-             "anchor's time.", "",
+             "anchor's time." + (_own_run_note(own_run) if own_run else ""), "",
              "| measurement | target | measured | anchor measured in the same run | ratio | met |",
              "|---|---|---:|---|---:|---|"]
     for i in infos:
@@ -381,17 +389,126 @@ def _pipeline_section(benches: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def _own_run_note(run: dict) -> str:
+    info = run.get("machine_info", {})
+    load = info.get("loadavg_at_start")
+    return (f" From a run of its own: {run.get('datetime', '')} ({_machine(info)}"
+            + (f"; load average at its start {', '.join(str(x) for x in load)}" if load else "") + ").")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the figures the summary and the charts share
+
+def decode_tables(peers: list[dict]) -> dict[str, list[dict]]:
+    """Per captured workload, in the run's order: its rows (label, input, role, peer, rps, mbs, seconds)."""
+    by_workload: dict[str, list[dict]] = defaultdict(list)
+    for b in peers:
+        by_workload[b["extra_info"]["workload"]].append(b)
+    order = sorted(by_workload, key=lambda w: by_workload[w][0]["extra_info"].get("workload_index", 99))
+    return {w: _peer_rows(by_workload[w]) for w in order}
+
+
+def e2e_tables(benches: list[dict]) -> dict[str, dict[str, dict]]:
+    """Per server ("PostgreSQL 15.20 ..."): {bench name without the server: {label, rps, cpu}}."""
+    out: dict[str, dict[str, dict]] = {}
+    for b in sorted(benches, key=lambda b: int(b.get("extra_info", {}).get("server_major", 0))):
+        e = b.get("extra_info", {})
+        server = f"PostgreSQL {e.get('server_version') or e.get('server_major', '')}"
+        name = _e2e_name(b["name"])
+        out.setdefault(server, {})[name] = dict(label=E2E_LABELS.get(name, name), rps=e.get("rows", 0) / _seconds(b),
+                                                cpu=e.get("client_cpu_cores"))
+    return out
+
+
+def snapshot_rows(benches: list[dict]) -> dict[str, dict]:
+    return {b["extra_info"]["snapshot_reader"]: dict(label=SNAPSHOT_LABELS.get(b["extra_info"]["snapshot_reader"],
+                                                                                b["extra_info"]["snapshot_reader"]),
+                                                      rps=b["extra_info"]["rows_per_s"]) for b in benches}
+
+
+def pipeline_infos(benches: list[dict]) -> list[dict]:
+    infos = [b["extra_info"]["pipeline"] for b in benches if isinstance(b.get("extra_info", {}).get("pipeline"), dict)]
+    return sorted(infos, key=lambda i: PIPELINE_ORDER.index(i["key"]) if i.get("key") in PIPELINE_ORDER else 99)
+
+
+def _summary(peers: list[dict], e2e: list[dict], snapshot: list[dict], pipeline: list[dict],
+             pipeline_run: dict | None) -> list[str]:
+    """The lead table: spockwire against what it is compared with, each pair measured in the same run."""
+    rows: list[tuple[str, str, str, str]] = []
+    tables = decode_tables(peers)
+    if tables:
+        first = next(iter(tables))
+        t = {r["label"]: r for r in tables[first]}
+        typed = t.get("spockwire C, typed, text")
+        for r in tables[first]:
+            if typed and r["role"] == "peer" and r["input"] != "pgoutput-binary":
+                rows.append((f"decode {first}: typed Arrow columns from text pgoutput", f"{typed['rps']:,.0f} rows/s",
+                             f"{r['label']}: {r['rps']:,.0f} rows/s", _fmt_ratio(typed["rps"] / r["rps"])))
+        for label, what in (("spockwire C, typed, binary, views", "typed from binary pgoutput, `strings=\"view\"`"),
+                            ("spockwire C, raw, binary", "values as sent (`types=\"raw\"`), binary pgoutput")):
+            ours = t.get(label)
+            peer = next((r for r in tables[first] if r["role"] == "peer" and r["input"] == "pgoutput-binary"), None)
+            if ours and peer:
+                rows.append((f"decode {first}: {what}", f"{ours['rps']:,.0f} rows/s",
+                             f"{peer['label']} (values undecoded): {peer['rps']:,.0f} rows/s",
+                             _fmt_ratio(ours["rps"] / peer["rps"])))
+        ratios = []
+        for w, rs in tables.items():
+            fastest = max((r for r in rs if r["role"] == "peer"), key=lambda r: r["rps"], default=None)
+            ours = next((r for r in rs if r["label"] == "spockwire C, typed, text, views"), None)
+            if fastest and ours:
+                ratios.append(ours["rps"] / fastest["rps"])
+        if ratios:
+            rows.append((f"decode, each of the {len(ratios)} workloads: typed from text, `strings=\"view\"`", "",
+                         "the workload's fastest peer", f"{_fmt_ratio(min(ratios))} to {_fmt_ratio(max(ratios))}"))
+    for server, named in e2e_tables(e2e).items():
+        decode = named.get("test_server_decode")
+        recv = named.get("test_pg_recvlogical")
+        for name, anchor in (("test_stream[c]", recv), ("test_sql_transport[c]", decode)):
+            ours = named.get(name)
+            if ours and anchor:
+                rows.append((f"live slot, {server.split(' (')[0]}: {ours['label']}", f"{ours['rps']:,.0f} rows/s",
+                             f"{anchor['label'].split(' (')[0]}: {anchor['rps']:,.0f} rows/s",
+                             _fmt_ratio(ours["rps"] / anchor["rps"])))
+    readers = snapshot_rows(snapshot)
+    ours = readers.get("spockwire_w2")
+    for key in ("adbc", "connectorx_p2", "raw_copy"):
+        if ours and key in readers:
+            rows.append((f"whole table: {ours['label']}", f"{ours['rps']:,.0f} rows/s",
+                         f"{readers[key]['label']}: {readers[key]['rps']:,.0f} rows/s",
+                         _fmt_ratio(ours["rps"] / readers[key]["rps"])))
+    for info in pipeline_infos(pipeline):
+        if info.get("key") in ("snapshot", "changes") and info.get("measured") is not None:
+            for a in info.get("anchors") or []:
+                if a.get("ratio") is not None:
+                    rows.append((f"Spark pipeline into Delta: {info['label']}",
+                                 _fmt_value(info["measured"], info.get("unit", "")),
+                                 f"{a['label']}: {_fmt_value(a.get('value'), a.get('unit', ''))}", f"{a['ratio']:.3f}"))
+    if not rows:
+        return []
+    lines = ["## Summary", "",
+             "spockwire against each tool it is compared with, both measured in the same run (the pipeline in a "
+             "run of its own, named in its section). `ratio`: spockwire's rows/s divided by the other's.", "",
+             "| measurement | spockwire | compared with | ratio |", "|---|---:|---|---:|"]
+    lines += [f"| {what} | {ours} | {other} | {ratio} |" for what, ours, other, ratio in rows]
+    for name, alt in CHARTS:
+        lines += ["", f"![{alt}]({IMAGES}/{name})"]
+    return lines + [""]
+    return lines
+
+
 def _num(x: float | None) -> str:
     return "" if x is None else f"{x:,.3f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json_file")
+    parser.add_argument("json_file", nargs="?", help="a pytest-benchmark JSON (default: the stored runs)")
+    parser.add_argument("--pipeline", help="a run whose pipeline measurements to show instead of RUN's own")
     parser.add_argument("--out", default="BENCHMARKS.md")
     args = parser.parse_args()
-    data = json.loads(Path(args.json_file).read_text())
-    Path(args.out).write_text(render(data))
+    data, pipeline = runs.load(args.json_file, args.pipeline)
+    Path(args.out).write_text(render(data, pipeline))
     print(f"wrote {args.out}")
 
 

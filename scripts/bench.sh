@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Run every benchmark and write BENCHMARKS.md (benchmarks are not part of the test command):
+# Run every benchmark, write BENCHMARKS.md and the charts (benchmarks are not part of the test command):
 #
 #   scripts/bench.sh [PYTEST ARGS...]
 #
 # Builds the extension in place, captures the workloads on first use (cached under out/bench-cache/), runs
-# benchmarks/bench_*.py with pytest-benchmark into out/bench.json, then benchmarks/report.py writes BENCHMARKS.md.
+# benchmarks/bench_*.py with pytest-benchmark into out/bench.json and keeps the run in benchmarks/results/
+# (benchmarks/runs.py: a full run as bench_run.json, the pipeline's measurements as pipeline_run.json); then
+# benchmarks/report.py writes BENCHMARKS.md and benchmarks/charts.py the SVG charts in docs/images/, both from the
+# kept runs (a run of some benchmarks only, with PYTEST ARGS, updates only what it holds: the pipeline; a run at
+# other sizes than the defaults, e.g. SPOCKWIRE_BENCH_SCALE=0.05, is not kept).
 # bench_connection.py is skipped because bench_e2e.py runs its tests on its own slot, next to the no-op callback.
 #
 # Every peer is required: a missing one stops the run with a non-zero exit before anything is measured (and a peer
@@ -71,4 +75,5 @@ fi
 
 "$PYTHON" -m pytest benchmarks -o python_files='bench_*.py' --ignore=benchmarks/bench_connection.py \
     --benchmark-json=out/bench.json --benchmark-columns=min,median,rounds "$@"
-"$PYTHON" benchmarks/report.py out/bench.json --out "${SPOCKWIRE_BENCH_OUT:-BENCHMARKS.md}"
+"$PYTHON" benchmarks/report.py --out "${SPOCKWIRE_BENCH_OUT:-BENCHMARKS.md}"
+MPLBACKEND=Agg "$PYTHON" -m benchmarks.charts

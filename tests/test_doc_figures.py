@@ -1,11 +1,14 @@
 """The figures README.md and docs/*.md quote come from BENCHMARKS.md: every number between the markers
 ``<!-- figures: BENCHMARKS.md -->`` and ``<!-- /figures -->`` must appear, written the same way, in BENCHMARKS.md
-(scripts/bench.sh regenerates BENCHMARKS.md; a quoted figure that the run no longer shows fails here).
+(scripts/bench.sh regenerates BENCHMARKS.md; a quoted figure that the run no longer shows fails here). And
+BENCHMARKS.md is what benchmarks/report.py makes of the runs kept in benchmarks/results/, with every chart it shows,
+so a figure quoted anywhere goes back to a stored run.
 """
 from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,8 @@ START, END = "<!-- figures: BENCHMARKS.md -->", "<!-- /figures -->"
 #: either ("7 columns") are prose, not figures
 FIGURE = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?x?(?![\w])"
                     r"|(?<![\w.,])\d+\.\d+x?(?![\w])|(?<![\w.,])\d+x(?![\w])")
-QUOTING = ["README.md", "docs/spark.md", "docs/connection.md"]
+#: every document that may quote figures: the README and the docs pages
+QUOTING = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))
 
 
 def quoted_figures(text: str) -> list[str]:
@@ -44,3 +48,19 @@ def test_quoted_figures_appear_in_benchmarks(name):
     bench = set(FIGURE.findall((ROOT / "BENCHMARKS.md").read_text()))
     missing = [f for f in figures if f not in bench]
     assert not missing, f"{name} quotes figures that BENCHMARKS.md does not show: {missing}"
+
+
+def test_benchmarks_md_is_rendered_from_the_stored_runs():
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import report, runs
+    finally:
+        sys.path.remove(str(ROOT))
+    main, pipeline = runs.load()
+    assert (ROOT / "BENCHMARKS.md").read_text() == report.render(main, pipeline), (
+        "BENCHMARKS.md differs from `python benchmarks/report.py` over benchmarks/results/: regenerate it, or change "
+        "the generator")
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    charts = re.findall(r"!\[[^\]]*\]\(([^)]+\.svg)\)", text)
+    assert {Path(c).name for c in charts} == {name for name, _ in report.CHARTS}
+    assert all((ROOT / c).is_file() for c in charts), charts

@@ -181,3 +181,56 @@ def test_round_trip_property(frames: list[tuple[int, bytes]]) -> None:
     if body:
         with pytest.raises(FrameError):
             list(iter_frames(body[:-1]))
+
+
+@pytest.mark.parametrize("reserve", [0, 64, 4096])
+def test_set_header_in_place_or_rewritten_at_close(tmp_path: Path, reserve: int) -> None:
+    """set_header rewrites the header in place while it fits the reserved room (the records already written and
+    those after stay as they are); a header that outgrows it makes close() rewrite the file once."""
+    path = tmp_path / "h.spwf"
+    with FrameWriter(path, "pgoutput", header_reserve=reserve, slot="s") as w:
+        w.write(1, b"first")
+        w.set_header(note="x" * 40)
+        w.write(2, b"second")
+        in_place = read_frame_file(path)[0] if reserve >= 200 else None
+        w.set_header(note=None, big="y" * 100)
+        w.write(3, b"third")
+    header, body = read_frame_file(path)
+    assert header["big"] == "y" * 100 and "note" not in header and header["slot"] == "s"
+    assert [(lsn, bytes(p)) for lsn, p in iter_frames(body)] == [(1, b"first"), (2, b"second"), (3, b"third")]
+    if in_place is not None:       # already readable while the writer was open
+        assert in_place["note"] == "x" * 40
+    assert path.stat().st_size == 14 + max(reserve, len(json.dumps(header, separators=(",", ":")))) + 3 * 12 + 16
+    assert not (tmp_path / "h.spwf.tmp").exists()
+
+
+@pytest.mark.parametrize("bad, where", [
+    ({"version": 2}, "version"),
+    ({"version": 1, "types": {}}, "types: expected a list"),
+    ({"version": 1, "types": [{"oid": "16400", "name": "t"}]}, "types[0].oid"),
+    ({"version": 1, "types": [{"oid": 16400, "name": "t", "colour": 1}]}, "unknown keys ['colour']"),
+    ({"version": 1, "types": [{"oid": 16400, "name": "t", "fields": [1, "x"]}]}, "types[0].fields"),
+    ({"version": 1, "types": [{"oid": 1, "name": "a"}, {"oid": 1, "name": "b"}]}, "described twice"),
+    ({"version": 1, "tables": {"public.t": {"id": [23]}}}, "tables['public.t']['id']"),
+    ({"version": 1, "roles": {"ten": "postgres"}}, "roles['ten']"),
+])
+def test_a_malformed_recorded_catalog_is_a_clear_error(bad: dict, where: str) -> None:
+    from spockwire.values.catalog import TypeCatalogError
+    from spockwire.values.recorded import RecordedTypeCatalog
+
+    with pytest.raises(TypeCatalogError, match="^cap.spwf: type_catalog: ") as info:
+        RecordedTypeCatalog.from_frame_header({"protocol": "pgoutput", "type_catalog": bad}, source="cap.spwf")
+    assert where in str(info.value)
+
+
+def test_recorded_catalog_round_trip() -> None:
+    from spockwire.values.catalog import TypeCatalogError, TypeInfo
+    from spockwire.values.recorded import RecordedTypeCatalog
+
+    cat = RecordedTypeCatalog(types={16400: TypeInfo(16400, "comp", "c"), 16410: TypeInfo(16410, "posint", "d", 23)},
+                              fields={16400: [23, 16410]}, tables={"public.t": {"id": (23, -1)}})
+    again = RecordedTypeCatalog.from_json(json.loads(json.dumps(cat.to_json())))
+    assert again == cat and again.type_info(16410).base_oid == 23 and again.composite_fields(16400) == [23, 16410]
+    with pytest.raises(TypeCatalogError, match="no role names"):
+        again.role_name(10)
+    assert RecordedTypeCatalog.from_frame_header({"protocol": "pgoutput"}) is None

@@ -204,15 +204,9 @@ def test_no_import_runs_up_the_layers(spockwire_imports):
     assert not problems, "\n".join(problems)
 
 
-# The command line's demo modules are being untangled apart from the rest; their circle is the one allowed.
-ALLOWED_CIRCLES = {frozenset({"spockwire.cli.demo_cmd", "spockwire.cli.demo_spark"})}
-
-
 def test_no_import_circles(spockwire_imports):
     _files, imports = spockwire_imports
-    kept = [imp for imp in imports
-            if not any({imp.importer, imp.target} <= allowed for allowed in ALLOWED_CIRCLES)]
-    assert import_cycles(kept) == []
+    assert import_cycles(imports) == []
 
 
 # --- the checks themselves, on a synthetic package ------------------------------------------------------------

@@ -208,3 +208,94 @@ def test_the_catalog_can_be_turned_off(db) -> None:
     assert all(b.schema.field("c_int4").type == pa.binary() for b in batches)
     values = [v for b in batches for v in b.column("c_int4").to_pylist()]
     assert values == [b"\x00\x00\x00\x2a", b"\xff\xff\xff\xff", None]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# offline: a capture decoded without the database gives exactly the live values
+
+def _capture(db, plugin: str, binary: bool, out) -> None:
+    from spockwire.cli import main
+
+    args = ["capture", "--dsn", db.dsn, "--slot", _slot(plugin, binary), "--plugin", plugin, "--out", str(out),
+            "--idle-exit", "1"]
+    if plugin == "pgoutput":
+        args += ["--publication", "pub_types"]
+    if binary:
+        args.append("--binary")
+    assert main(args) == 0
+
+
+def _decode_offline(path, impl: str, header_catalog: bool = True) -> pa.Table:
+    from spockwire.cli.common import decoder_for, decoder_module
+    from spockwire.frames import read_frame_file
+
+    header, body = read_frame_file(path)
+    if not header_catalog:
+        header = {k: v for k, v in header.items() if k != "type_catalog"}
+    dec = decoder_for(decoder_module(impl), header)
+    dec.feed_frames(body)
+    batches = [ev.to_arrow() for ev in dec.drain() if hasattr(ev, "to_arrow")]
+    table = pa.Table.from_batches(batches).combine_chunks()
+    return table.select(["id"] + [c[0] for c in COLUMNS]).sort_by("id")
+
+
+@pytest.fixture(scope="module")
+def captures(db, decoded, tmp_path_factory) -> dict[tuple[str, bool], object]:
+    """Each stream captured with `spockwire capture` (after `decoded` read it live: the slots did not move)."""
+    folder = tmp_path_factory.mktemp("captures")
+    out = {}
+    for plugin, binary in STREAMS:
+        out[(plugin, binary)] = folder / f"{plugin}_{'b' if binary else 't'}.spwf"
+        _capture(db, plugin, binary, out[(plugin, binary)])
+    return out
+
+
+@pytest.mark.parametrize("impl", ["c", "python"])
+def test_a_capture_decoded_offline_equals_the_live_stream(captures, decoded, impl) -> None:
+    """The capture's header records the catalog the live stream asked (pglogical's column types, the composite's
+    fields, the enum, the domains, the user range, arrays of them): decoded away from the database, in either
+    implementation, every stream gives the live stream's schema and values."""
+    from spockwire.frames import read_frame_file
+
+    for (plugin, binary), path in captures.items():
+        live = decoded[(impl, plugin, binary)]
+        offline = _decode_offline(path, impl)
+        assert offline.schema == live.schema, (plugin, binary)
+        for name in live.column_names:
+            a, b = offline.column(name), live.column(name)
+            assert a.equals(b) or str(a.to_pylist()) == str(b.to_pylist()), (plugin, binary, name)   # NaN
+        recorded = read_frame_file(path)[0]["type_catalog"]
+        names = {t["name"] for t in recorded["types"]}
+        assert {"mood", "_mood", "comp", "_comp", "posint", "addr", "floatrange"} <= names, names
+        comp = next(t for t in recorded["types"] if t["name"] == "comp")
+        assert len(comp["fields"]) == 5
+        mood = next(t for t in recorded["types"] if t["name"] == "mood")
+        assert mood["labels"] == ["sad", "ok", "it's {x}"]
+        assert ("public.everything" in recorded["tables"]) == (plugin != "pgoutput")
+
+
+def test_without_the_recorded_catalog_user_types_stay_as_they_arrived(captures, decoded) -> None:
+    """What the recorded catalog changes: the same binary captures decoded without it lose the user types
+    (pgoutput: the composite stays send bytes; pglogical: every column does)."""
+    offline = _decode_offline(captures[("pgoutput", True)], "c", header_catalog=False)
+    for name in ("c_comp", "c_a_comp", "c_mood", "c_a_mood", "c_floatrange"):
+        assert offline.schema.field(name).type == pa.binary(), name
+    offline = _decode_offline(captures[("pglogical", True)], "python", header_catalog=False)
+    assert offline.schema.field("c_int4").type == pa.binary()
+
+
+@pytest.mark.spark
+def test_spark_decodes_a_capture_with_its_recorded_catalog(captures, decoded) -> None:
+    """decode_frame_file (the parallel decode on executors) types the capture with its recorded catalog too:
+    the pglogical stream, which names no types, gives the live values."""
+    from spockwire.spark import decode_frame_file
+    from tests.spark_session import spark_session
+
+    live = decoded[("c", "pglogical", True)]
+    df = decode_frame_file(spark_session(), str(captures[("pglogical", True)]), "public.everything")
+    rows = sorted(df.select("id", "c_int8", "c_num", "c_comp", "c_a_comp", "c_mood", "c_posint", "c_floatrange")
+                  .collect())
+    assert [r["c_int8"] for r in rows] == live.column("c_int8").to_pylist()
+    assert [r["c_num"] for r in rows] == live.column("c_num").to_pylist()
+    for name in ("c_comp", "c_a_comp", "c_mood", "c_posint", "c_floatrange"):
+        assert [r[name] for r in rows] == live.column(name).to_pylist(), name

@@ -10,9 +10,11 @@ from typing import Any
 
 from pyarrow import MonthDayNano as _MonthDayNano
 
-from ..frames import parse_file_header, read_frame_file
+from ..frames import frame_proto_format, parse_file_header, read_frame_file
+from ..wire.json_protocol import json_decoder_or_native
 from ..ingest.staging import COMPRESSIONS, DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS
-from ..values.catalog import parse_column_types
+from ..values.catalog import TypeCatalogError, parse_column_types
+from ..values.recorded import RecordedTypeCatalog
 from .config import CONFIG, Setting, parse_size, positive_int
 
 __all__ = ["IMPL", "TYPES", "COLUMN_TYPE", "ON_UNREPRESENTABLE", "parse_column_types", "STAGING_SETTINGS", "COMMON_SETTINGS", "decoder_module", "decoder_for", "load_frame_file", "parse_frame_bytes",
@@ -65,14 +67,22 @@ def decoder_module(impl: str | None) -> ModuleType:
 
 def decoder_for(module: ModuleType, header: dict[str, Any], types: str | None = None,
                 numeric: str | None = None, **options: Any) -> Any:
-    """A decoder for a frame file, configured from its header (protocol, spock proto_version), `types`,
-    `numeric` and further decoder options (column_types, on_unrepresentable; None: the decoder's default)."""
+    """A decoder for a frame file, configured from its header (protocol, spock proto_version, the type catalog
+    `spockwire capture` recorded), `types`, `numeric` and further decoder options (column_types,
+    on_unrepresentable, type_catalog; None: the decoder's default)."""
     protocol = header["protocol"]
     kwargs: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
     if types is not None:
         kwargs["types"] = types
     if numeric is not None:
         kwargs["numeric"] = numeric
+    if "type_catalog" not in kwargs:
+        try:
+            recorded = RecordedTypeCatalog.from_frame_header(header)
+        except TypeCatalogError as exc:
+            raise CliError(f"cannot decode this frame file: {exc}") from None
+        if recorded is not None:
+            kwargs["type_catalog"] = recorded
     options = header.get("options") or {}
     if protocol == "spock" and isinstance(options, dict) and "proto_version" in options:
         try:
@@ -80,7 +90,7 @@ def decoder_for(module: ModuleType, header: dict[str, Any], types: str | None = 
         except (TypeError, ValueError):
             pass
     try:
-        return module.Decoder(protocol=protocol, **kwargs)
+        return json_decoder_or_native(module, protocol, frame_proto_format(header), **kwargs)
     except ValueError as exc:
         raise CliError(f"cannot decode this frame file: {exc}") from None
 

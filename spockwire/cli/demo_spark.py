@@ -9,14 +9,17 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
 import tempfile
 import threading
 import time
 from typing import Any, TextIO
 
+from ..connection import create_slot
+from ..spark.environment import check_java
+from ..testing import PostgresCluster
 from .common import CliError, format_lsn, human_bytes
-
-TABLES = {"public.customers": ("id",), "public.orders": ("id",), "public.events": ("id",)}
+from .demo_source import SCHEMA, TABLES, comparable, find_server, require_client
 
 
 # the rows the tables hold before the pipeline starts
@@ -79,13 +82,11 @@ def _delta_rows(path: str) -> list[dict[str, Any]]:
 
 
 def _check(pg: Any, db: str, table: str, keys: tuple[str, ...], path: str) -> tuple[int, int, bool]:
-    from .demo_cmd import _comparable
-
     names, rows = _table_rows(pg, db, table)
-    source = {tuple(r[names.index(k)] for k in keys): {n: _comparable(v) for n, v in zip(names, r)} for r in rows}
+    source = {tuple(r[names.index(k)] for k in keys): {n: comparable(v) for n, v in zip(names, r)} for r in rows}
     delta = {}
     for r in _delta_rows(path):
-        delta[tuple(r[k] for k in keys)] = {n: _comparable(r.get(n)) for n in names}
+        delta[tuple(r[k] for k in keys)] = {n: comparable(r.get(n)) for n in names}
     return len(source), len(delta), source == delta
 
 
@@ -97,22 +98,18 @@ def _snapshot_supported() -> bool:
 
 
 def run_spark(cfg: argparse.Namespace, out: TextIO) -> int:
-    try:
-        import psycopg2  # noqa: F401 - the demo's client
-
-        from ..connection import create_slot
-        from ..testing import PostgresCluster
-    except ImportError as exc:
-        raise CliError(f"the demo needs psycopg2 (pip install spockwire[demo]): {exc}") from None
+    require_client()
     try:
         import deltalake  # noqa: F401
         import pyspark
     except ImportError as exc:
-        raise CliError(f"the Spark pipeline needs pyspark and deltalake (pip install spockwire[spark]), or run "
+        raise CliError(f"the Spark pipeline needs pyspark and deltalake (pip install spockwire[demo]), or run "
                        f"`spockwire demo --no-spark`: {exc}") from None
     from ..spark.job import BatchReport, JobConfig, flush_lsn, spark_session, start, target_path, wait_caught_up
-    from .demo_cmd import SCHEMA, find_server
 
+    check_java()   # before the server starts: without Java there is no Spark
+    # Spark's Python workers run this interpreter, the one this spockwire and its dependencies are installed in
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     bindir, server = find_server()
     work = cfg.out or tempfile.mkdtemp(prefix="spockwire-demo-")
     snapshot = _snapshot_supported()

@@ -6,10 +6,11 @@ import json
 import sys
 from typing import Any, Iterator, TextIO
 
-from ..frames import iter_frames
+from ..frames import frame_proto_format, iter_frames
 from ..model import ChangeBatch, LogicalMessage, Relation, Truncate
 from .common import (COMMON_SETTINGS, decoder_for, decoder_module, format_lsn, format_value, json_value,
                      load_frame_file)
+from ..wire.json_protocol import json_action
 from .config import Setting, add_settings, positive_int, resolve
 
 NAME = "inspect"
@@ -30,6 +31,7 @@ _PGOUTPUT_NAMES = {
 _NATIVE_NAMES = {
     "S": "startup", "B": "begin", "C": "commit", "O": "origin", "L": "last commit", "R": "relation",
     "I": "insert", "U": "update", "D": "delete", "T": "truncate", "M": "message",
+    "": "empty (JSON protocol: in place of origin)",
 }
 
 
@@ -111,10 +113,11 @@ def _records(path: str, impl: str | None, types: str | None, events_only: bool,
     protocol = header["protocol"]
     names = _PGOUTPUT_NAMES if protocol == "pgoutput" else _NATIVE_NAMES
     options = header.get("options") if isinstance(header.get("options"), dict) else {}
+    json_format = frame_proto_format(header) == "json"
     for lsn, payload in iter_frames(body):
-        v5 = protocol == "spock" and str(dec.startup_params.get("proto_version",
+        v5 = not json_format and protocol == "spock" and str(dec.startup_params.get("proto_version",
                                                                options.get("proto_version", ""))) == "5"
-        mtype = _type_of(payload, protocol, v5)
+        mtype = json_action(payload) if json_format else _type_of(payload, protocol, v5)
         before = dict(dec.relations)
         try:
             dec.feed(payload, lsn)

@@ -20,6 +20,9 @@ INTERNAL = Setting("internal", "pglogical/spock: ask for internal datums as Spoc
 STREAMING = Setting("streaming", "pgoutput: stream large in-progress transactions", is_flag=True, default=False)
 TWO_PHASE = Setting("two_phase", "pgoutput: decode prepared transactions at PREPARE", is_flag=True, default=False)
 MESSAGES = Setting("messages", "pgoutput: include pg_logical_emit_message messages", is_flag=True, default=False)
+PROTO_FORMAT = Setting("proto_format", "pglogical/spock: the plugin's message format, native or json (the JSON "
+                       "protocol, a diagnostics format: docs/connection.md)", choices=("native", "json"),
+                       default="native")
 TRANSPORT = Setting("transport", "replication (walsender; low latency) or sql (batched reads of the slot through "
                     "the SQL interface; catch-up throughput)", choices=("replication", "sql"), default="replication")
 
@@ -43,4 +46,6 @@ def stream_kwargs(cfg: Any) -> dict[str, Any]:
                       messages=cfg.messages)
     else:
         kwargs.update(replication_sets=names(cfg.replication_sets))
+        if getattr(cfg, "proto_format", "native") != "native":
+            kwargs.update(proto_format=cfg.proto_format)
     return kwargs

@@ -110,8 +110,9 @@ cdef class CopyPump(_BatchPump):
                 return OK
         if end - p == 2 and <unsigned char>p[0] == 0xFF and <unsigned char>p[1] == 0xFF:
             return OK  # the trailer
-        # i16 2 fields, i32 8, u64 lsn, i32 length, data
-        if end - p < 22 or p[0] != 0 or p[1] != 2 or load_u32(p + 2) != 8:
+        # i16 2 fields, i32 8, u64 lsn, i32 length, data (which may be empty: the JSON protocol's message after a
+        # BEGIN)
+        if end - p < 18 or p[0] != 0 or p[1] != 2 or load_u32(p + 2) != 8:
             return C_BAD_ROW
         lsn = sw_load_u64(p + 6)
         dlen = load_u32(p + 14)

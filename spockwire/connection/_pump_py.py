@@ -405,7 +405,7 @@ class CopyPump(_BatchPump):
                 return
         if len(msg) - pos == 2 and msg[pos:] == b"\xff\xff":
             return  # the trailer
-        if len(msg) - pos < 22:
+        if len(msg) - pos < 18:     # i16 2, i32 8, u64 lsn, i32 length: an empty message has no data after them
             raise ReplicationError("unexpected COPY data: expected binary (pg_lsn, bytea) rows")
         nfields, l1, lsn, dlen = _COPY_ROW.unpack_from(msg, pos)
         if nfields != 2 or l1 != 8 or dlen < 0 or len(msg) - pos - 18 != dlen:

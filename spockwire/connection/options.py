@@ -157,7 +157,7 @@ def internal_datum_params(server_version_num: int) -> dict[str, str]:
 def native_options(plugin: str, server_version_num: int, *, replication_sets: str | Iterable[str] | None = None,
                    forward_origins: bool = True, binary: bool | str = False,
                    extra: Mapping[str, str] | None = None, encoding: str | None = None,
-                   proto_version: int | None = None) -> dict[str, str]:
+                   proto_version: int | None = None, proto_format: str = "native") -> dict[str, str]:
     """Startup parameters for pglogical_output or spock.
 
     `encoding` is the database's server_encoding (default UTF8): the plugins send text in it, unconverted, and
@@ -168,6 +168,8 @@ def native_options(plugin: str, server_version_num: int, *, replication_sets: st
     `binary` asks for the types' send/recv format; ``binary="internal"`` asks for internal datums as Spock's own
     subscriber does (every ``binary.*`` parameter, matching the server: internal_datum_params).
     `proto_version` (spock only: 4 or 5) pins min and max protocol version to that one version.
+    `proto_format` "json" asks for the JSON protocol (docs/protocols.md, "The JSON protocol"); it carries every
+    value as JSON text, so `binary` must stay False.
     """
     protocol = plugin_protocol(plugin)
     if protocol == "pgoutput":
@@ -202,6 +204,12 @@ def native_options(plugin: str, server_version_num: int, *, replication_sets: st
         opts[prefix + "forward_origins"] = "all"
     if binary not in (True, False, "internal"):
         raise ValueError(f"binary must be True, False or 'internal', not {binary!r}")
+    if proto_format not in ("native", "json"):
+        raise ValueError(f"proto_format must be 'native' or 'json', not {proto_format!r}")
+    if proto_format == "json":
+        if binary:
+            raise StartupRejected("the JSON protocol carries every value as JSON text: binary must be False")
+        opts["proto_format"] = "json"
     opts["binary.want_internal_basetypes"] = "1" if binary == "internal" else "0"
     if binary:
         opts["binary.want_binary_basetypes"] = "1"

@@ -51,10 +51,12 @@ def load_pump(choice: str | None = None) -> ModuleType:
                   "Build it with `python setup.py build_ext --inplace` (needs libpq-dev)", choice)
 
 
-def _default_decoder_factory(protocol: str, type_catalog: Any = None, **options: Any) -> Any:
+def _default_decoder_factory(protocol: str, type_catalog: Any = None, proto_format: str = "native",
+                             **options: Any) -> Any:
     from ..wire import load_implementation
+    from ..wire.json_protocol import json_decoder_or_native
 
-    return load_implementation().Decoder(protocol, type_catalog=type_catalog, **options)
+    return json_decoder_or_native(load_implementation(), protocol, proto_format, type_catalog=type_catalog, **options)
 
 
 def _auto_catalog(dsn: str) -> Any:
@@ -101,7 +103,8 @@ class ReplicationStream(BetweenReads):
                  decoder_factory: Callable[[str], Any] | None = None,
                  connect_kwargs: Mapping[str, Any] | None = None, transport: str = "replication",
                  sql_batch_changes: int = 4_000_000, type_catalog: Any = "auto",
-                 heartbeat_interval: float | None = None, sql_split_bytes: int = 16 << 20) -> None:
+                 heartbeat_interval: float | None = None, sql_split_bytes: int = 16 << 20,
+                 proto_format: str = "native") -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be 'replication' or 'sql', not {transport!r}")
         if sql_batch_changes < 1:
@@ -132,6 +135,12 @@ class ReplicationStream(BetweenReads):
                 raise ValueError(f"binary must be True, False or 'internal', not {binary!r}")
             if proto_version is not None and self.protocol != "spock":
                 raise StartupRejected(f"{plugin} streams have no proto_version option (protocol 1 only)")
+        # -- the JSON protocol (spockwire.wire.json_protocol): pglogical and spock only, values as JSON text
+        if proto_format not in ("native", "json"):
+            raise ValueError(f"proto_format must be 'native' or 'json', not {proto_format!r}")
+        if proto_format == "json" and (self.protocol == "pgoutput" or binary):
+            raise ValueError("proto_format='json' is for plugin='pglogical' or 'spock', with binary=False")
+        self.proto_format = proto_format
         self._want = dict(publication=publication, replication_sets=replication_sets, binary=binary,
                           streaming=streaming, two_phase=two_phase, messages=messages, proto_version=proto_version,
                           forward_origins=forward_origins, extra=dict(extra_options or {}))
@@ -155,7 +164,8 @@ class ReplicationStream(BetweenReads):
         self._own_catalog = type_catalog == "auto" and decoder_factory is None
         self.type_catalog = _auto_catalog(dsn) if self._own_catalog else \
             (None if type_catalog == "auto" else type_catalog)
-        self._decoder_factory = decoder_factory or (lambda p: _default_decoder_factory(p, self.type_catalog))
+        self._decoder_factory = decoder_factory or (
+            lambda p: _default_decoder_factory(p, self.type_catalog, self.proto_format))
         self._connect_kwargs = dict(connect_kwargs or {})
         #: options sent with START_REPLICATION (filled at the first connect: they depend on the server version)
         self.options: dict[str, str] = {}
@@ -324,7 +334,8 @@ class ReplicationStream(BetweenReads):
             return opts
         return native_options(self.plugin, server_version_num, replication_sets=w["replication_sets"],
                               forward_origins=w["forward_origins"], binary=w["binary"], extra=w["extra"],
-                              encoding=self.server_encoding, proto_version=w["proto_version"])
+                              encoding=self.server_encoding, proto_version=w["proto_version"],
+                              proto_format=self.proto_format)
 
     def _open_once(self) -> None:
         if self.transport == "sql":
@@ -518,7 +529,12 @@ class ReplicationStream(BetweenReads):
             return
         length, _lsn = _FRAME_HEAD.unpack_from(data, 0)
         payload = memoryview(data)[12:12 + length]
-        params = parse_startup_message(payload)
+        if self.proto_format == "json":
+            from ..wire.json_protocol import parse_json_startup_message
+
+            params = parse_json_startup_message(payload)
+        else:
+            params = parse_startup_message(payload)
         basetypes = int(self.options["binary.basetypes_major_version"]) if self.binary else None
         self.proto_version = check_startup(self.protocol, params, binary_asked=bool(self.binary),
                                            basetypes_major=basetypes,
@@ -656,7 +672,8 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
             connect_kwargs: Mapping[str, Any] | None = None,
             transport: Literal["replication", "sql"] = "replication",
             sql_batch_changes: int = 4_000_000, type_catalog: Any = "auto", heartbeat_interval: float | None = None,
-            sql_split_bytes: int = 16 << 20, types: Literal["typed", "raw"] = "typed",
+            sql_split_bytes: int = 16 << 20, proto_format: Literal["native", "json"] = "native",
+            types: Literal["typed", "raw"] = "typed",
             numeric: Literal["decimal", "text"] = "decimal",
             on_unrepresentable: Literal["text", "error"] = "text",
             column_types: Mapping[str, Literal["text", "raw"]] | None = None) -> ReplicationStream:
@@ -678,6 +695,9 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
       call, default 4,000,000; `sql_split_bytes`: a backlog of at least this much WAL, default 16 MiB, is decoded
       as two halves side by side by two server backends, 0: never). The events and the acknowledgement rules are
       the same.
+    * `proto_format` (pglogical/spock): "native" (default) or "json", the plugins' JSON protocol (a diagnostics
+      format; decoded into the same events, with the change columns it does not carry left null:
+      docs/connection.md, "The JSON protocol").
     * `extra_options`: more START_REPLICATION options, sent as given.
     * tuning: `status_interval` (10 s; sql: how often acknowledged positions move the slot), `reconnect` (True),
       `reconnect_timeout` (300 s; None: forever), `max_backoff` (5 s), `max_batch_bytes` (4 MiB), `read_timeout`
@@ -707,9 +727,11 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
                                max_batch_bytes=max_batch_bytes, read_timeout=read_timeout, pump=pump,
                                decoder_factory=decoder_factory, connect_kwargs=connect_kwargs, transport=transport,
                                sql_batch_changes=sql_batch_changes, type_catalog=type_catalog,
-                               heartbeat_interval=heartbeat_interval, sql_split_bytes=sql_split_bytes)
+                               heartbeat_interval=heartbeat_interval, sql_split_bytes=sql_split_bytes,
+                               proto_format=proto_format)
     if options:
-        stream._decoder_factory = lambda p: _default_decoder_factory(p, stream.type_catalog, **options)
+        stream._decoder_factory = lambda p: _default_decoder_factory(p, stream.type_catalog, proto_format,
+                                                                     **options)
     try:
         stream._open_once()
     except Exception as exc:

@@ -22,14 +22,14 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Mapping, TextIO
 
 from ..errors import SpockwireError
 from ..model import ChangeBatch
 from .source import read_source
 from .staging import StagingWriter
 
-__all__ = ["IngestConfig", "IngestWorker", "Metrics", "IngestError", "ProgressLine"]
+__all__ = ["IngestConfig", "IngestWorker", "Metrics", "IngestError", "ProgressLine", "serve_metrics", "metric_lines"]
 
 log = logging.getLogger("spockwire.ingest")
 
@@ -115,17 +115,11 @@ class Metrics:
 
     def render(self) -> str:
         with self.lock:
-            lines = [
-                "# HELP spockwire_rows_staged_total Change rows written to the staging layout.",
-                "# TYPE spockwire_rows_staged_total counter",
-            ]
-            for table, n in sorted(self.rows_total.items()):
-                lines.append(f'spockwire_rows_staged_total{{table="{_label(table)}"}} {n}')
-            lines += ["# HELP spockwire_staging_commits_by_reason_total Staging commits by what made them: size, age, "
-                      "caught_up, lsn, stop, snapshot.",
-                      "# TYPE spockwire_staging_commits_by_reason_total counter"]
-            for reason, n in sorted(self.commits_by_reason.items()):
-                lines.append(f'spockwire_staging_commits_by_reason_total{{reason="{_label(reason)}"}} {n}')
+            lines = metric_lines("spockwire_rows_staged_total", "counter",
+                                 "Change rows written to the staging layout.", by=("table", self.rows_total))
+            lines += metric_lines("spockwire_staging_commits_by_reason_total", "counter", "Staging commits by what "
+                                  "made them: size, age, caught_up, lsn, stop, snapshot.",
+                                  by=("reason", self.commits_by_reason))
             gauges = [
                 ("spockwire_rows_staged_all_total", "counter", "Change rows written to the staging layout, all "
                  "tables.", sum(self.rows_total.values())),
@@ -152,7 +146,7 @@ class Metrics:
                      "(-1: unknown).", -1 if eta is None else round(eta, 1)),
                 ]
             for name, kind, help_text, value in gauges:
-                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+                lines += metric_lines(name, kind, help_text, value)
             return "\n".join(lines) + "\n"
 
 
@@ -160,8 +154,20 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def serve_metrics(metrics: Metrics, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """Serve `/metrics` on a background thread; returns the server (call `.shutdown()` to stop)."""
+def metric_lines(name: str, kind: str, help_text: str, value: Any = None, *,
+                 by: tuple[str, Mapping[str, Any]] | None = None) -> list[str]:
+    """One metric in the Prometheus text format: its HELP and TYPE lines and its sample, or with `by` = (label,
+    {label value: value}) one sample per label value."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    if by is None:
+        return lines + [f"{name} {value}"]
+    label, values = by
+    return lines + [f'{name}{{{label}="{_label(str(k))}"}} {v}' for k, v in sorted(values.items())]
+
+
+def serve_metrics(metrics: Any, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """Serve `/metrics` (`metrics.render()`: a Metrics, or the pipeline's) on a background thread; returns the
+    server (call `.shutdown()` to stop)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the http.server interface

@@ -17,10 +17,19 @@ __all__ = ["register", "apply_changes", "apply_to_dataframe", "decode_frame_file
            "read_staging_stream", "select_table", "scd2_columns", "ApplyMetrics"]
 
 
-def register(spark: Any) -> None:
-    """Register the ``spockwire`` and ``spockwire_staging`` data sources with a SparkSession."""
+def register(spark: Any, *, check_workers: bool = True) -> None:
+    """Register the ``spockwire`` and ``spockwire_staging`` data sources with a SparkSession.
+
+    First, unless `check_workers` is False, one tiny Python task checks that Spark's Python workers import this
+    spockwire and what it needs there (numpy, pyarrow, psycopg2, the compiled decoder): if they cannot, or import
+    another version, :class:`~spockwire.errors.SparkEnvironmentError` says so in one line that names the worker
+    interpreter and the fix (``PYSPARK_PYTHON``). The check runs once per Spark application."""
     from .datasource import SpockwireDataSource
+    from .environment import check_workers as check
     from .staging import StagingDataSource
+
+    if check_workers:
+        check(spark)
 
     spark.dataSource.register(SpockwireDataSource)
     spark.dataSource.register(StagingDataSource)

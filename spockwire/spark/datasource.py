@@ -17,7 +17,8 @@ Options (all strings, as Spark passes them):
 
 | option | meaning |
 |---|---|
-| dsn | libpq connection string, reachable from the driver and the executors (required) |
+| dsn | libpq connection string, reachable from the driver and the executors (required); without a password |
+| password | the password (Spark redacts this option in plans, the UI and event logs); or PGPASSFILE / PGPASSWORD |
 | slot | logical replication slot (required) |
 | plugin | pgoutput (default), pglogical_output / pglogical, spock_output / spock |
 | publication | pgoutput publication name(s), comma-separated |
@@ -53,7 +54,7 @@ from ..values.catalog import parse_column_types
 from .snapshot import is_snapshot_offset
 from .slot import IDLE_ADVANCE_BYTES, SPLIT_WAL_BYTES, ReusedConnection, SlotSpec, _catalog, _connect, \
     current_flush_lsn, decoder_types_supported, drop_stale_range_copies, ensure_slot, plan_end, read_range, \
-    slot_position, split_range, advance_slot
+    refuse_password_in_dsn, slot_position, split_range, advance_slot
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python streaming sources
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -88,6 +89,7 @@ def options_to_spec(options: Any) -> SlotSpec:
     slot = opts.get("slot")
     if not dsn or not slot:
         raise ValueError("the spockwire data source needs the options dsn and slot")
+    refuse_password_in_dsn(str(dsn))
     extra = {str(k)[len("pluginOption."):]: v for k, v in dict(options).items()
              if str(k).lower().startswith("pluginoption.")}
     proto = opts.get("protoversion")
@@ -97,7 +99,8 @@ def options_to_spec(options: Any) -> SlotSpec:
                     binary=_flag(opts.get("binary")), proto_version=int(proto) if proto else None,
                     types=str(opts.get("types", "auto")).lower(), extra_options=extra,
                     column_types=parse_column_types(opts.get("columntypes") or ""),
-                    on_unrepresentable=str(opts.get("onunrepresentable", "text")).lower())
+                    on_unrepresentable=str(opts.get("onunrepresentable", "text")).lower(),
+                    password=opts.get("password") or None)
 
 
 def _tables(options: Any) -> tuple[tuple[str, ...], bool]:
@@ -225,13 +228,13 @@ class SpockwireDataSource(DataSource):
         """The schema of the change rows (what the DataFrame holds unless stagingPath is set)."""
         spec = self._spec()
         tables, multi = _tables(self.options)
-        catalog = _catalog(spec.dsn) if spec.types != "raw" else None
+        catalog = _catalog(spec.conninfo) if spec.types != "raw" else None
         # typed values as the readers' decoder will have them (a pglogical/spock stream names no types: without
         # a catalog its columns stay raw)
         typed = spec.types != "raw" and decoder_types_supported() and \
             (spec.protocol == "pgoutput" or catalog is not None)
         found: list[tuple[Relation, pa.Schema]] = []
-        with _connect(spec.dsn) as conn, conn.cursor() as cur:
+        with _connect(spec.conninfo) as conn, conn.cursor() as cur:
             for table in tables:
                 relation = S.read_table_relation(cur, table, spec.protocol)
                 arrow = S.table_arrow_schema(relation, catalog, typed=typed, binary=spec.binary,
@@ -257,7 +260,7 @@ class SpockwireBatchReader(DataSourceReader):
         self.layout_args = (schema, tables, multi)
         self.staging = _staging(options)
         opts = {str(k).lower(): v for k, v in dict(options).items()}
-        with _connect(spec.dsn) as conn, conn.cursor() as cur:
+        with _connect(spec.conninfo) as conn, conn.cursor() as cur:
             pos = slot_position(cur, spec.slot)
             if pos is None:
                 raise ValueError(f"replication slot {spec.slot!r} does not exist")
@@ -303,7 +306,7 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._until: int | None = None
         self._known_start: int | None = None
         # planning and committing on the driver: one connection for the query's life (opened again if it broke)
-        self._conn = ReusedConnection(spec.dsn)
+        self._conn = ReusedConnection(spec.conninfo)
         # ranges whose planning saw them whole without output: no task reads them
         self._empty: set[tuple[int, int]] = set()
         # the end of the last range that reached the flush LSN its planning read (None: none yet in this process)

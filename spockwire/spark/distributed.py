@@ -20,7 +20,9 @@ from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
-from ..frames import RECORD_HEADER_SIZE, encode_frame, parse_file_header
+from ..errors import FrameError
+from ..frames import RECORD_HEADER_SIZE, encode_frame, frame_proto_format, read_file_header
+from ..values.recorded import RecordedTypeCatalog
 from . import schema as S
 from .slot import decoder_types_supported, make_decoder, select_events
 
@@ -142,12 +144,11 @@ def plan_chunks(path: str, chunk_bytes: int = 32 << 20) -> tuple[dict, list[Chun
     """The file's JSON header, its chunks (each at least `chunk_bytes` of records, except the last) and what the
     scan saw (relation messages)."""
     with open(path, "rb") as fh:
-        head = fh.read(1 << 16)
-        header, body_start = parse_file_header(head, source=str(path))
-        if body_start > len(head):
-            fh.seek(0)
-            header, body_start = parse_file_header(fh.read(body_start), source=str(path))
+        header, body_start = read_file_header(fh, source=str(path))
         size = os.fstat(fh.fileno()).st_size
+        if frame_proto_format(header) != "native":
+            raise FrameError(f"{path}: a capture of the JSON protocol is read by `spockwire decode` / "
+                             "spockwire.wire.json_protocol.JsonDecoder, not split for Spark")
         scanner = _Scanner(header["protocol"])
         chunks: list[Chunk] = []
         chunk_start = body_start
@@ -192,8 +193,13 @@ class _BufferedReader:
         return self.buf[off:off + n]
 
 
+def _recorded_catalog(header: dict, path: str) -> Any:
+    """The type catalog `spockwire capture` recorded in the file's header (None when there is none)."""
+    return RecordedTypeCatalog.from_frame_header(header, source=path)
+
+
 def _relation_of(protocol: str, scanner_relations: Sequence[bytes], startup: bytes | None, table: str,
-                 types: str, path: str) -> Any:
+                 types: str, path: str, catalog: Any = None) -> Any:
     """The table's newest Relation among the relation messages the scan saw (decoded by the real decoder).
 
     Rows decoded under an older description are converted by column name (a column added later is NULL in
@@ -213,9 +219,10 @@ def _relation_of(protocol: str, scanner_relations: Sequence[bytes], startup: byt
 
 
 def decode_chunk(path: str, protocol: str, start: int, end: int, preamble: bytes, table: str, types: str,
-                 target: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Decode one chunk and yield its rows of `table`, converted to `target`."""
-    dec = make_decoder(protocol, types)
+                 target: pa.Schema, catalog: Any = None) -> Iterator[pa.RecordBatch]:
+    """Decode one chunk and yield its rows of `table`, converted to `target` (`catalog`: the file's recorded
+    type catalog)."""
+    dec = make_decoder(protocol, types, catalog)
     if preamble:
         dec.feed_frames(preamble)
         dec.drain()
@@ -249,8 +256,10 @@ def decode_frame_file(spark: Any, path: str, table: str, *, chunk_bytes: int = 3
         table = f"public.{table}"
     header, chunks, scan = plan_chunks(path, chunk_bytes)
     protocol = header["protocol"]
-    relation = _relation_of(protocol, scan.described, scan.startup, table, types, path)
-    arrow = S.table_arrow_schema(relation, None, typed=types != "raw" and decoder_types_supported())
+    catalog = _recorded_catalog(header, path)
+    recorded = None if catalog is None else catalog.to_json()       # what the tasks rebuild it from
+    relation = _relation_of(protocol, scan.described, scan.startup, table, types, path, catalog)
+    arrow = S.table_arrow_schema(relation, catalog, typed=types != "raw" and decoder_types_supported())
     out_schema = S.spark_schema([(relation, arrow)])
     target = S.target_arrow_schema(out_schema)
 
@@ -262,9 +271,10 @@ def decode_frame_file(spark: Any, path: str, table: str, *, chunk_bytes: int = 3
     plan = spark.createDataFrame(rdd, plan_schema)
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task_catalog = None if recorded is None else _recorded_catalog({"type_catalog": recorded}, path)
         for b in batches:
             for i in range(b.num_rows):
                 yield from decode_chunk(path, protocol, b.column(1)[i].as_py(), b.column(2)[i].as_py(),
-                                        b.column(3)[i].as_py(), table, types, target)
+                                        b.column(3)[i].as_py(), table, types, target, task_catalog)
 
     return plan.mapInArrow(decode, out_schema)

@@ -13,7 +13,8 @@ driver died is read again from the same LSN range and applied again, which leave
 table's commit also records the batch, so a table that holds it skips it). Killing the driver (even with
 SIGKILL) and starting the same command again therefore neither loses nor repeats a change.
 
-`spockwire demo` runs this pipeline in its own process; the kill -9 test (tests/test_spark_exactly_once.py)
+`spockwire pipeline` is this job as a command (settings file, progress lines, Prometheus metrics, a clean stop on
+SIGTERM: spockwire/cli/pipeline_cmd.py, the same `run`). `spockwire demo` runs this pipeline in its own process; the kill -9 test (tests/test_spark_exactly_once.py)
 runs it as a child process and kills it.
 """
 from __future__ import annotations
@@ -21,14 +22,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TextIO
 
-__all__ = ["JobConfig", "BatchReport", "spark_session", "target_path", "start", "wait_caught_up", "main"]
+from ..errors import SparkEnvironmentError, SpockwireError
+from .environment import check_java
+
+__all__ = ["JobConfig", "BatchReport", "JobError", "spark_session", "target_path", "start", "wait_caught_up", "run",
+           "main"]
+
+
+class JobError(SpockwireError, ValueError):
+    """The job cannot start or go on: a table without a key, a password in the dsn, the database refusing the
+    connection, the streaming query failing."""
 
 
 @dataclass
@@ -47,6 +58,7 @@ class JobConfig:
     create_slot: bool = False
     extra_options: Mapping[str, str] = field(default_factory=dict)
     history: bool = False                         # also an SCD 2 table per source table (<table>_history)
+    password: str | None = field(default=None, repr=False)   # never part of `dsn`: the source's password option
 
 
 @dataclass
@@ -85,15 +97,19 @@ def target_path(target: str, table: str, history: bool = False) -> str:
     return os.path.join(target, name + ("_history" if history else ""))
 
 
-def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", impl: str | None = None) -> Any:
+def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", impl: str | None = None,
+                  conf: Mapping[str, str] | None = None) -> Any:
     """A local SparkSession set up for the pipeline: small shuffles, no UI, UTC, quiet logs.
 
-    Spark's Python workers run this interpreter and decode with `impl` (default: the implementation this process
-    selected)."""
+    Spark's Python workers run this interpreter (unless ``PYSPARK_PYTHON`` names another) and decode with `impl`
+    (default: the implementation this process selected). `conf`: further Spark settings (they win over these).
+    Without Java 17 it raises SparkEnvironmentError before Spark starts; `register` then checks the workers
+    (spockwire.spark.environment)."""
     from pyspark.sql import SparkSession
 
     import spockwire
 
+    check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = master[len("local["):-1] if master.startswith("local[") else "2"
@@ -109,6 +125,7 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
              .config("spark.sql.streaming.pollingDelay", "10ms")
              # a Python process the JVM starts may take long to connect back on a busy machine (the default is 15 s)
              .config("spark.python.authenticate.socketTimeout", "120s")
+             .config(map=dict(conf or {}))
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     import spockwire.spark
@@ -121,6 +138,8 @@ def _reader(spark: Any, cfg: JobConfig) -> Any:
     reader = (spark.readStream.format("spockwire").option("dsn", cfg.dsn).option("slot", cfg.slot)
               .option("plugin", "pgoutput").option("publication", ",".join(cfg.publication))
               .option("tables", ",".join(cfg.tables)))
+    if cfg.password:
+        reader = reader.option("password", cfg.password)     # an option Spark redacts (spark.redaction.regex)
     if cfg.starting_position:
         reader = reader.option("startingPosition", cfg.starting_position)
     if cfg.max_changes_per_batch:
@@ -255,10 +274,11 @@ def _summary(batch: Any) -> _Summary:
 
 
 def _change_times(changes: Any) -> Any:
-    """The commit times of a table's changes (snapshot rows, whose commit time is the snapshot's, left out)."""
+    """The commit times of a table's changes (snapshot rows and the snapshot's truncate rows, whose commit time is
+    the snapshot's, left out: they have no transaction id)."""
     import pyarrow.compute as pc
 
-    keep = pc.or_(pc.not_equal(changes.column("_change_type"), "insert"), pc.is_valid(changes.column("_xid")))
+    keep = pc.is_valid(changes.column("_xid"))
     return pc.cast(changes.column("_commit_ts").filter(keep).drop_null(), "int64")
 
 
@@ -282,18 +302,27 @@ def table_keys(cfg: JobConfig) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {t: list(k) for t, k in cfg.tables.items() if k}
     missing = [t for t in cfg.tables if t not in out]
     if missing:
-        with _connect(cfg.dsn) as conn, conn.cursor() as cur:
+        with _connect(conninfo(cfg)) as conn, conn.cursor() as cur:
             for table in missing:
                 keys = [c.name for c in read_table_relation(cur, table).columns if c.is_key]
                 if not keys:
-                    raise ValueError(f"{table} has no key: its replica identity names no column (REPLICA IDENTITY "
-                                     f"FULL or NOTHING, or no primary key); give one with --table {table}=COLUMN[,...]")
+                    raise JobError(f"{table} has no key: its replica identity names no column (REPLICA IDENTITY "
+                                   f"FULL or NOTHING, or no primary key); give one with --table {table}=COLUMN[,...]")
                 out[table] = keys
     return out
 
 
-def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None = None) -> Any:
-    """Start the streaming query (from its checkpoint, when there is one)."""
+def conninfo(cfg: JobConfig) -> str:
+    """What the driver connects with: the dsn and the password."""
+    from .slot import with_password
+
+    return with_password(cfg.dsn, cfg.password)
+
+
+def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None = None,
+          gate: "StopGate | None" = None) -> Any:
+    """Start the streaming query (from its checkpoint, when there is one). `gate`: lets a stop wait for the
+    micro-batch being applied (see `run`)."""
     started = threading.Event()
     holder: dict[str, str] = {}
 
@@ -306,7 +335,8 @@ def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | 
     from .batch_files import clear
 
     clear(staging_path(cfg))         # files of a batch in flight when an earlier run stopped
-    query = (_reader(spark, cfg).writeStream.foreachBatch(apply_batch(cfg, on_batch, query_id))
+    apply = apply_batch(cfg, on_batch, query_id)
+    query = (_reader(spark, cfg).writeStream.foreachBatch(gate.wrap(apply) if gate is not None else apply)
              .option("checkpointLocation", cfg.checkpoint).queryName(f"spockwire_{cfg.slot}")
              .trigger(processingTime=f"{int(cfg.trigger_seconds * 1000)} milliseconds").start())
     holder["id"] = str(query.id)
@@ -375,11 +405,180 @@ def _slot_lsn(cfg: JobConfig) -> Callable[[], int | None]:
     def read() -> int | None:
         from .slot import _connect, slot_position
 
-        with _connect(cfg.dsn) as conn, conn.cursor() as cur:
+        with _connect(conninfo(cfg)) as conn, conn.cursor() as cur:
             pos = slot_position(cur, cfg.slot)
         return pos[0] if pos else None
 
     return read
+
+
+#: in the error of a micro-batch that a stop kept from being applied (it is not committed: the next run applies it)
+STOPPING = "not applied: the job is stopping"
+
+
+class StopGate:
+    """How a stop finishes the micro-batch being applied, and no later one.
+
+    `wrap` wraps the foreachBatch function. Once `finish` was called, a micro-batch that starts fails before it
+    applies anything (Spark has logged its offsets but does not commit it: the next run reads it again); `finish`
+    waits until the micro-batch in flight, if any, is applied and Spark has committed it to the checkpoint."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._closed = False
+        self._running = False
+        self._applied: int | None = None
+
+    def wrap(self, apply: Callable[[Any, int], None]) -> Callable[[Any, int], None]:
+        def run(df: Any, batch_id: int) -> None:
+            with self._cond:
+                if self._closed:
+                    raise RuntimeError(f"micro-batch {batch_id} {STOPPING}")
+                self._running = True
+            try:
+                apply(df, batch_id)
+                self._applied = int(batch_id)
+            finally:
+                with self._cond:
+                    self._running = False
+                    self._cond.notify_all()
+
+        return run
+
+    def finish(self, query: Any, commit_timeout: float = 120.0) -> int | None:
+        """Close the gate, wait for the micro-batch being applied and for its commit; the last applied batch id."""
+        with self._cond:
+            self._closed = True
+            self._cond.wait_for(lambda: not self._running)
+            applied = self._applied
+        deadline = time.monotonic() + commit_timeout
+        # the batch's progress is reported once its commit is in the checkpoint (or the query ended)
+        while applied is not None and query.isActive and time.monotonic() < deadline:
+            progress = query.lastProgress
+            if progress and int(progress["batchId"]) >= applied:
+                break
+            time.sleep(0.05)
+        return applied
+
+
+class _Stopping(Exception):
+    pass
+
+
+def _failure(query: Any) -> JobError | None:
+    """The query's failure as one line (the Python exception at the bottom of Spark's report), None when it did
+    not fail or only refused a micro-batch because the job was stopping."""
+    exc = query.exception()
+    if exc is None:
+        return None
+    text = str(exc)
+    if STOPPING in text:
+        return None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    python = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Lost): ", ln)]
+    return JobError(f"the streaming query failed: {(python or lines or ['?'])[-1]}")
+
+
+def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = False, timeout: float = 600.0,
+        spark_conf: Mapping[str, str] | None = None, monitor: Any = None, stop: threading.Event | None = None,
+        out: TextIO | None = None, spark: Any = None) -> int:
+    """Run the pipeline (`python -m spockwire.spark.job` and `spockwire pipeline`); returns 0 or raises JobError.
+
+    Checks come first, before Spark starts: the dsn holds no password, the database accepts the connection, every
+    table has a key. Then the streaming query runs until `stop` is set (the micro-batch being applied is finished
+    and committed first: `StopGate`), until it fails, or -- `until_caught_up` -- until every change committed
+    before the start is applied (within `timeout` seconds). One JSON line per micro-batch on `out` (default
+    stdout). `monitor`: ``on_batch(report)`` after each micro-batch, ``tick(query)`` between them
+    (`spockwire.spark.monitor.PipelineMonitor`: progress lines and Prometheus metrics). `spark`: a session to run
+    on (left running at the end; default: a new one, `spark_session`, stopped at the end)."""
+    out = out if out is not None else sys.stdout
+    stop = stop if stop is not None else threading.Event()
+    own_session = spark is None
+    if own_session:
+        try:
+            check_java()                              # no Java 17: one line, before anything started
+        except SparkEnvironmentError as exc:
+            raise JobError(str(exc)) from None
+    _check(cfg)
+    target = flush_lsn(conninfo(cfg)) if until_caught_up else None
+    if own_session:
+        spark = spark_session(master, app="spockwire-job", conf=spark_conf)
+    lock = threading.Lock()
+
+    def report(b: BatchReport) -> None:
+        with lock:
+            print(json.dumps(report_line(b)), file=out, flush=True)
+            if monitor is not None:
+                monitor.on_batch(b)
+
+    gate = StopGate()
+    if stop.is_set():                    # asked to stop while Spark started
+        if own_session:
+            spark.stop()
+        print(json.dumps({"stopped": True, "last_batch": None}), file=out, flush=True)
+        return 0
+    try:
+        query = start(spark, cfg, report, gate)
+    except BaseException:
+        if own_session:
+            spark.stop()
+        raise
+    print(json.dumps({"started": True, "pid": os.getpid()}), file=out, flush=True)
+
+    def tick() -> None:
+        if monitor is not None:
+            monitor.tick(query)
+        if stop.is_set():
+            raise _Stopping()
+
+    try:
+        try:
+            if target is not None:
+                wait_caught_up(query, target, timeout=timeout, tick=tick,
+                               slot_lsn=None if cfg.starting_position == "snapshot" else _slot_lsn(cfg))
+                print(json.dumps({"caught_up": True}), file=out, flush=True)
+            else:
+                while query.isActive:
+                    tick()
+                    stop.wait(0.2)
+        except _Stopping:
+            applied = gate.finish(query)
+            print(json.dumps({"stopped": True, "last_batch": applied}), file=out, flush=True)
+        except RuntimeError:
+            if query.exception() is None:
+                raise
+        failure = _failure(query)
+        if failure is not None:
+            raise failure
+    finally:
+        query.stop()
+        if own_session:
+            spark.stop()
+    return 0
+
+
+def _check(cfg: JobConfig) -> None:
+    """What can be found wrong before Spark starts: a password in the dsn, a database that refuses the connection,
+    a table without a key."""
+    import psycopg2
+
+    from .slot import _connect, refuse_password_in_dsn
+
+    try:
+        refuse_password_in_dsn(cfg.dsn, "the dsn", "the password setting or --password-file of `spockwire "
+                               "pipeline`")
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+    if any(k.lower() == "password" for k in cfg.extra_options):
+        raise JobError("a password among the source options: give it as the password setting or --password-file of "
+                       "`spockwire pipeline` (JobConfig.password), PGPASSFILE or PGPASSWORD")
+    try:
+        with _connect(conninfo(cfg)):
+            pass
+        table_keys(cfg)
+    except psycopg2.Error as exc:
+        text = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+        raise JobError(f"cannot connect to the source database: {text}") from None
 
 
 def _parse_table(text: str) -> tuple[str, tuple[str, ...] | None]:
@@ -415,27 +614,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     checkpoint=args.checkpoint, starting_position=args.starting_position,
                     max_changes_per_batch=args.max_changes_per_batch,
                     extra_options=dict(o.split("=", 1) for o in args.option), history=args.history)
-    spark = spark_session(args.master, app="spockwire-job")
-    lock = threading.Lock()
+    from .signals import stop_on_signals
 
-    def report(b: BatchReport) -> None:
-        with lock:
-            print(json.dumps(report_line(b)), flush=True)
-
-    target = flush_lsn(cfg.dsn) if args.until_caught_up else None
-    query = start(spark, cfg, report)
-    print(json.dumps({"started": True, "pid": os.getpid()}), flush=True)
-    try:
-        if target is not None:
-            wait_caught_up(query, target, timeout=args.timeout,
-                           slot_lsn=None if cfg.starting_position == "snapshot" else _slot_lsn(cfg))
-            print(json.dumps({"caught_up": True}), flush=True)
-        else:
-            query.awaitTermination()
-    finally:
-        query.stop()
-        spark.stop()
-    return 0
+    with stop_on_signals() as stop:
+        try:
+            return run(cfg, master=args.master, until_caught_up=args.until_caught_up, timeout=args.timeout,
+                       stop=stop)
+        except JobError as exc:
+            print(f"spockwire.spark.job: error: {exc}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

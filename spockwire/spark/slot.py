@@ -27,7 +27,8 @@ from ..model import ChangeBatch, Truncate
 
 __all__ = ["SlotSpec", "SlotAheadError", "make_decoder", "read_range", "advance_slot", "slot_position",
            "plan_end", "Plan", "ReusedConnection", "pooled_connection", "decoder_types_supported",
-           "IDLE_ADVANCE_BYTES", "PLAN_WINDOW_BYTES", "SPLIT_WAL_BYTES", "split_range", "drop_stale_range_copies"]
+           "IDLE_ADVANCE_BYTES", "PLAN_WINDOW_BYTES", "SPLIT_WAL_BYTES", "split_range", "drop_stale_range_copies",
+           "with_password", "refuse_password_in_dsn"]
 
 #: rows fetched from the server per round trip while reading a range (kept for the signature; the read is a COPY)
 FETCH_ROWS = 2000
@@ -35,6 +36,33 @@ FETCH_ROWS = 2000
 COPY_BATCH_BYTES = 4 << 20
 #: WAL without output for the stream after which an empty range moves the slot on (one WAL segment)
 IDLE_ADVANCE_BYTES = 16 << 20
+
+
+def with_password(dsn: str, password: str | None) -> str:
+    """The libpq connection string to connect with: `dsn` plus `password` (kept apart until the connection is
+    made, so that the password never shows where the dsn does)."""
+    if not password:
+        return dsn
+    from psycopg2.extensions import make_dsn
+
+    return make_dsn(dsn, password=password)
+
+
+def refuse_password_in_dsn(dsn: str, where: str = "the dsn option",
+                           instead: str = "the source's password option (redacted by Spark)") -> None:
+    """Raise ValueError when `dsn` holds a password (``password=...`` or ``postgresql://user:secret@...``): a
+    dsn is shown in query plans and logs, a password has paths of its own (the source's `password` option, which
+    Spark redacts, PGPASSFILE or PGPASSWORD). The message never repeats the dsn."""
+    from psycopg2 import ProgrammingError
+    from psycopg2.extensions import parse_dsn
+
+    try:
+        keys = parse_dsn(dsn)
+    except ProgrammingError:    # not parsable: libpq's error would quote a piece of it
+        keys = {"password": "password" in dsn.lower()}
+    if keys.get("password"):
+        raise ValueError(f"{where} holds a password: remove it from the connection string and give it with "
+                         f"{instead}, a password file (PGPASSFILE) or PGPASSWORD")
 
 
 class SlotAheadError(SpockwireError):
@@ -56,6 +84,12 @@ class SlotSpec:
     extra_options: Mapping[str, str] = field(default_factory=dict)
     column_types: Mapping[str, str] = field(default_factory=dict)   # decoder column_types overrides
     on_unrepresentable: str = "text"
+    password: str | None = field(default=None, repr=False)   # kept out of `dsn`: see with_password
+
+    @property
+    def conninfo(self) -> str:
+        """What to connect with: `dsn` and the password."""
+        return with_password(self.dsn, self.password)
 
     @property
     def protocol(self) -> str:
@@ -292,7 +326,7 @@ def _require_slot(cur: Any, spec: SlotSpec) -> int:
 
 def ensure_slot(spec: SlotSpec) -> int:
     """Create the slot if missing; return its confirmed position."""
-    with _connect(spec.dsn) as conn, conn.cursor() as cur:
+    with _connect(spec.conninfo) as conn, conn.cursor() as cur:
         pos = slot_position(cur, spec.slot)
         if pos is None:
             cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)",
@@ -315,7 +349,7 @@ def advance_slot(spec: SlotSpec, lsn: int, connection: ReusedConnection | None =
 
     if connection is not None:
         return connection.run(advance)
-    with _connect(spec.dsn) as conn:
+    with _connect(spec.conninfo) as conn:
         return advance(conn)
 
 
@@ -418,7 +452,7 @@ def plan_end(spec: SlotSpec, start: int, *, max_messages: int | None = None, max
 
     if connection is not None:
         return connection.run(plan)
-    with _connect(spec.dsn) as conn:
+    with _connect(spec.conninfo) as conn:
         return plan(conn)
 
 
@@ -531,9 +565,9 @@ def read_range(spec: SlotSpec, start: int, end: int, tables: Sequence[str] | Non
         return
     protocol = spec.protocol
     if catalog is None and spec.types != "raw":
-        catalog = _catalog(spec.dsn)
+        catalog = _catalog(spec.conninfo)
     decoder = make_decoder(protocol, spec.types, catalog, spec.column_types, spec.on_unrepresentable)
-    with pooled_connection(spec.dsn) as held:
+    with pooled_connection(spec.conninfo) as held:
         conn, opts = held.run(lambda conn: _prepare_read(conn, spec, start))
         # the peek's rows come as a binary COPY that the pump turns into frame records for the decoder (psycopg2's
         # row-by-row bytea conversion cost more than the server's decoding)
@@ -624,7 +658,7 @@ def _range_copy(spec: SlotSpec, start: int) -> Iterator[SlotSpec]:
     import psycopg2
 
     name = _copy_prefix(spec.slot) + secrets.token_hex(4)
-    with _connect(spec.dsn) as conn, conn.cursor() as cur:
+    with _connect(spec.conninfo) as conn, conn.cursor() as cur:
         _require_slot(cur, spec)
         try:
             cur.execute("SELECT pg_copy_logical_replication_slot(%s, %s, false)", (spec.slot, name))
@@ -644,7 +678,7 @@ def _range_copy(spec: SlotSpec, start: int) -> Iterator[SlotSpec]:
     try:
         yield dataclasses.replace(spec, slot=name)
     finally:
-        with _connect(spec.dsn) as conn, conn.cursor() as cur:
+        with _connect(spec.conninfo) as conn, conn.cursor() as cur:
             _drop_copy(cur, name)
 
 

@@ -110,7 +110,7 @@ def read_chunk(spec: SlotSpec, chunk: SnapshotChunk, columns: Sequence[str]) -> 
     row = 0
     base = SNAPSHOT_SEQ_BASE + 1 + chunk.index * _CHUNK_SEQ
     types = "typed" if spec.types == "auto" else spec.types
-    for values in spockwire.iter_table_batches(spec.dsn, chunk.source, snapshot=chunk.snapshot,
+    for values in spockwire.iter_table_batches(spec.conninfo, chunk.source, snapshot=chunk.snapshot,
                                                columns=list(columns), types=types, where=chunk.where(),
                                                on_unrepresentable=spec.on_unrepresentable,
                                                column_types=dict(spec.column_types) or None):
@@ -170,20 +170,20 @@ class SnapshotDriver:
         from ..snapshot.initial import create_slot_with_snapshot, replicated_tables, snapshot_time
 
         self.close()
-        with _connect(self.spec.dsn) as conn, conn.cursor() as cur:
+        with _connect(self.spec.conninfo) as conn, conn.cursor() as cur:
             cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.spec.slot,))
             if cur.fetchone() is not None:
                 # the slot of an unfinished snapshot (its exported snapshot died with the driver): start over
                 _wait_released(cur, self.spec)
                 cur.execute("SELECT pg_drop_replication_slot(%s)", (self.spec.slot,))
-        self.exported = create_slot_with_snapshot(self.spec.dsn, self.spec.slot, self.spec.plugin)
+        self.exported = create_slot_with_snapshot(self.spec.conninfo, self.spec.slot, self.spec.plugin)
         name = self.exported.name
-        ts = _micros(snapshot_time(self.spec.dsn, name))
+        ts = _micros(snapshot_time(self.spec.conninfo, name))
         found = {t.name: t for t in replicated_tables(
-            self.spec.dsn, self.spec.plugin, publication=list(self.spec.publication) or None,
+            self.spec.conninfo, self.spec.plugin, publication=list(self.spec.publication) or None,
             replication_sets=list(self.spec.replication_sets) or None, snapshot=name)}
         chunks: list[list[Any]] = []
-        with _connect(self.spec.dsn, autocommit=False) as conn, conn.cursor() as cur:
+        with _connect(self.spec.conninfo, autocommit=False) as conn, conn.cursor() as cur:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             cur.execute("SET TRANSACTION SNAPSHOT %s", (name,))
             cur.execute("SHOW server_version_num")

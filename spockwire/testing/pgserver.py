@@ -348,6 +348,40 @@ class PostgresCluster:
             fh.write("\ninclude 'spockwire.conf'\n")
         self._initialized = True
 
+    def require_password(self, role: str, method: str = "scram-sha-256") -> None:
+        """Make `role` authenticate with a password (`method`) over TCP, for ordinary and replication connections:
+        lines for it go ahead of the trust lines in pg_hba.conf, and the server reloads it. Other roles keep trust
+        authentication."""
+        if not _IDENT.match(role):
+            raise ValueError(f"role name {role!r} must be a lower-case SQL identifier")
+        if method not in ("scram-sha-256", "md5", "password"):
+            raise ValueError(f"method {method!r} is not a password method")
+        with self._lock:
+            path = self.datadir / "pg_hba.conf"
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+            first_rule = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
+            rules = [f"host    all          {role}   127.0.0.1/32   {method}\n",
+                     f"host    replication  {role}   127.0.0.1/32   {method}\n"]
+            self._write_as_server_user(path, "".join(lines[:first_rule] + rules + lines[first_rule:]))
+            if self._running:
+                self.execute("SELECT pg_reload_conf()")
+                self._wait_password_required(role)
+
+    def _wait_password_required(self, role: str, timeout: float = 30.0) -> None:
+        """Until the server asks `role` for a password (a reload takes effect a moment after it is asked for)."""
+        import psycopg2
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                psycopg2.connect(self.dsn("postgres", user=role, password="", connect_timeout=5)).close()
+            except psycopg2.OperationalError as exc:
+                if "password" in str(exc):
+                    return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the server does not ask {role!r} for a password after reloading pg_hba.conf")
+            time.sleep(0.05)
+
     def _write_as_server_user(self, path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
         if os.geteuid() == 0:

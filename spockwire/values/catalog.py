@@ -284,6 +284,30 @@ class PostgresTypeCatalog:
             self._roles[oid] = None if row is None else row[0]
         return self._roles[oid]
 
+    def role_names(self) -> dict[int, str]:
+        """Every role's name by OID (what a recorded catalog keeps for aclitem values)."""
+        try:
+            with self._cursor() as cur:
+                cur.execute("SELECT oid, rolname FROM pg_roles")
+                return {int(oid): name for oid, name in cur.fetchall()}
+        except TypeCatalogError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any driver error means the catalog is unavailable
+            raise TypeCatalogError(f"cannot read the roles from the upstream catalog: {exc}") from exc
+
+    def enum_labels(self, oid: int) -> list[str] | None:
+        """The labels of enum type `oid` in their sort order (None when it is not an enum, or the catalog cannot
+        be read)."""
+        if self._resting():
+            return None
+        try:
+            with self._cursor() as cur:
+                cur.execute("SELECT enumlabel FROM pg_enum WHERE enumtypid = %s ORDER BY enumsortorder", (oid,))
+                return [r[0] for r in cur.fetchall()] or None
+        except Exception as exc:  # noqa: BLE001 - any driver error means the catalog is unavailable
+            self._unavailable(exc)
+            return None
+
     def composite_fields(self, oid: int) -> list[int] | None:
         """The field types of composite type `oid` (None when it is not one, or the catalog cannot be read)."""
         if oid not in self._fields:

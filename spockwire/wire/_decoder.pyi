@@ -14,10 +14,23 @@ UNREPRESENTABLE_CHOICES: tuple[str, str]
 DEFAULT_COPY_BATCH_ROWS: int
 DEFAULT_COPY_BATCH_BYTES: int
 
-def set_buffer_pool_bytes(limit: int) -> int: ...
-def buffer_pool_stats() -> dict[str, int]: ...
+def set_buffer_pool_bytes(limit: int) -> int:
+    """Keep at most `limit` bytes of released column buffers for reuse (0: none); returns the previous limit."""
+
+def buffer_pool_stats() -> dict[str, int]:
+    """What the buffer pool keeps, and how often a buffer was reused."""
+
 
 class Decoder:
+    """A replication stream's messages in, committed changes out as Arrow batches.
+
+    `protocol` is "pgoutput", "pglogical" or "spock". Options: `types` ("typed": Arrow types from the PostgreSQL
+    types; "raw": values as sent), `numeric` ("decimal" | "text"), `type_catalog` (types for streams that name
+    none), `on_unrepresentable` ("text" | "error"), `column_types` (per-column "text" | "raw", keyed
+    "schema.table.column"), `proto_version` (spock, without its startup message), `batch_rows`, `spill_bytes` /
+    `spill_dir` (rows of an open transaction beyond this wait on disk), `strings` ("plain" | "view") and
+    `pin_bytes` (input bytes a view batch keeps alive).
+    """
     protocol: str
     startup_params: dict[str, str]
     type_catalog: TypeCatalog | None
@@ -42,18 +55,31 @@ class Decoder:
     strings: str
     pin_bytes: int
     @property
-    def committed_lsn(self) -> int: ...
+    def committed_lsn(self) -> int:
+        """The LSN to acknowledge once everything drained so far is persisted; never past an open transaction."""
+
     @property
-    def open_transactions(self) -> int: ...
+    def open_transactions(self) -> int:
+        """Transactions begun and not yet ended: the one being received, streamed ones, prepared ones."""
+
     @property
-    def relations(self) -> dict[int, Relation]: ...
+    def relations(self) -> dict[int, Relation]:
+        """The current version of every relation the stream described, by relation id."""
+
     @property
     def types(self) -> dict[int, tuple[str, str]]: ...
     @property
     def remote_insert_lsn(self) -> int: ...
-    def feed(self, payload: Any, lsn: int | None = None) -> None: ...
-    def feed_frames(self, buffer: Any, *, partial_ok: bool = False) -> int: ...
-    def drain(self) -> list[ChangeBatch | Truncate | LogicalMessage]: ...
+    def feed(self, payload: Any, lsn: int | None = None) -> None:
+        """One message: the payload of one XLogData, or one row of `pg_logical_slot_peek_binary_changes`."""
+
+    def feed_frames(self, buffer: Any, *, partial_ok: bool = False) -> int:
+        """Many messages in the frame-record framing; returns the bytes consumed (`partial_ok`: a record cut at
+        the end of `buffer` is left unconsumed instead of raising)."""
+
+    def drain(self) -> list[ChangeBatch | Truncate | LogicalMessage]:
+        """The committed events decoded so far, in commit order."""
+
 
 
 class CopyBinaryDecoder:

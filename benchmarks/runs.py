@@ -1,0 +1,79 @@
+"""The stored benchmark runs that BENCHMARKS.md and the charts are made from.
+
+    benchmarks/results/bench_run.json       the last full run of scripts/bench.sh (pytest-benchmark JSON)
+    benchmarks/results/pipeline_run.json    the last run of benchmarks/bench_pipeline.py (the same format)
+
+A run saved with ``--benchmark-json`` at the default sizes (no SPOCKWIRE_BENCH_* setting) is kept here by ``keep``
+(called from benchmarks/conftest.py when pytest-benchmark writes its JSON): a run holding the decode peers, the end-to-end streams and the snapshot readers becomes
+bench_run.json; a run holding the pipeline's measurements also becomes pipeline_run.json (only those). ``load``
+gives the main run and the newest pipeline run.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().with_name("results")
+RUN = RESULTS / "bench_run.json"
+PIPELINE = RESULTS / "pipeline_run.json"
+
+
+def is_peer(bench: dict) -> bool:
+    return "role" in bench.get("extra_info", {})
+
+
+def is_e2e(bench: dict) -> bool:
+    full = bench.get("fullname", "")
+    return "bench_e2e.py" in full or "bench_connection.py" in full
+
+
+def is_snapshot(bench: dict) -> bool:
+    return "snapshot_reader" in bench.get("extra_info", {})
+
+
+def is_pipeline(bench: dict) -> bool:
+    return isinstance(bench.get("extra_info", {}).get("pipeline"), dict) or "bench_pipeline.py" in bench.get(
+        "fullname", "")
+
+
+def is_full_run(data: dict) -> bool:
+    """A run of every part that BENCHMARKS.md leads with (what scripts/bench.sh runs without arguments)."""
+    benches = data.get("benchmarks", [])
+    return all(any(test(b) for b in benches) for test in (is_peer, is_e2e, is_snapshot))
+
+
+def keep(data: dict[str, Any], results: Path = RESULTS) -> list[Path]:
+    """Store a pytest-benchmark run (its JSON as a dict) where load() finds it; returns the files written."""
+    written = []
+    if is_full_run(data):
+        written.append(_write(results / RUN.name, data))
+    pipeline = [b for b in data.get("benchmarks", []) if is_pipeline(b)]
+    if pipeline and all(isinstance(b.get("extra_info", {}).get("pipeline"), dict) for b in pipeline):
+        written.append(_write(results / PIPELINE.name, dict(data, benchmarks=pipeline)))
+    return written
+
+
+def _write(path: Path, data: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load(run: str | Path | None = None, pipeline: str | Path | None = None) -> tuple[dict, dict | None]:
+    """The main run, and the run whose pipeline measurements to show instead of its own (None: its own).
+
+    Without `run`, the stored runs: bench_run.json, and pipeline_run.json when it is newer than bench_run.json's
+    own pipeline measurements (or bench_run.json has none). With `run` (a file of the caller's), `pipeline` or None.
+    """
+    if run is not None:
+        return json.loads(Path(run).read_text()), json.loads(Path(pipeline).read_text()) if pipeline else None
+    run, pipeline = RUN, PIPELINE
+    main = json.loads(Path(run).read_text())
+    other = json.loads(Path(pipeline).read_text()) if Path(pipeline).exists() else None
+    own = [b for b in main.get("benchmarks", []) if is_pipeline(b)]
+    if own and (other is None or main.get("datetime", "") >= other.get("datetime", "")):
+        return main, None
+    return main, other

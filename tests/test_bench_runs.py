@@ -1,0 +1,63 @@
+"""The benchmark runs BENCHMARKS.md and the charts are made from: a run saved with --benchmark-json is kept where
+benchmarks/report.py and benchmarks/charts.py look (benchmarks/runs.py), a partial run never replaces the full one,
+and the newest pipeline measurements are shown."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+# benchmarks/ is part of the checkout, not of the wheel
+pytestmark = pytest.mark.lint
+
+ROOT = Path(os.environ.get("SPOCKWIRE_SOURCE_DIR") or Path(__file__).resolve().parents[1])
+
+
+@pytest.fixture(scope="module")
+def runs():
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import runs
+    finally:
+        sys.path.remove(str(ROOT))
+    return runs
+
+
+def _bench(fullname: str, **extra) -> dict:
+    return {"name": fullname.split("::")[1], "fullname": fullname, "extra_info": extra, "stats": {"median": 1.0}}
+
+
+PEER = _bench("benchmarks/bench_peers.py::test_peers[narrow-c-typed-text]", role="spockwire", workload="narrow")
+E2E = _bench("benchmarks/bench_e2e.py::test_stream[pg15-c]", rows=10)
+SNAPSHOT = _bench("benchmarks/bench_snapshot.py::test_read[adbc]", snapshot_reader="adbc")
+PIPELINE = _bench("benchmarks/bench_pipeline.py::test_snapshot", pipeline={"key": "snapshot", "measured": 1.0})
+
+
+def test_a_full_run_is_kept_and_its_pipeline_apart(runs, tmp_path):
+    run = {"datetime": "2026-01-02", "benchmarks": [PEER, E2E, SNAPSHOT, PIPELINE]}
+    written = runs.keep(run, tmp_path)
+    assert sorted(p.name for p in written) == ["bench_run.json", "pipeline_run.json"]
+    assert json.loads((tmp_path / "pipeline_run.json").read_text())["benchmarks"] == [PIPELINE]
+
+
+def test_a_partial_run_does_not_replace_the_full_one(runs, tmp_path):
+    runs.keep({"datetime": "2026-01-02", "benchmarks": [PEER, E2E, SNAPSHOT]}, tmp_path)
+    full = (tmp_path / "bench_run.json").read_text()
+    assert runs.keep({"datetime": "2026-01-03", "benchmarks": [PEER]}, tmp_path) == []
+    assert [p.name for p in runs.keep({"datetime": "2026-01-04", "benchmarks": [PIPELINE]}, tmp_path)] == [
+        "pipeline_run.json"]
+    assert (tmp_path / "bench_run.json").read_text() == full
+
+
+def test_the_newest_pipeline_measurements_are_shown(runs, tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "RUN", tmp_path / "bench_run.json")
+    monkeypatch.setattr(runs, "PIPELINE", tmp_path / "pipeline_run.json")
+    runs.keep({"datetime": "2026-01-02", "benchmarks": [PEER, E2E, SNAPSHOT, PIPELINE]}, tmp_path)
+    main, pipeline = runs.load()
+    assert main["datetime"] == "2026-01-02" and pipeline is None          # the full run's own
+    runs.keep({"datetime": "2026-01-05", "benchmarks": [PIPELINE]}, tmp_path)
+    main, pipeline = runs.load()
+    assert main["datetime"] == "2026-01-02" and pipeline["datetime"] == "2026-01-05"
