@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from .errors import FrameError, ProtocolError, SpockwireError, TruncatedMessage
-from .export.python import INFINITY, NEG_INFINITY, PgInfinity
+from .python_objects import INFINITY, NEG_INFINITY, PgInfinity
 from .model import ChangeBatch, Column, LogicalMessage, Relation, Truncate
 from .wire import load_implementation as _load_implementation
 from .wire.spock_messages import SpockRepairMode, SpockSyncEvent, spock_message

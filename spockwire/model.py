@@ -9,12 +9,14 @@ import datetime as _dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .python_objects import numpy_view, to_pandas, to_pylist
+
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
 
 __all__ = [
     "Column", "Relation", "ChangeBatch", "Truncate", "LogicalMessage", "CHANGE_TYPES", "PG_EPOCH_OFFSET_US",
-    "pg_timestamp_to_datetime", "Event",
+    "pg_timestamp_to_datetime", "Event", "SNAPSHOT_SEQ_BASE",
 ]
 
 #: `_change_type` values, indexed by the code the decoders store per row (Delta change-data-feed names).
@@ -22,6 +24,11 @@ CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
 
 #: Microseconds between 1970-01-01 and 2000-01-01 (PostgreSQL's epoch): add to a wire timestamp to get Unix µs.
 PG_EPOCH_OFFSET_US = 946_684_800_000_000
+
+#: `_seq` of a table's first snapshot row (row i: SNAPSHOT_SEQ_BASE + i, that is -2^63 + i): below every streamed
+#: change's `_seq` (a transaction numbers its changes from 0), so no change shares a (`_commit_lsn`, `_seq`) with a
+#: snapshot row (docs/staging.md).
+SNAPSHOT_SEQ_BASE = -(1 << 63)
 
 _UNIX_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
@@ -87,18 +94,15 @@ class ChangeBatch:
         (months, days, nanoseconds), lists, str, bytes; ±infinity dates and timestamps as `spockwire.INFINITY` /
         `spockwire.NEG_INFINITY`; finite values outside Python's range (BC, after 9999, 24:00:00) as PostgreSQL's
         text."""
-        from .export.python import to_pylist
-        return to_pylist(self.to_arrow(), self.relation)
+        return to_pylist(self.to_arrow())
 
     def to_pandas(self, **kwargs: Any) -> Any:
         """The batch as a pandas DataFrame (`pyarrow.RecordBatch.to_pandas` options apply; ±infinity and values
         pandas cannot hold exactly give an object column of the `to_pylist` values, see README "Types")."""
-        from .export.python import to_pandas
         return to_pandas(self.to_arrow(), **kwargs)
 
     def column_numpy(self, name: str) -> Any:
         """A zero-copy numpy view of a fixed-width column without NULLs."""
-        from .export.python import numpy_view
         return numpy_view(self.to_arrow(), name)
 
     def __len__(self) -> int:

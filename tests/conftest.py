@@ -17,7 +17,7 @@ pytest_plugins = ["tests.pg_fixtures"]
 #   slow   heavy (millions of rows, kill -9 campaigns): marked in the test module
 #   lint   checks of the source tree: the workflow linters over .github/workflows (tests/test_workflows.py),
 #          figures quoted from BENCHMARKS.md (test_doc_figures.py), the constants the C kernels share with the
-#          twin (test_kernel_constants.py)
+#          twin (test_kernel_constants.py), the import layers of docs/architecture.md (test_layers.py)
 #   fast   none of the above: golden vectors, malformed input, round trips, differential, both implementations;
 #          what the wheel builds run (pyproject.toml, [tool.cibuildwheel] test-command)
 TIER_MARKERS = ("pg", "spark", "fuzz", "slow", "lint")

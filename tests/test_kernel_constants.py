@@ -2,7 +2,7 @@
 
 The C side keeps them in spockwire/wire/include/sw_consts.h (compile-time constants the C compiler folds) and in
 the `cdef enum` blocks of spockwire/wire/_values.pxi (value kinds, failure codes); the twin keeps them in
-spockwire/values/catalog.py, failures.py, _convert_py.py, spockwire/model.py and spockwire/wire/_decoder_py.py.
+spockwire/values/kinds.py, failures.py, _convert_py.py, spockwire/model.py and spockwire/wire/_cursor_py.py.
 This test reads the C sources as text and compares every constant with the twin's, so neither side can change
 one alone.
 """
@@ -16,7 +16,7 @@ import pytest
 
 from spockwire import model
 from spockwire.values import _convert_py, catalog, failures
-from spockwire.wire import _decoder_py
+from spockwire.wire import _cursor_py
 
 # the C sources are not in a wheel: a check of the checkout (the twin's modules are the installed ones)
 pytestmark = pytest.mark.lint
@@ -57,8 +57,8 @@ def test_header_constants_equal_the_twins():
         "SW_UNIX_US_2000": _convert_py.UNIX_US_2000,
         "SW_UNIX_DAYS_2000": _convert_py.UNIX_DAYS_2000,
         "SW_OFFSET_LIMIT": failures.OFFSET_LIMIT,
-        "SW_MIN_TXN_TS": _decoder_py.MIN_TXN_TS,
-        "SW_MAX_TXN_TS": _decoder_py.MAX_TXN_TS,
+        "SW_MIN_TXN_TS": _cursor_py.MIN_TXN_TS,
+        "SW_MAX_TXN_TS": _cursor_py.MAX_TXN_TS,
     }
     assert c["SW_UNIX_US_2000"] == model.PG_EPOCH_OFFSET_US == c["SW_UNIX_DAYS_2000"] * c["SW_US_PER_DAY"]
 

@@ -12,8 +12,9 @@ import psycopg2
 import pytest
 
 from spockwire.testing import PostgresCluster, PostgresNotFound
-from spockwire.testing.pgserver import (_conf_value, _world_readable_copy, cache_dir, embedded_bindir, find_bindir,
-                                        find_embedded_pginstall, server_major)
+from spockwire.testing.pgbinaries import (_world_readable_copy, cache_dir, embedded_bindir, find_bindir,
+                                          find_embedded_pginstall, server_major)
+from spockwire.testing.pgserver import _conf_value
 
 
 def test_cluster_accepts_connections(pg_cluster: PostgresCluster) -> None:

@@ -16,6 +16,7 @@ from spockwire.frames import read_frame_file
 from spockwire.ingest import (StagingError, StagingState, StagingWriter, list_tables, read_log, read_messages,
                               read_staging, table_folder_name)
 from spockwire.ingest import staging as staging_mod
+from spockwire.ingest import staging_files
 from spockwire.model import ChangeBatch, Column, LogicalMessage, Relation, Truncate
 
 DATA = Path(__file__).parent / "data"
@@ -137,11 +138,11 @@ def test_dictionary_only_for_columns_of_few_values(tmp_path):
     assert [(r["_commit_lsn"], r["_seq"], r["id"], r["status"], r["note"]) for r in got] == \
            [(lsn, seq, *values) for lsn, seq, values in rows]
     # an empty table: nothing to sample
-    assert staging_mod.dictionary_columns(pa.table({"a": pa.array([], pa.string())})) == ["a"]
+    assert staging_files.dictionary_columns(pa.table({"a": pa.array([], pa.string())})) == ["a"]
     # the sample is taken chunk by chunk, at the same rows as over one chunk
     chunked = pa.chunked_array([list(range(7)), [7], [], list(range(8, 30))])
     for step in (1, 2, 3, 5, 40):
-        assert staging_mod._every_nth(chunked, step).to_pylist() == list(range(0, 30, step))
+        assert staging_files._every_nth(chunked, step).to_pylist() == list(range(0, 30, step))
 
 
 def test_state_reports_resume_point_and_high_water(tmp_path, impl):

@@ -18,7 +18,7 @@ from .errors import StartupRejected
 
 __all__ = ["PLUGINS", "PGOUTPUT_MAX_PROTO", "SPOCK_PROTO_RANGE", "pgoutput_max_proto",
            "pgoutput_options", "native_options", "local_binary_params", "parse_startup_message", "check_startup",
-           "quote_names", "plugin_protocol"]
+           "quote_names", "plugin_protocol", "split_names"]
 
 #: Plugin (slot output plugin name) -> decoder protocol.
 PLUGINS = {
@@ -322,3 +322,13 @@ def check_startup(protocol: str, params: Mapping[str, str], *, binary_asked: boo
 
 def _enc(name: str) -> str:
     return "".join(ch for ch in name.upper() if ch.isalnum())
+
+
+def split_names(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    """Publication or replication set names as an option gives them (None, "a,b" or an iterable of names):
+    stripped, without empty or repeated names, sorted."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = value.split(",")
+    return tuple(sorted({str(v).strip() for v in value if str(v).strip()}))

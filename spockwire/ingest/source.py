@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..connection.options import split_names
 from ..errors import SpockwireError
 
 __all__ = ["StagingSource", "read_source", "plugin_name"]
@@ -20,14 +21,6 @@ _PLUGINS = {"pgoutput": "pgoutput", "pglogical": "pglogical_output", "pglogical_
 def plugin_name(plugin: str) -> str:
     """The server's output plugin name of a `plugin` setting ("pglogical" -> "pglogical_output")."""
     return _PLUGINS.get(plugin, plugin)
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = value.split(",")
-    return tuple(sorted({str(v).strip() for v in value if str(v).strip()}))
 
 
 @dataclass(frozen=True)
@@ -61,7 +54,7 @@ class StagingSource:
     def of(cls, system_identifier: Any, database: str, slot: str, plugin: str, sets: Any) -> "StagingSource":
         """A source from the worker's settings (plugin aliases and the order of set names do not matter)."""
         name = plugin_name(plugin)
-        names = _names(sets)
+        names = split_names(sets)
         if not names and name != "pgoutput":
             names = ("default",)
         return cls(str(system_identifier), database, slot, name, names)

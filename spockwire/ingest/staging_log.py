@@ -28,15 +28,13 @@ from typing import Any, Union
 import pyarrow as pa
 
 from ..errors import SpockwireError
+from ..model import SNAPSHOT_SEQ_BASE
 from .source import StagingSource
 
 __all__ = [
     "FORMAT_VERSION", "StagingError", "StagedFile", "SchemaVersion", "StagingState", "read_log", "table_folder_name",
     "MESSAGES_SCHEMA", "part_name", "log_name", "format_lsn",
 ]
-
-#: `_seq` of a table's first snapshot row (row i: SNAPSHOT_SEQ_BASE + i), below every streamed change's `_seq`.
-SNAPSHOT_SEQ_BASE = -(1 << 63)
 
 #: Version of the log entry format ("format" in every entry). Readers refuse entries with a higher number.
 FORMAT_VERSION = 1

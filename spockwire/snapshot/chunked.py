@@ -52,6 +52,7 @@ import pyarrow.compute as pc
 
 from ..model import ChangeBatch, LogicalMessage, Truncate
 from .initial import WATERMARK_TABLE, SnapshotProgress, SnapshotTable, snapshot_batch
+from .reader import iter_table_batches
 
 __all__ = ["WATERMARK_PREFIX", "WATERMARK_TABLE", "ChunkedSnapshots", "key_columns", "DEFAULT_CHUNK_ROWS",
            "ensure_watermark_table", "order_around_watermarks"]
@@ -306,12 +307,11 @@ class ChunkedSnapshots:
             return self._unavailable
         import psycopg2
 
-        from ..connection.options import plugin_protocol
+        from ..connection.options import plugin_protocol, split_names
         from ..connection.session import pinned_connect
-        from ..ingest.source import _names
 
         cfg = self.config
-        sets = list(_names(cfg.replication_sets)) or ["default"]
+        sets = list(split_names(cfg.replication_sets)) or ["default"]
         try:
             conn = pinned_connect(cfg.dsn, **dict(cfg.extra.get("connect_kwargs") or {}))
             try:
@@ -585,7 +585,6 @@ class ChunkedSnapshots:
             conn.close()
 
     def _read_chunk(self, job: _Job, w: _Window) -> None:
-        import spockwire
         from ..connection.session import pinned_connect
         from ..values.catalog import PostgresTypeCatalog
 
@@ -635,10 +634,10 @@ class ChunkedSnapshots:
                     where.append(f"({keys}) <= {row(upper)}")
             batches: list[pa.RecordBatch] = []
             for source in job.table.sources:
-                for b in spockwire.iter_table_batches(cfg.dsn, source, snapshot=name,
-                                                      columns=job.table.column_names, types=cfg.types,
-                                                      where=" AND ".join(where), type_catalog=self._catalog,
-                                                      connect_kwargs=ck):
+                for b in iter_table_batches(cfg.dsn, source, snapshot=name,
+                                            columns=job.table.column_names, types=cfg.types,
+                                            where=" AND ".join(where), type_catalog=self._catalog,
+                                            connect_kwargs=ck):
                     batches.extend(b.to_batches() if isinstance(b, pa.Table) else [b])
                     if self._stop.is_set():
                         raise RuntimeError("stopped")

@@ -25,8 +25,8 @@ import pyarrow as pa
 from ..connection.session import pinned_kwargs
 from ..connection.slots import SLOT_PLUGIN, format_lsn, parse_lsn
 from ..errors import SpockwireError
-from ..ingest.staging_log import SNAPSHOT_SEQ_BASE
-from ..model import ChangeBatch, Column, Relation
+from ..model import SNAPSHOT_SEQ_BASE, ChangeBatch, Column, Relation
+from .reader import iter_table_batches
 
 __all__ = ["ExportedSnapshot", "SnapshotError", "SnapshotTable", "SnapshotProgress", "SNAPSHOT_SEQ_BASE",
            "WATERMARK_TABLE", "create_slot_with_snapshot", "replicated_tables", "snapshot_time", "iter_snapshot_rows",
@@ -34,7 +34,7 @@ __all__ = ["ExportedSnapshot", "SnapshotError", "SnapshotTable", "SnapshotProgre
 
 log = logging.getLogger("spockwire.snapshot")
 
-# SNAPSHOT_SEQ_BASE: `_seq` of a table's first snapshot row; row i has SNAPSHOT_SEQ_BASE + i (-2^63 + i). Every
+# SNAPSHOT_SEQ_BASE (spockwire.model): `_seq` of a table's first snapshot row; row i has SNAPSHOT_SEQ_BASE + i (-2^63 + i). Every
 # snapshot row sorts before every change the stream delivers at the consistent point (a transaction's `_seq` starts
 # at 0), so no transaction can share a (`_commit_lsn`, `_seq`) with a snapshot row (docs/staging.md).
 
@@ -259,8 +259,7 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
     """
     import psycopg2
 
-    from ..connection.options import plugin_protocol
-    from ..ingest.source import _names
+    from ..connection.options import plugin_protocol, split_names
 
     protocol = plugin_protocol(plugin)
     own = isinstance(dsn_or_conn, str)
@@ -271,7 +270,7 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
                 cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                 cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
             if protocol == "pgoutput":
-                names = list(_names(publication))
+                names = list(split_names(publication))
                 if not names:
                     raise SnapshotError("pgoutput needs at least one publication to know which tables to read")
                 cur.execute("SELECT pubname FROM pg_publication WHERE pubname = ANY(%s)", (names,))
@@ -284,7 +283,7 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
                 cur.execute(_PUBLICATION_TABLES.format(filters=filters), (names,))
             else:
                 schema = "pglogical" if protocol == "pglogical" else "spock"
-                sets = list(_names(replication_sets)) or ["default"]
+                sets = list(split_names(replication_sets)) or ["default"]
                 cur.execute(_SET_TABLES.format(schema=schema), (sets,))
             # per table: the union of the column lists and the OR of the row filters of every publication / set
             # naming it (no list, or no filter, in any of them: all columns, all rows), as the server decides
@@ -403,12 +402,10 @@ def iter_snapshot_rows(dsn: str, table: SnapshotTable, snapshot: str, *, workers
                        connect_kwargs: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
     """The rows of `table` under the exported `snapshot`, batch by batch (each source table in turn, the columns
     in the relation's order, so a leaf partition's rows come as its root's)."""
-    import spockwire
-
-    reader: Callable[..., Iterable[Any]] = getattr(spockwire, "iter_table_batches")
     for source in table.sources:
-        for batch in reader(dsn, source, workers=workers, snapshot=snapshot, columns=table.column_names,
-                            types=types, where=table.where, connect_kwargs=connect_kwargs):
+        for batch in iter_table_batches(dsn, source, workers=workers, snapshot=snapshot,
+                                        columns=table.column_names, types=types, where=table.where,
+                                        connect_kwargs=connect_kwargs):
             if isinstance(batch, pa.Table):
                 yield from batch.to_batches()
             else:

@@ -689,7 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     checkpoint=args.checkpoint, starting_position=args.starting_position,
                     max_changes_per_batch=args.max_changes_per_batch,
                     extra_options=dict(o.split("=", 1) for o in args.option), history=args.history)
-    from .monitor import stop_on_signals
+    from .signals import stop_on_signals
 
     with stop_on_signals() as stop:
         try:

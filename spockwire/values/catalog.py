@@ -65,23 +65,17 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import pyarrow as pa
 
 from ..errors import SpockwireError
+from ..export.arrow import change_fields
 from ..model import Relation
+from . import sendtext
+from .kinds import ARRAY, BOOL, BYTEA, CHAR, DATE, DECIMAL, ENUM, FLOAT4, FLOAT8, INT2, INT4, INT8, INTERVAL, JSON, \
+    JSONB, KIND_NAMES, NUMERIC_TEXT, OID, OTHER, PGTEXT, RAW, TEXT, TIME, TIMESTAMP, TIMESTAMPTZ, TIMETZ, UUID, \
+    ColumnSpec
 
 __all__ = [
     "ColumnSpec", "column_specs", "TypeInfo", "TypeCatalog", "StaticTypeCatalog", "PostgresTypeCatalog",
     "BUILTIN_TYPES", "KIND_NAMES", "TypeCatalogError", "arrow_field_type", "arrow_schema",
 ]
-
-# value kinds (the Cython decoder uses the same numbers)
-RAW, BOOL, INT2, INT4, INT8, OID, FLOAT4, FLOAT8, DECIMAL, NUMERIC_TEXT, TEXT, JSON, JSONB, BYTEA, DATE, \
-    TIMESTAMP, TIMESTAMPTZ, TIME, TIMETZ, INTERVAL, UUID, ENUM, ARRAY, OTHER, CHAR = range(25)
-# a type kept as PostgreSQL's text form: text values as they arrive, binary values rendered to the same text
-# (spockwire.values.sendtext)
-PGTEXT = 25
-
-KIND_NAMES = ("raw", "bool", "int2", "int4", "int8", "oid", "float4", "float8", "numeric", "numeric", "text",
-              "json", "jsonb", "bytea", "date", "timestamp", "timestamptz", "time", "timetz", "interval", "uuid",
-              "enum", "array", "other", "char", "pgtext")
 
 # builtin type OID -> (name, kind); array type OID -> element OID
 BUILTIN_TYPES: dict[int, tuple[str, int]] = {
@@ -113,24 +107,6 @@ INTERNAL_SIZES = {BOOL: 1, INT2: 2, INT4: 4, INT8: 8, OID: 4, FLOAT4: 4, FLOAT8:
 
 class TypeCatalogError(SpockwireError):
     """The upstream catalog could not be read, or does not describe a replicated relation."""
-
-
-@dataclass(frozen=True)
-class ColumnSpec:
-    """How one column's values are decoded: kind, Arrow type and the parameters the kind needs."""
-
-    kind: int
-    type_name: str
-    arrow_type: pa.DataType | None          # None for RAW/OTHER: string or binary depending on what arrives
-    precision: int = 0
-    scale: int = 0
-    element: "ColumnSpec | None" = None
-    type_oid: int = 0                       # PGTEXT: the type whose binary values `render` turns into text
-    render: Any = field(default=None, compare=False, repr=False)   # PGTEXT: bytes -> str (send_to_text)
-
-    @property
-    def is_raw(self) -> bool:
-        return self.kind in (RAW, OTHER)
 
 
 @dataclass(frozen=True)
@@ -204,12 +180,12 @@ def parse_type_name(spec: Any) -> tuple[int, int]:
             typmod = nums[0]
     oid = _BY_NAME.get(text)
     if oid is None:   # the builtin types kept as text (inet, money, int4range, ...)
-        oid = {n: o for o, n in _sendtext().TYPE_NAMES.items() if o not in (705, 2249)}.get(text)
+        oid = {n: o for o, n in sendtext.TYPE_NAMES.items() if o not in (705, 2249)}.get(text)
     if oid is None:
         raise ValueError(f"unknown type name {spec!r}")
     if is_array:
         arrays = {elem: arr for arr, elem in ARRAY_TYPES.items()}
-        arrays.update({elem: arr for arr, elem in _sendtext().ARRAY_ELEMENTS.items() if elem not in arrays})
+        arrays.update({elem: arr for arr, elem in sendtext.ARRAY_ELEMENTS.items() if elem not in arrays})
         oid = arrays[oid]
     return oid, typmod
 
@@ -244,8 +220,12 @@ class PostgresTypeCatalog:
                 if self._connect is not None:
                     self._conn = self._connect(self.dsn)
                 else:
-                    from ..connection.session import pinned_connect
-                    self._conn = pinned_connect(self.dsn)
+                    import psycopg2
+
+                    self._conn = psycopg2.connect(self.dsn)
+                    # the names read (types, enum labels, roles) in UTF-8, whatever the database's encoding; no
+                    # other session setting changes what the catalog queries return
+                    self._conn.set_client_encoding("UTF8")
                 self._conn.autocommit = True
             except Exception as exc:  # noqa: BLE001 - any driver error is a catalog error here
                 raise TypeCatalogError(f"cannot connect to the upstream catalog: {exc}") from exc
@@ -395,16 +375,10 @@ _SIMPLE_ARROW: dict[int, pa.DataType] = {
 }
 
 
-def _sendtext() -> Any:
-    # imported when first needed: spockwire.values.sendtext builds on the value decoders, which import this module
-    from . import sendtext
-    return sendtext
-
-
 def _text_spec(oid: int, name: str, catalog: TypeCatalog | None) -> ColumnSpec:
     """A column kept as PostgreSQL's text: binary values are rendered to it by send_to_text."""
     return ColumnSpec(PGTEXT, name, pa.string(), type_oid=oid,
-                      render=partial(_sendtext().send_to_text, oid, catalog=catalog))
+                      render=partial(sendtext.send_to_text, oid, catalog=catalog))
 
 
 def _builtin_spec(oid: int, typmod: int, numeric_text: bool = False) -> ColumnSpec | None:
@@ -418,7 +392,7 @@ def _builtin_spec(oid: int, typmod: int, numeric_text: bool = False) -> ColumnSp
     if elem is not None:
         element = _builtin_spec(elem, typmod, numeric_text)
         return _array_spec(element)
-    st = _sendtext()
+    st = sendtext
     if oid in st.RENDERED_TYPES:
         return _text_spec(oid, st.TYPE_NAMES[oid], None)
     elem = st.ARRAY_ELEMENTS.get(oid)
@@ -458,7 +432,7 @@ def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catal
         if info.category == "A" and info.element_oid:
             return _array_spec(_spec_for(info.element_oid, typmod, types, catalog, numeric_text, depth + 1),
                                oid, catalog)
-        if info.typtype in ("c", "r", "m") and _sendtext().can_render(oid, catalog):
+        if info.typtype in ("c", "r", "m") and sendtext.can_render(oid, catalog):
             return _text_spec(oid, info.name, catalog)
         return ColumnSpec(OTHER, info.name, None)
     described = types.get(oid)
@@ -467,7 +441,7 @@ def _spec_for(oid: int, typmod: int, types: Mapping[int, tuple[str, str]], catal
         # pgoutput names a domain by its base type (in pg_catalog, sent as "")
         if nsp in ("", "pg_catalog") and name in _BY_NAME:
             return _spec_for(_BY_NAME[name], typmod, types, catalog, numeric_text, depth + 1)
-        rendered = {n: o for o, n in _sendtext().TYPE_NAMES.items() if o not in (705, 2249)}
+        rendered = {n: o for o, n in sendtext.TYPE_NAMES.items() if o not in (705, 2249)}
         if nsp in ("", "pg_catalog") and name in rendered:
             return _spec_for(rendered[name], typmod, types, catalog, numeric_text, depth + 1)
         return ColumnSpec(OTHER, f"{nsp}.{name}" if nsp else name, None)
@@ -599,8 +573,6 @@ def arrow_schema(relation: Relation, catalog: TypeCatalog | None = None, *, type
     """The Arrow schema of the decoder's batches of `relation` (change columns, then the table's columns), as
     the decoder built with the same options types them before any row arrives: from the type OIDs and
     modifiers (or `catalog`), exactly as `column_specs` plans the decoding."""
-    from ..export.arrow import change_fields
-
     specs = column_specs(relation, types or {}, catalog, typed, numeric, column_types)
     fields = [pa.field(c.name, arrow_field_type(spec, binary)) for c, spec in zip(relation.columns, specs)]
     return pa.schema(change_fields() + fields)

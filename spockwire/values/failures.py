@@ -21,6 +21,24 @@ NO_ROLE_NAMES = 25       # an aclitem, whose text names roles, without a catalog
 
 OFFSET_LIMIT = 0x7FFFFFFF  # most bytes (elements, for lists) a variable-length column holds in one batch
 
+
+class ValueFailure(Exception):
+    """A value could not be decoded; `code` is one of the codes above."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class DatumFailure(Exception):
+    """A refused internal datum: `code` (one of the codes above), `pos` (byte of the datum), `detail` (text)."""
+
+    def __init__(self, code: int, pos: int, detail: str) -> None:
+        super().__init__(code, pos, detail)
+        self.code = code
+        self.pos = pos
+        self.detail = detail
+
 _FORMATS = {0x74: "text", 0x62: "binary", 0x69: "internal"}
 
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 import struct
 
 from .failures import COMPRESSED_CORRUPT, EXTERNAL_DATUM, INTERNAL_UNSUPPORTED, INVALID, LAYOUT_INVALID, \
-    RAW_SIZE_MISMATCH, VARLENA_INVALID
-from .internal_types import ACLITEM_OID, LAYOUT_TYPES, aclitem_fields, layout_send_form
+    RAW_SIZE_MISMATCH, VARLENA_INVALID, DatumFailure, ValueFailure
+from .internal_types import ACLITEM_OID, LAYOUT_TYPES, aclitem_fields, layout_send_form, numeric_send, swap_fields
+from .kinds import JSONB
 
 __all__ = ["DatumFailure", "unpack_varlena", "pglz_decompress", "lz4_decompress", "numeric_send",
            "internal_send_form", "describe_datum_failure", "VARLENA_TEXT_TYPES", "FIXED_FIELDS",
@@ -52,16 +53,6 @@ _EXTSIZE_MASK = 0x3FFFFFFF
 # the most raw bytes one compressed byte can stand for: a 3-byte pglz tag gives 273, an LZ4 length byte 255
 _PGLZ_MAX_RATIO = 91
 _LZ4_MAX_RATIO = 255
-
-
-class DatumFailure(Exception):
-    """A refused internal datum: `code` (spockwire.values.failures), `pos` (byte of the datum), `detail` (text)."""
-
-    def __init__(self, code: int, pos: int, detail: str) -> None:
-        super().__init__(code, pos, detail)
-        self.code = code
-        self.pos = pos
-        self.detail = detail
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -233,56 +224,7 @@ def unpack_varlena(raw: bytes, big_endian: bool) -> bytes:
 # internal datums to send forms
 
 def _fail(code: int = INVALID) -> Exception:
-    from ._convert_py import ValueFailure   # late: _convert_py imports this module
     return ValueFailure(code)
-
-
-def swap_fields(raw: bytes, fields: tuple[int, ...], big_endian: bool) -> bytes:
-    """A fixed-length datum with its integer fields in big-endian order (the send form's); raises on length."""
-    if len(raw) != sum(fields):
-        raise _fail()
-    if big_endian:
-        return bytes(raw)
-    out = bytearray()
-    pos = 0
-    for size in fields:
-        out += raw[pos:pos + size][::-1]
-        pos += size
-    return bytes(out)
-
-
-def numeric_send(data: bytes, big_endian: bool) -> bytes:
-    """numeric's send form from the data of its varlena: the short header (sign, 6-bit display scale, 7-bit
-    weight), the special values (NaN, ±Infinity: the header alone) or the long header (sign and display scale,
-    then a 16-bit weight), then base-10000 digits, all 16-bit in the server's byte order."""
-    order = "big" if big_endian else "little"
-    n = len(data)
-    if n < 2 or n % 2:
-        raise _fail()
-    head = int.from_bytes(data[:2], order)
-    if head & 0x8000:
-        if (head & 0xC000) == 0xC000:                  # NaN, Infinity, -Infinity
-            if head not in (0xC000, 0xD000, 0xF000) or n != 2:
-                raise _fail()
-            return struct.pack(">hhHH", 0, 0, head, 0)
-        sign = 0x4000 if head & 0x2000 else 0
-        dscale = (head & 0x1F80) >> 7
-        weight = (head & 0x003F) - (64 if head & 0x0040 else 0)
-        digits = data[2:]
-    else:
-        if n < 4:
-            raise _fail()
-        sign, dscale = head & 0xC000, head & 0x3FFF
-        weight = int.from_bytes(data[2:4], order, signed=True)
-        digits = data[4:]
-    count = len(digits) // 2
-    if count > 0x7FFF:
-        raise _fail()
-    out = bytearray(struct.pack(">hhHH", count, weight, sign, dscale))
-    for k in range(count):
-        pair = digits[2 * k:2 * k + 2]
-        out += pair if big_endian else pair[::-1]
-    return bytes(out)
 
 
 def _u32(data: bytes, pos: int, big_endian: bool) -> int:
@@ -364,7 +306,6 @@ def _compressed(raw: bytes, big_endian: bool) -> bool:
 
 def layout_oid(spec) -> int:
     """The type whose internal layout a column's datums have, for describe_datum_failure (0: a plain varlena)."""
-    from .catalog import JSONB
     return 3802 if spec.kind == JSONB else spec.type_oid
 
 

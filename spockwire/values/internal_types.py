@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import struct
 
-from .failures import INVALID, LAYOUT_INVALID
+from ._binary_py import numeric_text_from_binary
+from .failures import INVALID, LAYOUT_INVALID, DatumFailure, ValueFailure
 
 __all__ = ["LAYOUT_TYPES", "layout_send_form", "jsonb_send", "tsvector_send", "tsquery_send", "jsonpath_send",
-           "aclitem_fields", "JSONB_OID", "TSVECTOR_OID", "TSQUERY_OID", "JSONPATH_OID", "ACLITEM_OID"]
+           "aclitem_fields", "numeric_send", "swap_fields",
+           "JSONB_OID", "TSVECTOR_OID", "TSQUERY_OID", "JSONPATH_OID", "ACLITEM_OID"]
 
 JSONB_OID, TSVECTOR_OID, TSQUERY_OID, JSONPATH_OID, ACLITEM_OID = 3802, 3614, 3615, 4072, 1033
 
@@ -44,8 +46,11 @@ _JE_STRING, _JE_NUMERIC, _JE_FALSE, _JE_TRUE, _JE_NULL, _JE_CONTAINER = (0x00000
 
 
 def _fail(pos: int, what: str) -> Exception:
-    from .internal import DatumFailure   # late: internal imports this module
     return DatumFailure(LAYOUT_INVALID, pos, what)
+
+
+def _bad_value(code: int = INVALID) -> Exception:
+    return ValueFailure(code)
 
 
 class _Data:
@@ -98,10 +103,42 @@ def json_string(s: bytes) -> bytes:
     return bytes(out)
 
 
+def numeric_send(data: bytes, big_endian: bool) -> bytes:
+    """numeric's send form from the data of its varlena: the short header (sign, 6-bit display scale, 7-bit
+    weight), the special values (NaN, ±Infinity: the header alone) or the long header (sign and display scale,
+    then a 16-bit weight), then base-10000 digits, all 16-bit in the server's byte order."""
+    order = "big" if big_endian else "little"
+    n = len(data)
+    if n < 2 or n % 2:
+        raise _bad_value()
+    head = int.from_bytes(data[:2], order)
+    if head & 0x8000:
+        if (head & 0xC000) == 0xC000:                  # NaN, Infinity, -Infinity
+            if head not in (0xC000, 0xD000, 0xF000) or n != 2:
+                raise _bad_value()
+            return struct.pack(">hhHH", 0, 0, head, 0)
+        sign = 0x4000 if head & 0x2000 else 0
+        dscale = (head & 0x1F80) >> 7
+        weight = (head & 0x003F) - (64 if head & 0x0040 else 0)
+        digits = data[2:]
+    else:
+        if n < 4:
+            raise _bad_value()
+        sign, dscale = head & 0xC000, head & 0x3FFF
+        weight = int.from_bytes(data[2:4], order, signed=True)
+        digits = data[4:]
+    count = len(digits) // 2
+    if count > 0x7FFF:
+        raise _bad_value()
+    out = bytearray(struct.pack(">hhHH", count, weight, sign, dscale))
+    for k in range(count):
+        pair = digits[2 * k:2 * k + 2]
+        out += pair if big_endian else pair[::-1]
+    return bytes(out)
+
+
 def _numeric_text(d: _Data, start: int, end: int) -> bytes:
     """numeric_out of the numeric datum at [start, end) (an uncompressed varlena of exactly that size)."""
-    from ._convert_py import ValueFailure, numeric_text_from_binary
-    from .internal import numeric_send
     if start >= end:
         raise _fail(start, "a number has no bytes")
     b0 = d.b[start]
@@ -346,11 +383,23 @@ def tsquery_send(data: bytes, big_endian: bool) -> bytes:
 # ------------------------------------------------------------------------------------------------------------------
 # aclitem
 
+def swap_fields(raw: bytes, fields: tuple[int, ...], big_endian: bool) -> bytes:
+    """A fixed-length datum with its integer fields in big-endian order (the send form's); raises on length."""
+    if len(raw) != sum(fields):
+        raise _bad_value()
+    if big_endian:
+        return bytes(raw)
+    out = bytearray()
+    pos = 0
+    for size in fields:
+        out += raw[pos:pos + size][::-1]
+        pos += size
+    return bytes(out)
+
+
 def aclitem_fields(raw: bytes, big_endian: bool) -> bytes:
     """aclitem's fields in network byte order: grantee, grantor (uint32), privileges (uint32 up to PostgreSQL 15,
     uint64 after). Raises ValueFailure (INVALID) for another size."""
-    from ._convert_py import ValueFailure
-    from .internal import swap_fields
     if len(raw) not in (12, 16):
         raise ValueFailure(INVALID)
     return swap_fields(raw, (4, 4, len(raw) - 8), big_endian)
