@@ -48,7 +48,7 @@ def test_spark_modules_import_one_way():
     assert graph["resolve"] == set()
     assert graph["arrow_target"] <= {"resolve"}
     assert graph["delta_target"] <= {"resolve", "arrow_target"}
-    assert graph["apply"] <= {"schema", "resolve", "arrow_target", "delta_target"}
+    assert graph["apply"] <= {"schema", "resolve", "arrow_target", "delta_target", "environment"}
     assert graph["batch_files"] <= {"schema"}
     assert all("datasource" not in deps for name, deps in graph.items())
     readers = {"slot", "staging", "distributed", "snapshot"} & set(graph)

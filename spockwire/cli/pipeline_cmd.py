@@ -18,7 +18,6 @@ from .common import IMPL
 from .config import CONFIG, ConfigError, Setting, add_settings, positive_int, resolve
 from .ingest_cmd import LOG_FORMAT, METRICS_HOST, METRICS_PORT, configure_logging
 from .stream_settings import CREATE_SLOT, SLOT, names
-from ..spark.signals import stop_on_signals
 
 NAME = "pipeline"
 HELP = "apply a slot's changes to Delta tables with Spark, exactly once (the pipeline job)"

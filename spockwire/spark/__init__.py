@@ -27,7 +27,7 @@ def register(spark: Any, *, check_workers: bool = True) -> None:
     compiled decoder): if they cannot, or import another version, :class:`~spockwire.errors.SparkEnvironmentError`
     says so in one line that names the worker interpreter and the fix (``PYSPARK_PYTHON``). The check runs once
     per Spark application."""
-    from .connect import is_connect
+    from .environment import is_connect
     from .datasource import SpockwireDataSource
     from .environment import check_workers as check
     from .sink import ApplySink

@@ -164,7 +164,7 @@ def apply_changes(changes: "DataFrame | pa.Table", target: "str | DataFrame | No
         engine = "spark" if spark is not None and has_delta_spark(spark) else "delta-rs"
     if engine == "spark":
         if spark is None or not has_delta_spark(spark):
-            from .connect import is_connect
+            from .environment import is_connect
 
             if spark is not None and is_connect(spark):
                 raise RuntimeError("engine='spark' needs a classic SparkSession (delta-spark's MERGE through the "
@@ -314,7 +314,7 @@ def _has_parquet(path: str, top: bool = False) -> bool:
 def has_delta_spark(spark: "SparkSession") -> bool:
     """Whether the session can use delta-spark (the Python package and the JVM classes). A Spark Connect session
     has no JVM gateway to ask: it writes through delta-rs."""
-    from .connect import is_connect
+    from .environment import is_connect
 
     if is_connect(spark):
         return False
@@ -405,3 +405,9 @@ def _apply_delta_spark(spark: "SparkSession", batch: pa.Table, path: str, plan: 
          .whenMatchedUpdate(set=sets).whenNotMatchedInsert(values=sets).execute())
     return metrics
 
+
+def target_path(target: str, table: str, history: bool = False) -> str:
+    """The Delta table of a source table: ``<target>/<schema>.<table>`` (SCD 1), ``<target>/<schema>.<table>_history``
+    (SCD 2)."""
+    name = table if "." in table else f"public.{table}"
+    return os.path.join(target, name + ("_history" if history else ""))

@@ -13,15 +13,12 @@ import time
 from dataclasses import asdict
 from typing import Any, Callable
 
+from .environment import is_connect
+
 __all__ = ["is_connect", "connect_session", "start_query", "CheckpointQueryId", "ReportFiles", "tail_reports"]
 
 #: what Spark says when a Python process it started did not connect back within its fixed 10 s
 WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
-
-
-def is_connect(spark: Any) -> bool:
-    """Whether `spark` is a Spark Connect session (a DataFrame's ``sparkSession`` included)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def connect_session(url: str, conf: dict[str, str] | None = None) -> Any:

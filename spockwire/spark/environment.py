@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..errors import SparkEnvironmentError
@@ -195,3 +196,17 @@ def check_workers(spark: Any) -> None:
                                     f"driver does: {fix}")
     if app is not None:
         _CHECKED.add(app)
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether `spark` is a Spark Connect session (a DataFrame's ``sparkSession`` included)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def spark_home() -> Path:
+    """SPARK_HOME: the environment's, else the installed pyspark package (which carries bin/, sbin/, jars/)."""
+    if os.environ.get("SPARK_HOME"):
+        return Path(os.environ["SPARK_HOME"])
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent

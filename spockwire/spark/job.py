@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from ..errors import SparkEnvironmentError, SpockwireError
+from .apply import target_path
 from .environment import check_java
 
 __all__ = ["JobConfig", "BatchReport", "JobError", "spark_session", "target_path", "start", "wait_caught_up", "run",
@@ -88,13 +89,6 @@ def report_line(b: BatchReport) -> dict:
 
     return {"batch": b.batch_id, "rows": b.rows, "snapshot_rows": b.snapshot_rows, "seconds": r(b.seconds),
             "read_seconds": r(b.read_seconds), "lag_p50": r(b.lag_p50), "lag_p95": r(b.lag_p95)}
-
-
-def target_path(target: str, table: str, history: bool = False) -> str:
-    """The Delta table of a source table: ``<target>/<schema>.<table>`` (SCD 1), ``<target>/<schema>.<table>_history``
-    (SCD 2)."""
-    name = table if "." in table else f"public.{table}"
-    return os.path.join(target, name + ("_history" if history else ""))
 
 
 def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", impl: str | None = None,

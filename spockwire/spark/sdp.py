@@ -64,7 +64,7 @@ def known_completed_failure(output: str) -> bool:
 
 
 def _command() -> list[str]:
-    from ..testing.spark_connect import spark_home
+    from .environment import spark_home
 
     return [str(spark_home() / "bin" / "spark-pipelines")]
 
@@ -72,7 +72,7 @@ def _command() -> list[str]:
 def run_pipeline(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
                  echo: bool = True, timeout: float | None = None) -> PipelineRun:
     """Run ``spark-pipelines ARGS`` (its Python: this interpreter) and collect its output, echoed as it comes."""
-    from ..testing.spark_connect import spark_home
+    from .environment import spark_home
 
     environ = dict(os.environ, SPARK_HOME=str(spark_home()), PYSPARK_PYTHON=sys.executable,
                    PYSPARK_DRIVER_PYTHON=sys.executable, **dict(env or {}))

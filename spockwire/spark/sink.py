@@ -89,8 +89,7 @@ class _ApplyWriter(DataSourceStreamArrowWriter):
         return [k.strip() for k in value.split(",") if k.strip()] if value else None
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        from .apply import apply_changes, select_table_arrow
-        from .job import target_path
+        from .apply import apply_changes, select_table_arrow, target_path
 
         paths = [p for m in messages if isinstance(m, _Files) for p in m.paths]
         tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]

@@ -34,6 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Mapping
 
+from ..spark.environment import spark_home
 from .pgserver import _children_of, _free_port, _pid_alive
 
 __all__ = ["SparkCluster", "SparkClusterError", "spark_home", "descendants"]
@@ -46,15 +47,6 @@ EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 class SparkClusterError(RuntimeError):
     """The cluster did not start, or a process of it did not stop."""
 
-
-def spark_home() -> Path:
-    """The Spark installation the pyspark wheel carries (``bin/spark-class``, ``jars/``): the package directory."""
-    import pyspark
-
-    home = Path(pyspark.__file__).resolve().parent
-    if not (home / "bin" / "spark-class").exists():
-        raise SparkClusterError(f"{home} has no bin/spark-class: install the pyspark wheel (not pyspark-client)")
-    return home
 
 
 def descendants(pid: int) -> list[int]:

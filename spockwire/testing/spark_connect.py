@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..spark.environment import spark_home
+
 __all__ = ["SparkConnectServer", "spark_home", "SERVER_CLASS"]
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -38,14 +40,6 @@ logger.started.name = org.apache.spark.sql.connect.service.SparkConnectServer
 logger.started.level = info
 """
 
-
-def spark_home() -> Path:
-    """SPARK_HOME: the environment's, else the installed pyspark package (which carries bin/, sbin/, jars/)."""
-    if os.environ.get("SPARK_HOME"):
-        return Path(os.environ["SPARK_HOME"])
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
 
 
 def _free_port() -> int:
