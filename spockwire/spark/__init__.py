@@ -6,6 +6,7 @@ DataFrame, `apply_changes` to Delta/Parquet/in-memory tables, and distributed de
     changes = sws.read_staging(spark, "staging/", "public.orders")
     sws.apply_changes(changes, target="/data/orders", format="delta", keys=["id"])   # stored_as_scd_type=1|2
     df = sws.decode_frame_file(spark, "capture.spwf", table="public.orders")
+    sws.collect_state("/data/orders", before=(lsn, seq))   # no change before (lsn, seq) can arrive any more
 
 See docs/spark.md.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["register", "apply_changes", "apply_to_dataframe", "decode_frame_file", "read_staging",
-           "read_staging_stream", "select_table", "scd2_columns", "ApplyMetrics"]
+           "read_staging_stream", "select_table", "scd2_columns", "ApplyMetrics", "collect_state", "first_position"]
 
 
 def register(spark: Any) -> None:
@@ -30,6 +31,12 @@ def __getattr__(name: str) -> Any:
     if name in ("apply_changes", "apply_to_dataframe", "select_table", "scd2_columns", "ApplyMetrics"):
         from . import apply
         return getattr(apply, name)
+    if name == "collect_state":
+        from .maintenance import collect_state
+        return collect_state
+    if name == "first_position":
+        from .resolve import first_position
+        return first_position
     if name == "decode_frame_file":
         from .distributed import decode_frame_file
         return decode_frame_file
