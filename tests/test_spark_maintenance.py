@@ -243,3 +243,17 @@ def test_the_jobs_step_optimizes_by_small_files_and_every_n_batches(tmp_path):
     assert [("optimized" in r) for r in seen_every] == [False, False, False, True] * 2
     assert [r["files"] for r in seen_every] == [1, 2, 3, 1, 2, 3, 4, 1]
     assert rows(path) == rows(other) and len(rows(path)) == 80
+
+
+def test_zorder_only_where_the_key_lookup_prunes(tmp_path):
+    """A key of a type the lookup does not prune on (binary: a uuid) is compacted, not Z-ordered."""
+    for name, key_type in (("int", pa.int64()), ("uuid", pa.binary(16))):
+        path = str(tmp_path / name)
+        for lsn in (10, 20):
+            batch = changes("insert", range(lsn, lsn + 5), lsn)
+            batch = batch.set_column(batch.schema.get_field_index("id"), "id",
+                                     batch.column("id").cast(pa.int64()) if name == "int" else
+                                     pa.array([i.to_bytes(16, "big") for i in range(lsn, lsn + 5)], key_type))
+            apply_changes(batch, path, engine="delta-rs", keys=["id"])
+        assert (optimize(path, ["id"], zorder=True)["plannerStrategy"] == "zOrder") == (name == "int")
+        assert len(rows(path)) == 10

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .resolve import DELETE, OP, Plan, Resolution, Stored
+from .resolve import DELETE, OP, Plan, Resolution, Stored, _sk
 
 __all__ = ["ArrowTarget", "STATE_KIND", "COLLECTED", "keys_in", "before", "state_rows", "truncate_positions",
            "collected_position", "collected_state", "unify"]
@@ -117,7 +117,7 @@ def collected_position(state: pa.Table | None, plan: Plan) -> tuple | None:
     rows = state.filter(pc.fill_null(pc.equal(state.column(STATE_KIND), COLLECTED), False))
     seqs = [rows.column(c).to_pylist() for c in plan.seq]
     found = [tuple(s[i] for s in seqs) for i in range(rows.num_rows)]
-    return max(found, key=lambda p: tuple((x is not None, x) for x in p)) if found else None
+    return max(found, key=_sk) if found else None
 
 
 def collected_state(state: pa.Table, plan: Plan, position: tuple) -> tuple[pa.Table, int]:
@@ -125,7 +125,7 @@ def collected_state(state: pa.Table, plan: Plan, position: tuple) -> tuple[pa.Ta
     collected mark at `position` (or the earlier mark's, when later); also the number of rows removed."""
     kinds = state.column(STATE_KIND)
     old = collected_position(state, plan)
-    if old is not None and tuple((x is not None, x) for x in old) > tuple((x is not None, x) for x in position):
+    if old is not None and _sk(old) > _sk(position):
         position = old
     gone = before(state, plan.seq, position) & np.asarray(
         pc.fill_null(pc.is_in(kinds, pa.array(["delete", "truncate"])), False).to_numpy(zero_copy_only=False))

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from .arrow_target import COLLECTED, STATE_KIND, collected_position, collected_state, unify
 from .delta_target import STATE_DIR, TARGET_FILE_BYTES, _plain, _q, open_delta, sql_pos_cmp
-from .resolve import DEFAULT_SEQUENCE
+from .resolve import DEFAULT_SEQUENCE, _sk
 
 __all__ = ["collect_state", "optimize", "vacuum", "file_stats", "FileStats", "Maintenance", "MaintenanceOptions",
            "DEFAULT_SMALL_FILES", "DEFAULT_VACUUM_RETENTION_HOURS", "MIN_VACUUM_RETENTION_HOURS"]
@@ -38,10 +38,6 @@ DEFAULT_VACUUM_RETENTION_HOURS = 168.0
 #: no shorter retention is accepted: a reader still reading a version whose files were vacuumed fails
 MIN_VACUUM_RETENTION_HOURS = 1.0
 _FORGETTABLE = ["delete", "truncate"]
-
-
-def _sort_key(pos: tuple) -> tuple:
-    return tuple((x is not None, x) for x in pos)
 
 
 def _before_expr(cols: Sequence[str], pos: tuple) -> Any:
@@ -88,7 +84,7 @@ def _collect_delta(target: str, before: tuple, seq: list[str]) -> int:
     if count == 0:
         return 0
     old = collected_position(ds.to_table(filter=pc.field(STATE_KIND) == COLLECTED), _SeqOnly(seq))
-    mark_at = before if old is None or _sort_key(old) <= _sort_key(before) else old
+    mark_at = before if old is None or _sk(old) <= _sk(before) else old
     schema = pa.schema([pa.field(f.name, _plain(f.type)) for f in pa.schema(state.schema().to_arrow())])
     mark = unify(pa.table({STATE_KIND: pa.array([COLLECTED], pa.string()),
                            **{c: pa.array([v]) for c, v in zip(seq, mark_at)}}), schema)
@@ -154,19 +150,29 @@ def file_stats(dt: Any, target_size: int = TARGET_FILE_BYTES) -> FileStats:
         return FileStats()
     sizes = adds.column("size_bytes")
     small = pc.sum(pc.cast(pc.less(sizes, target_size // 2), pa.int64())).as_py() or 0
-    rows = pc.sum(adds.column("num_records")).as_py() or 0 if "num_records" in adds.column_names else 0
+    rows = (pc.sum(adds.column("num_records")).as_py() or 0) if "num_records" in adds.column_names else 0
     return FileStats(adds.num_rows, int(small), int(rows))
+
+
+def _prunable(t: pa.DataType) -> bool:
+    """A key type whose files the key lookup prunes by their min/max statistics (delta_target._key_pruning)."""
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t) or pa.types.is_date(t)
+            or pa.types.is_timestamp(t))
 
 
 def optimize(target: str, keys: Sequence[str] | None = None, *, zorder: bool = True,
              target_size: int = TARGET_FILE_BYTES) -> dict:
     """OPTIMIZE a Delta table: Z-order by `keys` (`zorder`; every data file rewritten, each then holding a narrow
-    range of keys) or compact its small files. One commit that changes no row; its metrics."""
+    range of keys) or compact its small files. Z-order only where it helps the key lookup's file pruning: keys of
+    types pruned on their statistics (numbers, text, dates, timestamps); others are compacted. One commit that
+    changes no row; its metrics."""
     dt = open_delta(target)
     if dt is None:
         return {}
     if zorder and keys:
-        return dt.optimize.z_order(list(keys), target_size=target_size)
+        types = {f.name: _plain(f.type) for f in pa.schema(dt.schema().to_arrow())}
+        if all(k in types and _prunable(types[k]) for k in keys):
+            return dt.optimize.z_order(list(keys), target_size=target_size)
     return dt.optimize.compact(target_size=target_size)
 
 
