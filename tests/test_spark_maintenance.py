@@ -257,3 +257,18 @@ def test_zorder_only_where_the_key_lookup_prunes(tmp_path):
             apply_changes(batch, path, engine="delta-rs", keys=["id"])
         assert (optimize(path, ["id"], zorder=True)["plannerStrategy"] == "zOrder") == (name == "int")
         assert len(rows(path)) == 10
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("--vacuum-retention-hours", "0", "0 is below the minimum of 1 hour"),
+    ("--vacuum-retention-hours", "1.5", "not a whole number of hours"),
+    ("--optimize-every", "-1", "'-1' is not a count"),
+    ("--optimize-small-files", "many", "'many' is not a count"),
+])
+def test_the_jobs_maintenance_options_are_checked_at_start(capsys, option, value, message):
+    from spockwire.spark.job import main
+
+    with pytest.raises(SystemExit):
+        main(["--dsn", "host=nowhere", "--slot", "s", "--publication", "p", "--table", "t=id", "--target", "x",
+              "--checkpoint", "y", option, value])
+    assert message in capsys.readouterr().err

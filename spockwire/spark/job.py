@@ -403,6 +403,17 @@ def _parse_table(text: str) -> tuple[str, tuple[str, ...] | None]:
     return name, tuple(k.strip() for k in keys.split(",") if k.strip()) or None
 
 
+def _count(text: str) -> int:
+    """--optimize-every / --optimize-small-files: 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (0 or more)")
+    return n
+
+
 def _retention(text: str) -> float | None:
     """--vacuum-retention-hours: whole hours, at least the minimum, or off."""
     if text.strip().lower() == "off":
@@ -432,9 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="any other option of the spockwire source (snapshotChunkPages=64, ...); repeatable")
     p.add_argument("--history", action="store_true",
                    help="also keep an SCD 2 table per source table (<target>/<schema>.<table>_history)")
-    p.add_argument("--optimize-every", type=int, default=0, metavar="N",
+    p.add_argument("--optimize-every", type=_count, default=0, metavar="N",
                    help="OPTIMIZE a table every N micro-batches that wrote it (default 0: by --optimize-small-files)")
-    p.add_argument("--optimize-small-files", type=int, default=DEFAULT_SMALL_FILES, metavar="K",
+    p.add_argument("--optimize-small-files", type=_count, default=DEFAULT_SMALL_FILES, metavar="K",
                    help=f"OPTIMIZE a table once it has K data files under half the target file size (default "
                         f"{DEFAULT_SMALL_FILES}; 0: never)")
     p.add_argument("--optimize-mode", choices=("zorder", "compact"), default="zorder",
