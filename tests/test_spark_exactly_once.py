@@ -117,7 +117,7 @@ class Job:
                "--publication", "pub", "--target", str(work / "delta"), "--checkpoint", str(work / "ck"),
                "--master", "local[1]", "--max-changes-per-batch", "400", "--starting-position", "snapshot",
                "--option", "snapshotChunkPages=4", "--option", "snapshotChunksPerBatch=1", "--history",
-               "--optimize-every", "3"]    # maintenance (state collection, Z-order) often: some kills land in it
+               "--optimize-every", "5"]    # maintenance (state collection, Z-order) often: some kills land in it
         for table, keys in TABLES.items():
             cmd += ["--table", f"{table}={','.join(keys)}"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
