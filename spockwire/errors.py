@@ -6,12 +6,17 @@ class with the same text at the same offset.
 """
 from __future__ import annotations
 
-__all__ = ["SpockwireError", "ProtocolError", "TruncatedMessage", "FrameError", "protocol_error", "truncated",
-           "copy_truncated", "copy_error", "SparkEnvironmentError"]
+__all__ = ["SpockwireError", "ProtocolError", "StaleChangesError", "TruncatedMessage", "FrameError",
+           "protocol_error", "truncated", "copy_truncated", "copy_error", "SparkEnvironmentError"]
 
 
 class SpockwireError(Exception):
     """Base of every error spockwire raises on purpose."""
+
+
+class StaleChangesError(SpockwireError, ValueError):
+    """Changes older than a target's collected state: their tombstones and truncates were removed on the promise
+    that no change before that position could arrive any more (`spockwire.spark.collect_state`)."""
 
 
 class ProtocolError(SpockwireError, ValueError):

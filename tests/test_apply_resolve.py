@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spockwire.spark.arrow_target import ArrowTarget
-from spockwire.spark.resolve import DEFAULT_SEQUENCE, Stored, make_plan, resolve, scd2_columns
+from spockwire.errors import StaleChangesError
+from spockwire.spark.resolve import DEFAULT_SEQUENCE, Stored, first_position, make_plan, resolve, scd2_columns
 from tests.apply_oracle import COLUMNS, T0, replay_scd1, replay_scd2, workload
 
 SCHEMA = pa.schema([("_change_type", pa.string()), ("_commit_lsn", pa.int64()),
@@ -34,10 +35,12 @@ def to_arrow(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist([{f.name: r.get(f.name) for f in SCHEMA} for r in rows], schema=SCHEMA)
 
 
-def apply_all(batches: list[list[dict]], scd: int, keys=("h", "id"), crash: bool = False
+def apply_all(batches: list[list[dict]], scd: int, keys=("h", "id"), crash: bool = False, collect: bool = False
               ) -> tuple[ArrowTarget, list]:
     """Apply the batches in turn; `crash`: each batch first fails between its state write and its table write
-    (the state holds its deletes and truncates, the table not), then is applied again."""
+    (the state holds its deletes and truncates, the table not), then is applied again; `collect`: after each
+    batch, the state before its first change is collected (the pipeline job's rule: only the current batch can
+    come again)."""
     plan = make_plan(SCHEMA.names, list(keys), DEFAULT_SEQUENCE, scd, TABLE)
     target = ArrowTarget(plan)
     resolutions = []
@@ -48,6 +51,8 @@ def apply_all(batches: list[list[dict]], scd: int, keys=("h", "id"), crash: bool
         res = resolve(batch, plan, target.stored(batch.select(list(keys))), TABLE)
         target.apply(res, TABLE)
         resolutions.append(res)
+        if collect:
+            target.collect(first_position(batch))
     return target, resolutions
 
 
@@ -107,8 +112,16 @@ def test_resolution_equals_the_replay_of_10000_histories(seed, transactions, bat
     if mode == "duplicated rows":   # a batch holding some of its rows twice
         combined = [rows + rnd.sample(rows, k=len(rows) // 3) for rows in combined]
     kinds = {r["_change_type"] for rows in combined for r in rows}
+    # replayed batches and crashes with the state collected after every batch (the replay of the current batch
+    # is still possible, and must still be resolved right); in order and duplicated rows without
+    collect = mode == "replayed" or mode.startswith("retried")
     for scd in (1, 2):
-        target, _ = apply_all(combined, scd, crash=mode.startswith("retried"))
+        target, _ = apply_all(combined, scd, crash=mode.startswith("retried"), collect=collect)
+        if collect and target.state is not None and order[-1] != order[0]:
+            # a batch from before the collected position cannot arrive from a stream any more: refused
+            first = to_arrow(combined[0])
+            with pytest.raises(StaleChangesError):
+                resolve(first, target.plan, target.stored(first.select(["h", "id"])), TABLE)
         got = by_history(target, scd)
         for h, hist in enumerate(histories):
             everything = sum(hist, [])
@@ -125,7 +138,8 @@ def test_the_histories_reach_every_path():
     rnd = random.Random(5)
     fresh = sequential = 0
     kinds = set()
-    for _ in range(20):
+    state_rows = {False: 0, True: 0}
+    for i in range(20):
         txs = workload(rnd.getrandbits(32), 16, keys=4, truncate_at=frozenset({9}))
         _one_table([txs])
         batches = [sum(txs[i:i + 3], []) for i in range(0, 16, 3)]
@@ -135,8 +149,13 @@ def test_the_histories_reach_every_path():
             _, resolutions = apply_all(replayed, scd)
             fresh += sum(r.fresh_keys for r in resolutions)
             sequential += sum(r.sequential_keys for r in resolutions)
+            if i < 5:   # the collection removes state rows (a collected target keeps its mark and the last batch's)
+                for collect in (False, True):
+                    target, _ = apply_all(replayed, scd, collect=collect)
+                    state_rows[collect] += target.state.num_rows if target.state is not None else 0
     assert kinds == {"insert", "update_preimage", "update_postimage", "delete", "truncate"}
     assert fresh > 100 and sequential > 20
+    assert state_rows[True] < state_rows[False] / 2, state_rows
 
 
 def _bulk(n: int, kind: str = "insert", lsn: int = 10, first_id: int = 0) -> pa.Table:

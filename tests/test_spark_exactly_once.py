@@ -116,8 +116,9 @@ class Job:
         cmd = [sys.executable, "-m", "spockwire.spark.job", "--dsn", db.dsn, "--slot", f"{db.name}_s"[:63],
                "--publication", "pub", "--target", str(work / "delta"), "--checkpoint", str(work / "ck"),
                "--master", "local[1]", "--max-changes-per-batch", "400", "--starting-position", "snapshot",
-               "--option", "snapshotChunkPages=4", "--option", "snapshotChunksPerBatch=1"] + \
-            (["--history"] if history else [])
+               "--option", "snapshotChunkPages=4", "--option", "snapshotChunksPerBatch=1",
+               "--optimize-every", "5"] + \
+            (["--history"] if history else [])      # maintenance (state collection, Z-order) often: some kills land in it
         for table, keys in TABLES.items():
             cmd += ["--table", f"{table}={','.join(keys)}"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))

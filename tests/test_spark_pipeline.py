@@ -88,3 +88,46 @@ def test_a_table_without_a_key_is_an_error_at_start(pg_db, tmp_path):
     with pytest.raises(ValueError, match=r"public\.logs has no key: .* give one with --table public\.logs=COLUMN"):
         table_keys(cfg)
     assert table_keys(JobConfig(**{**cfg.__dict__, "tables": {"public.logs": ("at",)}})) == {"public.logs": ["at"]}
+
+
+def test_tables_and_their_state_stay_small_over_16_micro_batches(spark, pg_db, tmp_path):
+    """The soak (benchmarks/bench_soak.py) in small: 16 micro-batches of mixed changes (updates, deletes, inserts,
+    two truncates) through the job with its maintenance on; the table's data files and the state's rows stay
+    bounded, and the table equals the source."""
+    import deltalake
+
+    from benchmarks.bench_pipeline import COLUMNS as SOAK_COLUMNS
+    from benchmarks.bench_soak import soak_batch, soak_setup
+    from spockwire.spark.maintenance import MaintenanceOptions
+
+    soak_setup(pg_db.execute, "t", 2000)
+    pg_db.execute("CREATE PUBLICATION pub FOR TABLE t")
+    cfg = JobConfig(dsn=pg_db.dsn, slot=_slot(pg_db), publication=["pub"], tables={"public.t": ("id",)},
+                    target=str(tmp_path / "delta"), checkpoint=str(tmp_path / "ck"), starting_position="snapshot",
+                    trigger_seconds=0.1, max_changes_per_batch=60,   # about one transaction per micro-batch
+                    maintenance=MaintenanceOptions(optimize_every=5, small_files=3))
+    reports = []
+    query = start(spark, cfg, reports.append)
+    deletes = 0
+    try:
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        for k in range(16):
+            truncate = k in (6, 12)
+            soak_batch(pg_db.execute, "t", k, 50, truncate, 500)
+            deletes += 0 if truncate else 10
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        time.sleep(0.5)   # the last batch's report
+    finally:
+        query.stop()
+    steps = [r.maintenance["public.t"] for r in reports if "public.t" in r.maintenance]
+    assert len(steps) >= 12
+    assert sum("optimized" in s for s in steps) >= 3
+    assert sum(s.get("state_collected", 0) for s in steps) >= deletes / 2
+    # bounded: the files by the small-file threshold, the state by the batches between two collections
+    assert max(s["files"] for s in steps) <= 3
+    assert max(s["state_files"] for s in steps) <= 3
+    assert max(s["state_rows"] for s in steps) <= 3 * 10 + 3, [s["state_rows"] for s in steps]
+    got = deltalake.DeltaTable(target_path(cfg.target, "public.t")).to_pyarrow_table(columns=SOAK_COLUMNS)
+    source = pg_db.query(f"SELECT {', '.join(SOAK_COLUMNS)} FROM t")
+    assert sorted(tuple(_norm(v) for v in r.values()) for r in got.to_pylist()) == \
+        sorted(tuple(_norm(v) for v in r) for r in source)

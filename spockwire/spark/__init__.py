@@ -7,6 +7,7 @@ DataFrame, `apply_changes` to Delta/Parquet/in-memory tables, and distributed de
     sws.apply_changes(changes, target="/data/orders", format="delta", keys=["id"])   # stored_as_scd_type=1|2
     df = sws.decode_frame_file(spark, "capture.spwf", table="public.orders")
     events = sws.autocdc_changes(changes, keys=["id"])   # for create_auto_cdc_flow (AUTO CDC)
+    sws.collect_state("/data/orders", before=(lsn, seq))   # no change before (lsn, seq) can arrive any more
 
 See docs/spark.md.
 """
@@ -15,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["register", "apply_changes", "apply_to_dataframe", "decode_frame_file", "read_staging",
-           "read_staging_stream", "select_table", "scd2_columns", "ApplyMetrics", "autocdc_changes", "CHANGE_COLUMNS"]
+           "read_staging_stream", "select_table", "scd2_columns", "ApplyMetrics", "autocdc_changes", "CHANGE_COLUMNS",
+           "collect_state", "first_position"]
 
 
 def register(spark: Any, *, check_workers: bool = True) -> None:
@@ -51,6 +53,12 @@ def __getattr__(name: str) -> Any:
     if name == "CHANGE_COLUMNS":
         from .schema import CHANGE_COLUMNS
         return CHANGE_COLUMNS
+    if name == "collect_state":
+        from .maintenance import collect_state
+        return collect_state
+    if name == "first_position":
+        from .resolve import first_position
+        return first_position
     if name == "decode_frame_file":
         from .distributed import decode_frame_file
         return decode_frame_file

@@ -12,12 +12,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .resolve import DELETE, OP, Plan, Resolution, Stored
+from .resolve import DELETE, OP, Plan, Resolution, Stored, _sk
 
-__all__ = ["ArrowTarget", "STATE_KIND", "keys_in", "before", "state_rows", "truncate_positions", "unify"]
+__all__ = ["ArrowTarget", "STATE_KIND", "COLLECTED", "keys_in", "before", "state_rows", "truncate_positions",
+           "collected_position", "collected_state", "unify"]
 
-#: state rows: delete (a tombstone) | truncate
+#: state rows: delete (a tombstone) | truncate | collected (the position before which the state was collected)
 STATE_KIND = "_sw_state"
+COLLECTED = "collected"
 _TS = pa.timestamp("us", tz="UTC")
 
 
@@ -108,6 +110,32 @@ def truncate_positions(state: pa.Table | None, plan: Plan) -> list[tuple[tuple, 
     return sorted(found.items(), key=lambda t: tuple((x is not None, x) for x in t[0]))
 
 
+def collected_position(state: pa.Table | None, plan: Plan) -> tuple | None:
+    """The position before which `state` was collected (its tombstones and truncates removed), or None."""
+    if state is None or state.num_rows == 0:
+        return None
+    rows = state.filter(pc.fill_null(pc.equal(state.column(STATE_KIND), COLLECTED), False))
+    seqs = [rows.column(c).to_pylist() for c in plan.seq]
+    found = [tuple(s[i] for s in seqs) for i in range(rows.num_rows)]
+    return max(found, key=_sk) if found else None
+
+
+def collected_state(state: pa.Table, plan: Plan, position: tuple) -> tuple[pa.Table, int]:
+    """`state` without its tombstones and truncates before `position` (and its earlier collected marks), with a
+    collected mark at `position` (or the earlier mark's, when later); also the number of rows removed."""
+    kinds = state.column(STATE_KIND)
+    old = collected_position(state, plan)
+    if old is not None and _sk(old) > _sk(position):
+        position = old
+    gone = before(state, plan.seq, position) & np.asarray(
+        pc.fill_null(pc.is_in(kinds, pa.array(["delete", "truncate"])), False).to_numpy(zero_copy_only=False))
+    marks = np.asarray(pc.fill_null(pc.equal(kinds, COLLECTED), False).to_numpy(zero_copy_only=False))
+    kept = state.filter(pa.array(~(gone | marks)))
+    mark = pa.table({STATE_KIND: pa.array([COLLECTED], pa.string()),
+                     **{c: pa.array([v]) for c, v in zip(plan.seq, position)}})
+    return pa.concat_tables([kept, unify(mark, state.schema)]), int(gone.sum())
+
+
 @dataclass
 class ArrowTarget:
     """A table and its state as Arrow tables (None: empty)."""
@@ -127,7 +155,15 @@ class ArrowTarget:
         if self.state is not None and self.state.num_rows:
             dels = self.state.filter(pc.equal(self.state.column(STATE_KIND), "delete"))
             tombs = dels.filter(pa.array(keys_in(dels, plan.keys, batch_keys)))
-        return Stored(rows, tombs, truncate_positions(self.state, plan))
+        return Stored(rows, tombs, truncate_positions(self.state, plan), collected_position(self.state, plan))
+
+    def collect(self, position: tuple) -> int:
+        """Forget the tombstones and truncates before `position` (no change before it can arrive any more); the
+        number of state rows removed."""
+        if self.state is None or self.state.num_rows == 0:
+            return 0
+        self.state, removed = collected_state(self.state, self.plan, position)
+        return removed
 
     def apply(self, res: Resolution, table_cols: Sequence[str]) -> None:
         """Write a resolution: the state (its deletes and truncates), then the table (as the Delta target does)."""

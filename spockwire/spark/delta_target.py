@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrow_target import STATE_KIND, keys_in, state_rows, truncate_positions, unify
+from .arrow_target import COLLECTED, STATE_KIND, collected_position, keys_in, state_rows, truncate_positions, unify
 from .resolve import DELETE, OP, UPSERT, Plan, Resolution, Stored
 
 __all__ = ["DeltaTarget", "STATE_DIR", "deltalake_module", "open_delta"]
@@ -174,9 +174,12 @@ class DeltaTarget:
         if self.dt is not None:
             rows, metrics.files_read, metrics.files_in_table = read_keys(self.dt, plan.keys, touched)
         truncates: list = []
+        collected = None
         if self.state is not None:
             ds = self.state.to_pyarrow_dataset()
-            truncates = truncate_positions(ds.to_table(filter=pc.field(STATE_KIND) == "truncate"), plan)
+            marks = ds.to_table(filter=pc.field(STATE_KIND).isin(["truncate", COLLECTED]))
+            truncates = truncate_positions(marks, plan)
+            collected = collected_position(marks, plan)
             keys = _key_filter(plan.keys, touched)
             dels = pc.field(STATE_KIND) == "delete"
             tombs = ds.to_table(filter=dels & keys if keys is not None else dels)
@@ -185,7 +188,7 @@ class DeltaTarget:
         self.known_truncates = {p for p, _ in truncates}
         metrics.stored_rows_read = (rows.num_rows if rows is not None else 0) + \
             (tombs.num_rows if tombs is not None else 0)
-        return Stored(rows, tombs, truncates)
+        return Stored(rows, tombs, truncates, collected)
 
     def write(self, res: Resolution, table_cols: list[str], token: tuple[str, int] | None, metrics: Any,
               append_only: bool) -> None:

@@ -33,6 +33,8 @@ from typing import Any, Callable, Mapping, Sequence, TextIO
 from ..errors import SparkEnvironmentError, SpockwireError
 from .apply import target_path
 from .environment import check_java
+from .maintenance import (DEFAULT_SMALL_FILES, DEFAULT_VACUUM_RETENTION_HOURS, MIN_VACUUM_RETENTION_HOURS,
+                          Maintenance, MaintenanceOptions)
 
 __all__ = ["JobConfig", "BatchReport", "JobError", "spark_session", "target_path", "start", "wait_caught_up", "run",
            "main"]
@@ -60,6 +62,8 @@ class JobConfig:
     extra_options: Mapping[str, str] = field(default_factory=dict)
     history: bool = False                         # also an SCD 2 table per source table (<table>_history)
     password: str | None = field(default=None, repr=False)   # never part of `dsn`: the source's password option
+    # after a micro-batch: state collection, OPTIMIZE, VACUUM of the tables it wrote (None: none)
+    maintenance: MaintenanceOptions | None = field(default_factory=MaintenanceOptions)
 
 
 @dataclass
@@ -75,6 +79,7 @@ class BatchReport:
     lag_p50: float | None = None     # commit-to-Delta lag of its changes (seconds; snapshot rows left out)
     lag_p95: float | None = None
     read_seconds: float = 0.0        # reading the micro-batch into the driver (the source's read, Spark's job)
+    maintenance: dict[str, dict] = field(default_factory=dict)   # per Delta table: maintenance.Maintenance's report
 
 
 def staging_path(cfg: JobConfig) -> str:
@@ -88,7 +93,8 @@ def report_line(b: BatchReport) -> dict:
         return None if x is None else round(x, 3)
 
     return {"batch": b.batch_id, "rows": b.rows, "snapshot_rows": b.snapshot_rows, "seconds": r(b.seconds),
-            "read_seconds": r(b.read_seconds), "lag_p50": r(b.lag_p50), "lag_p95": r(b.lag_p95)}
+            "read_seconds": r(b.read_seconds), "lag_p50": r(b.lag_p50), "lag_p95": r(b.lag_p95),
+            **({"maintenance": b.maintenance} if b.maintenance else {})}
 
 
 def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", impl: str | None = None,
@@ -163,8 +169,10 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
     after the driver died between the Delta commit and Spark's checkpoint is skipped by the tables that hold it
     (and would change nothing anyway: `apply_changes` is idempotent per key)."""
     from .apply import apply_changes
+    from .resolve import first_position
 
     keys = table_keys(cfg)
+    maintenance = Maintenance(cfg.maintenance) if cfg.maintenance is not None else None
 
     def run(df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
@@ -172,6 +180,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
         timings = {"read": time.monotonic() - t0}
         token = (f"spockwire-{query_id()}", int(batch_id)) if query_id is not None else None
         commit_ts: list[Any] = []
+        maintained: dict[str, dict] = {}
 
         def one(table: str) -> None:
             changes = batch.changes(table)
@@ -184,6 +193,9 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
                 apply_changes(changes, path, format="delta", engine="delta-rs", keys=keys[table],
                               stored_as_scd_type=2 if history else 1, idempotence=token)
                 timings[table + ("_history" if history else "")] = time.monotonic() - t1
+                if maintenance is not None:   # spark/maintenance.py: every earlier micro-batch is committed
+                    maintained[os.path.basename(path)] = maintenance.after_batch(path, keys[table],
+                                                                                 first_position(changes))
 
         # the tables are independent: their resolution and delta-rs writes run side by side
         with ThreadPoolExecutor(max_workers=min(4, len(cfg.tables))) as pool:
@@ -197,7 +209,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
             on_batch(BatchReport(batch_id, {t: int(batch.rows.get(t, 0)) for t in cfg.tables},
                                  time.monotonic() - t0, batch.last_lsn, sum(batch.snapshot.values()),
                                  {t: batch.snapshot.get(t, 0) for t in cfg.tables}, lag[0], lag[1],
-                                 timings["read"]))
+                                 timings["read"], maintained))
 
     return run
 
@@ -653,6 +665,31 @@ def _parse_table(text: str) -> tuple[str, tuple[str, ...] | None]:
     return name, tuple(k.strip() for k in keys.split(",") if k.strip()) or None
 
 
+def _count(text: str) -> int:
+    """--optimize-every / --optimize-small-files: 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (0 or more)")
+    return n
+
+
+def _retention(text: str) -> float | None:
+    """--vacuum-retention-hours: whole hours, at least the minimum, or off."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        hours = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of hours (or off)") from None
+    if hours < MIN_VACUUM_RETENTION_HOURS:
+        raise argparse.ArgumentTypeError(f"{hours} is below the minimum of {MIN_VACUUM_RETENTION_HOURS:g} hour(s): "
+                                         f"readers of recent versions would fail")
+    return float(hours)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m spockwire.spark.job", description=__doc__.split("\n\n")[0])
     p.add_argument("--dsn", required=True)
@@ -668,6 +705,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="any other option of the spockwire source (snapshotChunkPages=64, ...); repeatable")
     p.add_argument("--history", action="store_true",
                    help="also keep an SCD 2 table per source table (<target>/<schema>.<table>_history)")
+    p.add_argument("--optimize-every", type=_count, default=0, metavar="N",
+                   help="OPTIMIZE a table every N micro-batches that wrote it (default 0: by --optimize-small-files)")
+    p.add_argument("--optimize-small-files", type=_count, default=DEFAULT_SMALL_FILES, metavar="K",
+                   help=f"OPTIMIZE a table once it has K data files under half the target file size (default "
+                        f"{DEFAULT_SMALL_FILES}; 0: never)")
+    p.add_argument("--optimize-mode", choices=("zorder", "compact"), default="zorder",
+                   help="zorder (default): rewrite the table Z-ordered by its key, for key-range file pruning; "
+                        "compact: bin small files only")
+    p.add_argument("--vacuum-retention-hours", type=_retention, default=DEFAULT_VACUUM_RETENTION_HOURS, metavar="H",
+                   help=f"after an OPTIMIZE, VACUUM files older than H hours that no version references (default "
+                        f"{DEFAULT_VACUUM_RETENTION_HOURS:g}; at least {MIN_VACUUM_RETENTION_HOURS:g}; off: no VACUUM)")
+    p.add_argument("--no-maintenance", action="store_true",
+                   help="no state collection, OPTIMIZE or VACUUM")
     p.add_argument("--master", default="local[2]", help="local[N], or a cluster's master (spark://host:7077, ...)")
     p.add_argument("--conf", action="append", default=[], metavar="NAME=VALUE",
                    help="a Spark setting (spark.executor.memory=2g, spark.executorEnv.PYTHONPATH=...); repeatable")
@@ -682,7 +732,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     tables=dict(_parse_table(t) for t in args.table), target=args.target,
                     checkpoint=args.checkpoint, starting_position=args.starting_position,
                     max_changes_per_batch=args.max_changes_per_batch,
-                    extra_options=dict(o.split("=", 1) for o in args.option), history=args.history)
+                    extra_options=dict(o.split("=", 1) for o in args.option), history=args.history,
+                    maintenance=None if args.no_maintenance else MaintenanceOptions(
+                        optimize_every=args.optimize_every, small_files=args.optimize_small_files,
+                        zorder=args.optimize_mode == "zorder", vacuum_retention_hours=args.vacuum_retention_hours))
     from .signals import stop_on_signals
 
     with stop_on_signals() as stop:

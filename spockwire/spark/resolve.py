@@ -39,8 +39,8 @@ from .resolve_frame import (DEFAULT_SEQUENCE, DELETE, OP, UPSERT, VERSION, _NO, 
                             scd2_columns)
 from .resolve_sequential import _moved_keys, _sequential
 
-__all__ = ["Plan", "Stored", "Resolution", "make_plan", "resolve", "scd2_columns", "DEFAULT_SEQUENCE",
-           "OP", "UPSERT", "DELETE", "VERSION"]
+__all__ = ["Plan", "Stored", "Resolution", "make_plan", "resolve", "scd2_columns", "first_position",
+           "DEFAULT_SEQUENCE", "OP", "UPSERT", "DELETE", "VERSION"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -52,6 +52,8 @@ def resolve(changes: pa.Table, plan: Plan, stored: Stored, table_cols: Sequence[
 
     `table_cols`: the table's columns after this batch; `out_types`: the type of each table column in the target
     (default: the batch's, then the stored rows')."""
+    if stored.collected is not None:
+        _check_not_collected(changes, plan, stored.collected)
     changes, batch_truncates = _truncates(changes, plan)
     ev = _events(changes, plan, table_cols)
     appended = _appended(ev, plan, stored, batch_truncates, table_cols, out_types or {})
@@ -119,6 +121,26 @@ def _appended(ev: _Events, plan: Plan, stored: Stored, batch_truncates: list, ta
 
 def _repeat(text: str, n: int) -> pa.Array:
     return pa.array([text], pa.string()).take(pa.array(np.zeros(n, np.int32)))
+
+
+def _check_not_collected(changes: pa.Table, plan: Plan, collected: tuple) -> None:
+    """Changes before the target's collected position would be resolved without the tombstones and truncates that
+    decided their keys (a deleted key could come back): refused."""
+    from ..errors import StaleChangesError
+
+    if changes.num_rows == 0:
+        return
+    first = _first_position(changes, plan.seq)
+    if first is None or _sk(first) < _sk(collected):
+        raise StaleChangesError(
+            f"changes at {dict(zip(plan.seq, first)) if first else 'a NULL position'} are older than the target's "
+            f"collected state ({dict(zip(plan.seq, collected))}): its tombstones and truncates before that position "
+            f"were removed on the promise that no such change could arrive any more (collect_state)")
+
+
+def first_position(t: pa.Table, seq: Sequence[str] = DEFAULT_SEQUENCE) -> tuple | None:
+    """The smallest sequence tuple of `t`'s rows (None when it has none, or a sequence value is NULL)."""
+    return _first_position(t, seq) if t.num_rows else None
 
 
 def _first_position(t: pa.Table, seq: Sequence[str]) -> tuple | None:

@@ -95,11 +95,14 @@ class Stored:
 
     `rows`: SCD 1 the table's columns and the sequence columns (NULL sequence: a plain table's row, older than any
     change); SCD 2 the table's columns and the validity columns. `tombstones`: the keys' remembered deletes (keys,
-    sequence columns, ``_commit_ts``). `truncates`: every stored truncate, ``(sequence tuple, commit time)``."""
+    sequence columns, ``_commit_ts``). `truncates`: every stored truncate, ``(sequence tuple, commit time)``.
+    `collected`: the position before which the target's tombstones and truncates were collected (no change before
+    it may arrive any more), or None."""
 
     rows: pa.Table | None = None
     tombstones: pa.Table | None = None
     truncates: list[tuple[tuple, Any]] = field(default_factory=list)
+    collected: tuple | None = None
 
 
 @dataclass
