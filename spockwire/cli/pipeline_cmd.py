@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..spark.maintenance import (DEFAULT_SMALL_FILES, DEFAULT_VACUUM_RETENTION_HOURS, MaintenanceOptions,
+                                 count_option, retention_option)
 from ..spark.signals import stop_on_signals
 from .common import IMPL
 from .config import CONFIG, ConfigError, Setting, add_settings, positive_int, resolve
@@ -54,9 +56,21 @@ TIMEOUT = Setting("timeout", "--until-caught-up: fail when not caught up within 
                   default=600.0, metavar="SECONDS")
 PROGRESS = Setting("progress", "one line per micro-batch on stderr: rows, rows/s, commit-to-Delta lag",
                    is_flag=True, default=True)
+OPTIMIZE_EVERY = Setting("optimize_every", "OPTIMIZE a table every N micro-batches that wrote it (0: by "
+                         "--optimize-small-files)", type=count_option, default=0, metavar="N")
+OPTIMIZE_SMALL_FILES = Setting("optimize_small_files", "OPTIMIZE a table once it has K data files under half the "
+                               "target file size (0: never)", type=count_option, default=DEFAULT_SMALL_FILES, metavar="K")
+OPTIMIZE_MODE = Setting("optimize_mode", "zorder: rewrite Z-ordered by the key (for key-range pruning); compact: bin "
+                        "small files only", choices=("zorder", "compact"), default="zorder")
+VACUUM_RETENTION_HOURS = Setting("vacuum_retention_hours", "after an OPTIMIZE, VACUUM files older than H hours that "
+                                 "no version references (off: no VACUUM)", type=retention_option,
+                                 default=DEFAULT_VACUUM_RETENTION_HOURS, metavar="H")
+MAINTENANCE = Setting("maintenance", "state collection, OPTIMIZE and VACUUM after micro-batches (--no-maintenance: "
+                      "none)", is_flag=True, default=True)
 SETTINGS = (CONFIG, IMPL, DSN, PASSWORD, PASSWORD_FILE, SLOT, PUBLICATION, CREATE_SLOT, TABLE, TARGET, CHECKPOINT,
             STARTING_POSITION, MAX_CHANGES_PER_BATCH, TRIGGER_SECONDS, OPTION, HISTORY, MASTER, SPARK_CONF,
-            UNTIL_CAUGHT_UP, TIMEOUT, METRICS_PORT, METRICS_HOST, PROGRESS, LOG_FORMAT)
+            UNTIL_CAUGHT_UP, TIMEOUT, OPTIMIZE_EVERY, OPTIMIZE_SMALL_FILES, OPTIMIZE_MODE, VACUUM_RETENTION_HOURS,
+            MAINTENANCE, METRICS_PORT, METRICS_HOST, PROGRESS, LOG_FORMAT)
 
 
 def register(subparsers: Any) -> None:
@@ -110,7 +124,12 @@ def job_config(cfg: Any) -> Any:
                      starting_position=None if cfg.starting_position == "slot" else cfg.starting_position,
                      max_changes_per_batch=cfg.max_changes_per_batch, trigger_seconds=cfg.trigger_seconds,
                      create_slot=cfg.create_slot, extra_options=options, history=cfg.history,
-                     password=_password(cfg))
+                     password=_password(cfg),
+                     maintenance=MaintenanceOptions(optimize_every=cfg.optimize_every,
+                                                    small_files=cfg.optimize_small_files,
+                                                    zorder=cfg.optimize_mode == "zorder",
+                                                    vacuum_retention_hours=cfg.vacuum_retention_hours)
+                     if cfg.maintenance else None)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ from ..errors import SparkEnvironmentError, SpockwireError
 from .apply import target_path
 from .environment import check_java
 from .maintenance import (DEFAULT_SMALL_FILES, DEFAULT_VACUUM_RETENTION_HOURS, MIN_VACUUM_RETENTION_HOURS,
-                          Maintenance, MaintenanceOptions)
+                          Maintenance, MaintenanceOptions, count_option, retention_option)
 
 __all__ = ["JobConfig", "BatchReport", "JobError", "spark_session", "target_path", "start", "wait_caught_up", "run",
            "main"]
@@ -668,26 +668,17 @@ def _parse_table(text: str) -> tuple[str, tuple[str, ...] | None]:
 def _count(text: str) -> int:
     """--optimize-every / --optimize-small-files: 0 or more."""
     try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count (0 or more)")
-    return n
+        return count_option(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _retention(text: str) -> float | None:
     """--vacuum-retention-hours: whole hours, at least the minimum, or off."""
-    if text.strip().lower() == "off":
-        return None
     try:
-        hours = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of hours (or off)") from None
-    if hours < MIN_VACUUM_RETENTION_HOURS:
-        raise argparse.ArgumentTypeError(f"{hours} is below the minimum of {MIN_VACUUM_RETENTION_HOURS:g} hour(s): "
-                                         f"readers of recent versions would fail")
-    return float(hours)
+        return retention_option(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,6 +29,7 @@ from .delta_target import STATE_DIR, TARGET_FILE_BYTES, _plain, _q, open_delta, 
 from .resolve import DEFAULT_SEQUENCE, _sk
 
 __all__ = ["collect_state", "optimize", "vacuum", "file_stats", "FileStats", "Maintenance", "MaintenanceOptions",
+           "count_option", "retention_option",
            "DEFAULT_SMALL_FILES", "DEFAULT_VACUUM_RETENTION_HOURS", "MIN_VACUUM_RETENTION_HOURS"]
 
 #: OPTIMIZE a table once it has this many small files (data files under half the target file size)
@@ -256,3 +257,28 @@ class Maintenance:
         out.update(files=table.files, state_files=state.files, state_rows=state.rows,
                    seconds=round(time.monotonic() - t0, 3))
         return out
+
+
+def count_option(text: str) -> int:
+    """An --optimize-every / --optimize-small-files value: a count, 0 or more (ValueError otherwise)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{text!r} is not a count (0 or more)")
+    return n
+
+
+def retention_option(text: str) -> float | None:
+    """A --vacuum-retention-hours value: whole hours, at least MIN_VACUUM_RETENTION_HOURS, or ``off`` (None)."""
+    if str(text).strip().lower() == "off":
+        return None
+    try:
+        hours = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number of hours (or off)") from None
+    if hours < MIN_VACUUM_RETENTION_HOURS:
+        raise ValueError(f"{hours} is below the minimum of {MIN_VACUUM_RETENTION_HOURS:g} hour(s): readers of recent "
+                         f"versions would fail")
+    return float(hours)
