@@ -221,6 +221,35 @@ def pipeline(infos: list[dict], out: Path, date: str) -> Path | None:
     return _save(fig, out, "bench_pipeline.svg")
 
 
+def soak(record: dict | None, out: Path) -> Path | None:
+    """The soak's micro-batches: seconds each (and a rolling median), state rows and table files."""
+    if not record or not record.get("batches"):
+        return None
+    batches = record["batches"]
+    x = [b["batch"] for b in batches]
+    secs = [b["seconds"] for b in batches]
+    window = int(record["summary"].get("window", 50))
+    rolling = [sorted(secs[max(0, i - window + 1):i + 1])[len(secs[max(0, i - window + 1):i + 1]) // 2]
+               for i in range(len(secs))]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True, height_ratios=[3, 2])
+    top.scatter(x, secs, s=4, color=OURS_LIGHT, label="seconds per micro-batch")
+    top.plot(x, rolling, color=OURS, linewidth=1.6, label=f"median of the last {window}")
+    top.set_ylabel("seconds")
+    top.legend(fontsize=7, frameon=False, loc="upper right")
+    top.set_title("500 micro-batches with state collection and OPTIMIZE (benchmarks/bench_soak.py)", loc="left")
+    bottom.plot(x, [b["state_rows"] for b in batches], color=PEER, linewidth=1, label="state rows")
+    bottom.set_ylabel("state rows")
+    files = bottom.twinx()
+    files.plot(x, [b["files"] for b in batches], color=TARGET, linewidth=1, label="table data files")
+    files.set_ylabel("table files")
+    bottom.set_xlabel("micro-batch")
+    lines = bottom.get_lines() + files.get_lines()
+    bottom.legend(lines, [ln.get_label() for ln in lines], fontsize=7, frameon=False, loc="upper left")
+    fig.text(0, -0.02, f"One run ({record['when']}) on 2 cores shared with other work: the shape, not a quiet "
+             "machine's seconds. BENCHMARKS.md", fontsize=7, color="#57606a")
+    return _save(fig, out, "bench_soak.svg")
+
+
 def _short(label: str) -> str:
     return label.replace(" into Delta (SCD 1), net", "").replace(" (SCD 1), net", "").replace(", net", "")
 
@@ -241,7 +270,8 @@ def draw(run: dict, pipeline_run: dict | None, out: Path) -> list[Path]:
             live(report.e2e_tables([b for b in benches if runs.is_e2e(b)]), out, date),
             snapshot(report.snapshot_rows(snap), out, date, snap_rows),
             pipeline(report.pipeline_infos([b for b in pipe_run.get("benchmarks", []) if runs.is_pipeline(b)]), out,
-                     pipe_run.get("datetime", ""))]
+                     pipe_run.get("datetime", "")),
+            soak(runs.load_soak(), out)]
     return [p for p in made if p is not None]
 
 

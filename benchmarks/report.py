@@ -31,7 +31,8 @@ CHARTS = (("bench_headline.svg", "Decoding the narrow workload: spockwire agains
           ("bench_decode.svg", "Decoding the same captured changes: spockwire against its peers, six workloads"),
           ("bench_live.svg", "Streaming from a live slot: rows/s against pg_recvlogical and the server's own decode"),
           ("bench_snapshot.svg", "Reading a whole table: read_table against ADBC, connectorx and the raw COPY"),
-          ("bench_pipeline.svg", "The Spark pipeline into Delta: measured rates against targets and anchors"))
+          ("bench_pipeline.svg", "The Spark pipeline into Delta: measured rates against targets and anchors"),
+          ("bench_soak.svg", "500 micro-batches with state collection and OPTIMIZE: seconds, state rows, files"))
 IMAGES = "docs/images"
 
 
@@ -42,8 +43,9 @@ def _machine(info: dict) -> str:
             f"{info.get('release', '')}")
 
 
-def render(data: dict, pipeline_run: dict | None = None) -> str:
-    """BENCHMARKS.md from a run; the pipeline section from `pipeline_run` when given (a run of its own)."""
+def render(data: dict, pipeline_run: dict | None = None, soak: dict | None = None) -> str:
+    """BENCHMARKS.md from a run; the pipeline section from `pipeline_run` when given (a run of its own); the soak
+    section from `soak` (benchmarks/bench_soak.py's record)."""
     groups: dict[str, list[dict]] = defaultdict(list)
     peers = [b for b in data["benchmarks"] if runs.is_peer(b)]
     e2e = [b for b in data["benchmarks"] if runs.is_e2e(b)]
@@ -66,6 +68,7 @@ def render(data: dict, pipeline_run: dict | None = None) -> str:
     lines += _summary(peers, e2e, snapshot, pipeline, pipeline_run)
     lines += _peer_sections(peers) + _e2e_section(e2e) + _snapshot_section(snapshot)
     lines += _pipeline_section(pipeline, pipeline_run)
+    lines += _soak_section(soak)
     if groups:
         lines += ["## Synthetic decode workloads", "",
                   "Each table is one workload measured in one run; `ratio` is the row's rows/s divided by the "
@@ -389,6 +392,38 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
     return lines + [""]
 
 
+def _soak_section(soak: dict | None) -> list[str]:
+    """bench_soak.py: the pipeline job over many micro-batches with its table maintenance on."""
+    if not soak:
+        return []
+    s = soak["summary"]
+    batches = soak["batches"]
+    window = int(s.get("window", 50))
+    lines = ["## Tables that stay fast: the soak", "",
+             f"`benchmarks/bench_soak.py` ({soak['when']}): the pipeline job ({soak['master']}) on a "
+             f"{soak['rows']:,}-row table, then {s['batches']} micro-batches of {soak['changes']:,} changes each "
+             f"(updates, deletes and inserts; a TRUNCATE and a reload every {soak['truncate_every']}th), with state "
+             f"collection, OPTIMIZE (every {soak['optimize_every']} micro-batches, or at {soak['small_files']} small "
+             "files) and VACUUM on. The time per micro-batch must stay flat and the state and the files bounded.", "",
+             "| | batches 50-100 | last 50 | ratio |", "|---|---:|---:|---:|",
+             f"| median seconds per micro-batch | {s['median_s_early']:.2f} | {s['median_s_last']:.2f} | "
+             f"{s['median_s_last'] / s['median_s_early']:.2f} (at most 1.5) |",
+             f"| most state rows (tombstones, truncates) | {s['max_state_rows_early']:,} | "
+             f"{s['max_state_rows_last']:,} | |",
+             f"| most state files | {s['max_state_files_early']} | {s['max_state_files_last']} | |",
+             f"| most table data files | {s['max_files_early']} | {s['max_files_last']} | |", "",
+             f"{len(batches)} micro-batches recorded; OPTIMIZE ran {s['optimized']} times; the table equalled the "
+             f"source at the end ({soak['final_rows']:,} rows). The machine was shared while it ran (load average "
+             f"{_load_range(soak)}): the seconds are the curve's shape, not a quiet machine's. Per-batch figures: "
+             f"benchmarks/results/soak.json; the analysis: benchmarks/analysis.md. Windows of {window} batches.", ""]
+    return lines
+
+
+def _load_range(soak: dict) -> str:
+    samples = [row[0] for row in soak.get("loadavg") or [] if row]
+    return f"{min(samples):.1f}-{max(samples):.1f}" if samples else "not recorded"
+
+
 def _own_run_note(run: dict) -> str:
     info = run.get("machine_info", {})
     load = info.get("loadavg_at_start")
@@ -508,7 +543,7 @@ def main() -> None:
     parser.add_argument("--out", default="BENCHMARKS.md")
     args = parser.parse_args()
     data, pipeline = runs.load(args.json_file, args.pipeline)
-    Path(args.out).write_text(render(data, pipeline))
+    Path(args.out).write_text(render(data, pipeline, runs.load_soak()))
     print(f"wrote {args.out}")
 
 

@@ -2,6 +2,7 @@
 
     benchmarks/results/bench_run.json       the last full run of scripts/bench.sh (pytest-benchmark JSON)
     benchmarks/results/pipeline_run.json    the last run of benchmarks/bench_pipeline.py (the same format)
+    benchmarks/results/soak.json            the last soak of benchmarks/bench_soak.py (its own format: per batch)
 
 A run saved with ``--benchmark-json`` at the default sizes (no SPOCKWIRE_BENCH_* setting) is kept here by ``keep``
 (called from benchmarks/conftest.py when pytest-benchmark writes its JSON): a run holding the decode peers, the end-to-end streams and the snapshot readers becomes
@@ -17,6 +18,13 @@ from typing import Any
 RESULTS = Path(__file__).resolve().with_name("results")
 RUN = RESULTS / "bench_run.json"
 PIPELINE = RESULTS / "pipeline_run.json"
+SOAK = RESULTS / "soak.json"
+
+
+def load_soak(path: str | Path | None = None) -> dict | None:
+    """The soak's record (benchmarks/bench_soak.py), None when there is none."""
+    target = Path(path) if path else SOAK
+    return json.loads(target.read_text()) if target.is_file() else None
 
 
 def is_peer(bench: dict) -> bool:
