@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-pytest_plugins = ["tests.pg_fixtures"]
+pytest_plugins = ["tests.pg_fixtures", "tests.typed_dataset"]
 
 
 # The test tiers, defined here and nowhere else (README, "Development"; the workflows and the wheel builds select

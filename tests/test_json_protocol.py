@@ -20,7 +20,7 @@ from tests.conftest import load_impl
 from tests.test_connection_pg import collect, row_count
 from tests.test_spock_live import sdb  # noqa: F401  (fixture)
 from tests.test_typed_values import (CASES, PGL_BASE, SCHEMA, Dataset, _accepts_xml, _insert_sql,  # noqa: F401
-                                     _storage, dataset)
+                                     _storage)
 
 IMPLS = ("c", "python")
 #: fixtures of this module that reach a server dynamically (tests/conftest.py marks the tests using them `pg`)

@@ -195,6 +195,9 @@ def test_register_names_the_worker_interpreter_that_cannot_import_spockwire(tmp_
     script.write_text(WORKER_SESSIONS)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
     env["PYTHONPATH"] = python_path()
+    # the sessions' process decodes with this process's implementation, whatever the environment says: the
+    # compiled modules the workers must import (worker_modules(), below) depend on it
+    env["SPOCKWIRE_IMPL"] = spockwire.__impl__
     proc = run([sys.executable, str(script), json.dumps(sessions)], env=env, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.splitlines()[-1])
