@@ -7,8 +7,9 @@
 # benchmarks/bench_*.py with pytest-benchmark into out/bench.json and keeps the run in benchmarks/results/
 # (benchmarks/runs.py: a full run as bench_run.json, the pipeline's measurements as pipeline_run.json); then
 # benchmarks/report.py writes BENCHMARKS.md and benchmarks/charts.py the SVG charts in docs/images/, both from the
-# kept runs (a run of some benchmarks only, with PYTEST ARGS, updates only what it holds: the pipeline; a run at
-# other sizes than the defaults, e.g. SPOCKWIRE_BENCH_SCALE=0.05, is not kept).
+# kept runs (a run of some benchmarks only, with PYTEST ARGS, updates only what it holds: the pipeline, e.g.
+# `scripts/bench.sh -k bench_pipeline` -- a path among the ARGS adds to benchmarks/ instead of narrowing it; a run
+# at other sizes than the defaults, e.g. SPOCKWIRE_BENCH_SCALE=0.05, is not kept).
 # bench_connection.py is skipped because bench_e2e.py runs its tests on its own slot, next to the no-op callback.
 #
 # Every peer is required: a missing one stops the run with a non-zero exit before anything is measured (and a peer
