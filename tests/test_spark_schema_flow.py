@@ -47,7 +47,8 @@ def test_spark_modules_import_one_way():
     assert graph["schema"] == set()
     assert graph["resolve"] == set()
     assert graph["arrow_target"] <= {"resolve"}
-    assert graph["delta_target"] <= {"resolve", "arrow_target"}
+    assert graph["delta_rewrite"] <= {"arrow_target"}
+    assert graph["delta_target"] <= {"resolve", "arrow_target", "delta_rewrite"}
     assert graph["apply"] <= {"schema", "resolve", "arrow_target", "delta_target", "environment"}
     assert graph["batch_files"] <= {"schema"}
     assert all("datasource" not in deps for name, deps in graph.items())

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
@@ -116,6 +117,7 @@ class ApplyMetrics:
     fresh_keys: int = 0            #: keys resolved by the vectorised passes
     sequential_keys: int = 0       #: keys resolved one at a time (late changes, TOAST values across key changes)
     skipped: bool = False          #: the target already held this batch (its idempotence token)
+    seconds: dict = field(default_factory=dict)  #: Delta through delta-rs: seconds per step (stored, resolve, write)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -193,8 +195,12 @@ def _arrow(changes: "DataFrame | pa.Table") -> pa.Table:
 
 
 def _touched(batch: pa.Table, keys: Sequence[str]) -> pa.Table:
-    rows = batch.filter(pc.fill_null(pc.not_equal(batch.column("_change_type"), "truncate"), True))
-    return rows.select(list(keys))
+    """The key columns of the batch's rows (its truncates left out)."""
+    rows = batch.select(list(keys))
+    kinds = batch.column("_change_type")
+    if not pc.any(pc.equal(kinds, "truncate")).as_py():
+        return rows
+    return rows.filter(pc.fill_null(pc.not_equal(kinds, "truncate"), True))
 
 
 def _table_columns(plan: Any, batch: pa.Table, existing: Sequence[str]) -> list[str]:
@@ -217,11 +223,15 @@ def _apply_delta_rs(changes: "DataFrame | pa.Table", path: str, plan: Any,
     batch = _arrow(changes)
     existing, types = target.columns()
     table_cols = _table_columns(plan, batch, existing)
+    t0 = time.perf_counter()
     stored = target.stored(_touched(batch, plan.keys), metrics)
+    t1 = time.perf_counter()
     res = resolve(batch, plan, stored, table_cols, types)
+    t2 = time.perf_counter()
     _count(metrics, res)
     append_only = stored.rows is None or stored.rows.num_rows == 0
     target.write(res, table_cols, idempotence, metrics, append_only)
+    metrics.seconds.update(stored=t1 - t0, resolve=t2 - t1, write=time.perf_counter() - t2)
     return metrics
 
 

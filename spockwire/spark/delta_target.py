@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import time
 from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrow_target import COLLECTED, STATE_KIND, collected_position, keys_in, state_rows, truncate_positions, unify
+from .delta_rewrite import FILE_COLUMN, StoredFiles, file_sizes, rewritable, rewrite_files
 from .resolve import DELETE, OP, UPSERT, Plan, Resolution, Stored
 
 __all__ = ["DeltaTarget", "STATE_DIR", "deltalake_module", "open_delta"]
@@ -88,26 +90,56 @@ TARGET_FILE_BYTES = 8 << 20
 FILTER_IN_MEMORY_KEYS = 4096
 
 
-def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table) -> tuple[pa.Table, int, int]:
+def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table,
+              whole_files: bool = False) -> tuple[pa.Table, int, int, StoredFiles | None]:
     """The rows of `dt` whose key is in `touched`, reading only the files that may hold them (their statistics).
     Few keys: the key columns first, whole rows only of the keys found; many: the candidate files whole, filtered
-    in memory. Returns (rows, files read, files in the table)."""
+    in memory. `whole_files`: also every row of the files read, with the file each came from (for
+    `rewrite_files`). Returns (rows, files read, files in the table, those files or None)."""
+    import pyarrow.dataset as pds
+
     total = len(dt.file_uris())
     ds = dt.to_pyarrow_dataset(file_pruning_predicate=_key_pruning(keys, touched))
     files = len(ds.files)
+    cols = ds.schema.names
+    with_file = cols + [FILE_COLUMN] if whole_files else cols
     if touched.num_rows > FILTER_IN_MEMORY_KEYS:
-        rows = ds.to_table()
-        return rows.filter(pa.array(keys_in(rows, keys, touched))), files, total
+        rows = ds.to_table(columns=with_file)
+        hit = keys_in(rows, keys, touched)
+        found = rows.filter(pa.array(hit)).select(cols)
+        return found, files, total, _stored_files(dt, rows, hit, ds.files) if whole_files else None
     expr = _key_filter(keys, touched)
-    found = ds.to_table(columns=list(keys), filter=expr) if expr is not None else ds.to_table(columns=list(keys))
+    key_cols = list(keys) + ([FILE_COLUMN] if whole_files else [])
+    found = ds.to_table(columns=key_cols, filter=expr) if expr is not None else ds.to_table(columns=key_cols)
     if len(keys) > 1 and found.num_rows:
-        found = found.join(unify(touched.select(list(keys)), found.schema), list(keys), join_type="left semi")
+        found = found.join(unify(touched.select(list(keys)), found.select(list(keys)).schema), list(keys),
+                           join_type="left semi")
+    if whole_files:
+        # the files holding a found key, whole: they are rewritten, and their rows of the found keys resolved
+        holding = {ds.files[i] for i in pc.unique(found.column(FILE_COLUMN)).to_pylist()}
+        frags = [f for f in ds.get_fragments() if f.path in holding]
+        sub = pds.FileSystemDataset(frags, ds.schema, ds.format, ds.filesystem)
+        whole = sub.to_table(columns=with_file)
+        hit = keys_in(whole, keys, found.select(list(keys)))
+        return whole.filter(pa.array(hit)).select(cols), files, total, _stored_files(dt, whole, hit, sub.files)
     if found.num_rows == 0:
-        return ds.schema.empty_table(), files, total
+        return ds.schema.empty_table(), files, total, None
     rows = ds.to_table(filter=_key_filter(keys, found))
     if len(keys) > 1:
         rows = rows.join(unify(found, rows.select(list(keys)).schema), list(keys), join_type="left semi")
-    return rows, files, total
+    return rows, files, total, None
+
+
+def _stored_files(dt: Any, rows: pa.Table, hit: Any, names: Sequence[str]) -> StoredFiles:
+    sizes = file_sizes(dt)
+    missing = set(names) - set(sizes)
+    if missing:     # a file named otherwise in the log (an absolute path): the rewrite could not remove it
+        raise _NotRewritable(f"data files not named as the log names them: {sorted(missing)[:3]}")
+    return StoredFiles(rows, hit, list(names), [sizes[n] for n in names])
+
+
+class _NotRewritable(Exception):
+    """The table's files cannot be rewritten by `rewrite_files`: delta-rs merges instead."""
 
 
 def _q(name: str) -> str:
@@ -151,6 +183,7 @@ class DeltaTarget:
         self.state_path = os.path.join(path, STATE_DIR)
         self.state = open_delta(self.state_path)
         self.known_truncates: set[tuple] = set()
+        self.stored_files: StoredFiles | None = None    # the files holding a touched key, when they can be rewritten
 
     def applied(self, token: tuple[str, int] | None) -> bool:
         """Whether the table already holds the batch of this idempotence token."""
@@ -172,7 +205,12 @@ class DeltaTarget:
         plan = self.plan
         rows = tombs = None
         if self.dt is not None:
-            rows, metrics.files_read, metrics.files_in_table = read_keys(self.dt, plan.keys, touched)
+            whole = rewritable(self.dt)
+            try:
+                rows, metrics.files_read, metrics.files_in_table, self.stored_files = read_keys(
+                    self.dt, plan.keys, touched, whole_files=whole)
+            except _NotRewritable:
+                rows, metrics.files_read, metrics.files_in_table, _ = read_keys(self.dt, plan.keys, touched)
         truncates: list = []
         collected = None
         if self.state is not None:
@@ -180,11 +218,15 @@ class DeltaTarget:
             marks = ds.to_table(filter=pc.field(STATE_KIND).isin(["truncate", COLLECTED]))
             truncates = truncate_positions(marks, plan)
             collected = collected_position(marks, plan)
-            keys = _key_filter(plan.keys, touched)
             dels = pc.field(STATE_KIND) == "delete"
-            tombs = ds.to_table(filter=dels & keys if keys is not None else dels)
-            if len(plan.keys) > 1 and tombs.num_rows:
+            if touched.num_rows > FILTER_IN_MEMORY_KEYS:     # a large value set costs more as a scan filter
+                tombs = ds.to_table(filter=dels)
                 tombs = tombs.filter(pa.array(keys_in(tombs, plan.keys, touched)))
+            else:
+                keys = _key_filter(plan.keys, touched)
+                tombs = ds.to_table(filter=dels & keys if keys is not None else dels)
+                if len(plan.keys) > 1 and tombs.num_rows:
+                    tombs = tombs.filter(pa.array(keys_in(tombs, plan.keys, touched)))
         self.known_truncates = {p for p, _ in truncates}
         metrics.stored_rows_read = (rows.num_rows if rows is not None else 0) + \
             (tombs.num_rows if tombs is not None else 0)
@@ -198,7 +240,9 @@ class DeltaTarget:
         rows = res.rows
         metrics.rows_written = rows.num_rows
         new_truncates = [t for t in res.truncates if t[0] not in self.known_truncates]
+        t0 = time.perf_counter()
         self._write_state(res, new_truncates)
+        metrics.seconds["state"] = time.perf_counter() - t0
         commit = None
         if token is not None:
             commit = dl.CommitProperties(app_transactions=[dl.Transaction(token[0], token[1])])
@@ -217,6 +261,8 @@ class DeltaTarget:
                 metrics.commits += 1
                 metrics.appended = written.num_rows
             return
+        if self._rewrite(res, written, cols, commit, metrics):
+            return
         on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in plan.keys)
         if plan.scd == 1:
             merge = (self.dt.merge(rows.select(cols + [OP]), on, source_alias="s", target_alias="t",
@@ -233,6 +279,25 @@ class DeltaTarget:
                      .when_matched_update_all().when_not_matched_insert_all())
         metrics.merge = merge.execute()
         metrics.commits += 1
+
+    def _rewrite(self, res: Resolution, written: pa.Table, cols: list[str], commit: Any, metrics: Any) -> bool:
+        """The batch's rows by rewriting the files holding its keys (delta_rewrite.py), when the table allows it
+        and the batch neither truncates (its delete or update has just changed the files) nor adds columns."""
+        if self.stored_files is None or res.truncates:
+            return False
+        schema = pa.schema([pa.field(f.name, _plain(f.type), f.nullable) for f in pa.schema(self.dt.schema().to_arrow())])
+        if set(schema.names) != set(cols):
+            return False
+        plan = self.plan
+        if plan.scd == 1:
+            match, by = res.rows, plan.keys
+        else:
+            match, by = written, plan.keys + plan.start_cols[:-1]
+        size = int((self.dt.metadata().configuration or {}).get("delta.targetFileSize") or TARGET_FILE_BYTES)
+        metrics.merge = rewrite_files(self.dt, self.stored_files, match.select(by), by, written.select(cols),
+                                      plan.keys, schema, size, commit)
+        metrics.commits += 1
+        return True
 
     def _truncate(self, pos: tuple, ts: Any) -> None:
         plan = self.plan

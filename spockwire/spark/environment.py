@@ -91,6 +91,7 @@ def worker_modules() -> tuple[str, ...]:
     if spockwire.__impl__ == "c":
         names += [m for m in ("spockwire.wire._decoder", "spockwire.connection._pump")
                   if importlib.util.find_spec(m) is not None]
+    names.append("spockwire.spark.datasource")     # what a source's task unpickles first
     return tuple(names)
 
 
@@ -157,13 +158,19 @@ def _fix(worker_prefix: str | None) -> str:
             "this spockwire runs in, before the SparkSession starts")
 
 
+#: the most tasks the worker check runs at once (one per slot: each leaves a Python worker started)
+MAX_PROBE_TASKS = 32
+
+
 def check_workers(spark: Any) -> None:
     """Run one tiny Python task on `spark` and raise SparkEnvironmentError, in one line that names the worker
     interpreter and the fix, when Spark's Python workers cannot import this spockwire and what it needs there
     (:func:`worker_modules`), or import another spockwire: another version, or on a local master another copy.
 
-    One check per Spark application: Python workers are reused, so the worker started here serves the first
-    tasks after it."""
+    One check per Spark application, as one task per slot of the default parallelism (at most
+    `MAX_PROBE_TASKS`): Python workers are reused, so the workers started here, their imports done, serve the
+    first micro-batch's tasks side by side (a worker started by a task costs that task its start: 0.3-0.9 s on a
+    busy 2-core machine)."""
     import spockwire
 
     app = _conf(spark, "spark.app.id")
@@ -175,7 +182,9 @@ def check_workers(spark: Any) -> None:
     fix = _fix(None)
     probe = udf(_probe_function(worker_modules()), "string", useArrow=False)
     try:
-        row = spark.range(0, 1, 1, 1).select(probe().alias("found")).collect()[0]
+        tasks = max(1, min(int(spark.sparkContext.defaultParallelism), MAX_PROBE_TASKS))
+        rows = spark.range(0, tasks, 1, tasks).select(probe().alias("found")).collect()
+        row = next((r for r in rows if json.loads(r["found"])["errors"]), rows[0])
     except Exception as exc:  # noqa: BLE001 - whatever stopped the task is the message
         raise SparkEnvironmentError(f"Spark's Python workers ({python}) could not run a Python task "
                                     f"({_task_failure(exc)}): {fix}") from None

@@ -182,24 +182,32 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
         commit_ts: list[Any] = []
         maintained: dict[str, dict] = {}
 
-        def one(table: str) -> None:
+        def read(table: str) -> Any:
+            t1 = time.monotonic()
             changes = batch.changes(table)
-            if changes is None:
-                return
-            commit_ts.append(_change_times(changes))
-            for history in ((False, True) if cfg.history else (False,)):
-                path = target_path(cfg.target, table, history)
-                t1 = time.monotonic()
-                apply_changes(changes, path, format="delta", engine="delta-rs", keys=keys[table],
-                              stored_as_scd_type=2 if history else 1, idempotence=token)
-                timings[table + ("_history" if history else "")] = time.monotonic() - t1
-                if maintenance is not None:   # spark/maintenance.py: every earlier micro-batch is committed
-                    maintained[os.path.basename(path)] = maintenance.after_batch(path, keys[table],
-                                                                                 first_position(changes))
+            timings[table + ".files"] = time.monotonic() - t1
+            if changes is not None:
+                commit_ts.append(_change_times(changes))
+            return changes
 
-        # the tables are independent: their resolution and delta-rs writes run side by side
-        with ThreadPoolExecutor(max_workers=min(4, len(cfg.tables))) as pool:
-            for done in [pool.submit(one, t) for t in cfg.tables]:
+        def one(table: str, changes: Any, history: bool) -> None:
+            path = target_path(cfg.target, table, history)
+            t1 = time.monotonic()
+            m = apply_changes(changes, path, format="delta", engine="delta-rs", keys=keys[table],
+                              stored_as_scd_type=2 if history else 1, idempotence=token)
+            name = table + ("_history" if history else "")
+            timings[name] = time.monotonic() - t1
+            timings.update({f"{name}.{k}": v for k, v in m.seconds.items()})
+            if maintenance is not None:   # spark/maintenance.py: every earlier micro-batch is committed
+                maintained[os.path.basename(path)] = maintenance.after_batch(path, keys[table],
+                                                                             first_position(changes))
+
+        # the targets (each table, and its history table beside it) are independent: their resolution and
+        # delta-rs writes run side by side
+        targets = [(t, h) for t in cfg.tables for h in ((False, True) if cfg.history else (False,))]
+        with ThreadPoolExecutor(max_workers=min(4, len(targets))) as pool:
+            changes = dict(zip(cfg.tables, pool.map(read, cfg.tables)))
+            for done in [pool.submit(one, t, changes[t], h) for t, h in targets if changes[t] is not None]:
                 done.result()
         lag = _lag(commit_ts, time.time())
         batch.done()

@@ -1,0 +1,216 @@
+"""Copy-on-write of a Delta table's data files through delta-rs's transaction API, instead of its MERGE.
+
+`apply_changes` reads the data files that may hold a batch's keys whole (their statistics say which) to find the
+stored rows; those same rows then give the files that hold a changed key: each is rewritten without the replaced
+rows, the batch's new rows are added, and one commit removes the old files and adds the new ones. The files are
+read once and no join engine runs: for a batch touching most of a table this costs about what reading and writing
+its files costs (delta-rs's MERGE reads them again and joins).
+
+Only plain tables take this path (`rewritable`): no partition columns, no column mapping, deletion vectors, change
+data feed, constraints, invariants, generated or identity columns -- anything delta-rs's own writers must keep up
+to date. The others, and a batch adding columns, are merged by delta-rs.
+
+The new files are sorted by the key (one key column of a sortable type), so a later batch's key lookup prunes to
+the few files whose key range holds its keys, and carry the statistics Delta readers use for that (row count,
+null counts; min/max of integer, floating, boolean, string, date and timestamp columns).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .arrow_target import keys_in, unify
+
+__all__ = ["FILE_COLUMN", "StoredFiles", "rewritable", "rewrite_files"]
+
+#: the column giving each stored row's data file, by its index among the files read (a pyarrow dataset field)
+FILE_COLUMN = "__fragment_index"
+#: writer features a rewrite keeps intact (it only removes and adds plain data files)
+_HARMLESS_WRITER_FEATURES = {"appendOnly", "invariants", "timestampNtz"}
+_UNSAFE_CONFIG = ("delta.enableChangeDataFeed", "delta.enableDeletionVectors", "delta.columnMapping.mode",
+                  "delta.enableRowTracking", "delta.appendOnly")
+
+
+@dataclass
+class StoredFiles:
+    """The rows of the data files read for a batch, each with its file (`FILE_COLUMN`: an index into `names`)."""
+
+    rows: pa.Table
+    hit: np.ndarray                 #: the rows whose key the batch touches
+    names: list[str]                #: the files, as the table's log names them
+    sizes: list[int]                #: their sizes in bytes
+
+
+def rewritable(dt: Any) -> bool:
+    """Whether delta-rs's table `dt` is plain enough to rewrite its files without its MERGE (see the module)."""
+    meta = dt.metadata()
+    if meta.partition_columns:
+        return False
+    proto = dt.protocol()
+    if proto.reader_features or proto.min_reader_version == 2:      # 2: column mapping; 3: features listed
+        return False
+    if proto.min_writer_version > 2 and not (proto.min_writer_version == 7 and
+                                            set(proto.writer_features or ()) <= _HARMLESS_WRITER_FEATURES):
+        return False
+    conf = {k: str(v).lower() for k, v in (meta.configuration or {}).items()}
+    if any(k.startswith("delta.constraints.") for k in conf):
+        return False
+    for key in _UNSAFE_CONFIG:
+        if conf.get(key) not in (None, "false", "none"):
+            return False
+    # invariants, generation expressions, identity columns, column mapping: in the fields' metadata
+    return not any(str(k).startswith("delta.") for f in dt.schema().fields for k in (f.metadata or {}))
+
+
+def file_sizes(dt: Any) -> dict[str, int]:
+    """Each active data file's path (as the log names it) and size."""
+    actions = pa.table(dt.get_add_actions(flatten=False))
+    return dict(zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist()))
+
+
+def rewrite_files(dt: Any, stored: StoredFiles, match: pa.Table, match_by: Sequence[str], written: pa.Table,
+                  keys: Sequence[str], schema: pa.Schema, target_file_size: int, commit: Any) -> dict:
+    """One commit: every file of `stored` holding a row whose `match_by` columns equal a row of `match` is
+    replaced by its other rows; `written` (in `schema`'s columns) is added. Returns MERGE-like metrics."""
+    started = time.perf_counter()
+    rows = stored.rows
+    # the rows replaced: among those of touched keys, the ones matching a row of the batch
+    hit = np.zeros(rows.num_rows, dtype=bool)
+    touched = np.flatnonzero(stored.hit)
+    if touched.size and match.num_rows:
+        hit[touched[keys_in(rows.select(list(match_by)).take(touched), match_by, match)]] = True
+    frag = rows.column(FILE_COLUMN).to_numpy()
+    replaced = np.unique(frag[hit])
+    in_replaced = np.isin(frag, replaced)
+    kept = rows.filter(pa.array(in_replaced & ~hit)).drop_columns([FILE_COLUMN])
+    new = pa.concat_tables([unify(kept, schema), unify(written, schema)])
+    new = _sorted(new, keys)
+    removed = [stored.names[i] for i in replaced]
+    sizes = [stored.sizes[i] for i in replaced]
+    rows_per_file = _rows_per_file(sum(sizes), int(in_replaced.sum()), new, target_file_size)
+    adds = _write(dt, new, rows_per_file)
+    now = int(time.time() * 1000)
+    from deltalake.transaction import RemoveAction
+
+    actions = adds + [RemoveAction(path=p, data_change=True, deletion_timestamp=now, size=s, partition_values={})
+                      for p, s in zip(removed, sizes)]
+    if actions or commit is not None:
+        dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=commit)
+    return {"num_target_files_removed": len(removed), "num_target_files_added": len(adds),
+            "num_target_rows_copied": kept.num_rows, "num_target_rows_replaced": int(hit.sum()),
+            "num_output_rows": new.num_rows, "execution_time_ms": int((time.perf_counter() - started) * 1000),
+            "rewritten": True}
+
+
+def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    if len(keys) != 1 or table.num_rows < 2:
+        return table
+    t = table.schema.field(keys[0]).type
+    if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_date(t)
+            or pa.types.is_timestamp(t)):
+        return table
+    return table.take(pc.sort_indices(table.column(keys[0])))
+
+
+def _rows_per_file(old_bytes: int, old_rows: int, new: pa.Table, target: int) -> int:
+    """Rows per new file for files of about `target` bytes: the replaced files' bytes per row, else Arrow's."""
+    if old_rows > 0 and old_bytes > 0:
+        per_row = old_bytes / old_rows
+    else:
+        per_row = max(new.nbytes / max(new.num_rows, 1) / 3, 1.0)    # Parquet: about a third of Arrow's size
+    return max(1024, int(target / per_row))
+
+
+def _write(dt: Any, table: pa.Table, rows_per_file: int) -> list:
+    """`table` as new Parquet files in the table's folder (rows_per_file rows each); their add actions."""
+    from deltalake.transaction import AddAction
+
+    if table.num_rows == 0:
+        return []
+    root = _local_root(dt)
+    n = math.ceil(table.num_rows / rows_per_file)
+    step = math.ceil(table.num_rows / n)
+    run = uuid.uuid4()
+    # dictionaries only where values repeat as a rule (strings): for numbers they cost more than they save
+    dictionary = [f.name for f in table.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+                  or pa.types.is_binary(f.type)]
+
+    def one(i: int) -> Any:
+        part = table.slice(i * step, step)
+        name = f"part-{i:05d}-{run}-c000.snappy.parquet"
+        path = os.path.join(root, name)
+        pq.write_table(part, path, compression="snappy", row_group_size=max(part.num_rows, 1),
+                       use_dictionary=dictionary)
+        st = os.stat(path)
+        return AddAction(name, st.st_size, {}, int(st.st_mtime * 1000), True, file_stats(part))
+
+    with ThreadPoolExecutor(max_workers=min(n, os.cpu_count() or 2)) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def _local_root(dt: Any) -> str:
+    uri = dt.table_uri
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    if "://" in uri:
+        raise ValueError(f"rewrite_files writes local tables only, not {uri}")
+    return uri
+
+
+def file_stats(table: pa.Table) -> str:
+    """Delta statistics of a data file (JSON): numRecords, nullCount of every top-level column, minValues and
+    maxValues of the columns whose bounds are exact in JSON (timestamps: widened to whole milliseconds)."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for f in table.schema:
+        t = f.type
+        if pa.types.is_nested(t):
+            continue
+        col = table.column(f.name)
+        nulls[f.name] = col.null_count
+        if col.null_count == len(col):
+            continue
+        bounds = _bounds(col, t)
+        if bounds is not None:
+            mins[f.name], maxs[f.name] = bounds
+    return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls},
+                      separators=(",", ":"))
+
+
+def _bounds(col: Any, t: pa.DataType) -> tuple[Any, Any] | None:
+    if pa.types.is_floating(t):
+        if pc.any(pc.is_nan(col)).as_py():
+            return None
+    elif not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+              or pa.types.is_date32(t) or pa.types.is_timestamp(t)):
+        return None
+    mm = pc.min_max(col)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    if pa.types.is_date32(t):
+        return lo.isoformat(), hi.isoformat()
+    if pa.types.is_timestamp(t):
+        if t.tz is None or t.unit not in ("us", "ms", "s"):
+            return None
+        return _ts(lo, up=False), _ts(hi, up=True)
+    return lo, hi
+
+
+def _ts(v: _dt.datetime, up: bool) -> str:
+    v = v.astimezone(_dt.timezone.utc)
+    ms = v.replace(microsecond=v.microsecond // 1000 * 1000)
+    if up and ms != v:
+        ms += _dt.timedelta(milliseconds=1)
+    return ms.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms.microsecond // 1000:03d}Z"

@@ -1,0 +1,208 @@
+"""`apply_changes` into Delta through delta-rs rewrites the data files holding a batch's keys itself
+(spockwire/spark/delta_rewrite.py) instead of running delta-rs's MERGE: random histories give the oracle's tables
+and the same tables as MERGE, partial rewrites keep the other files, the new files' statistics prune later
+lookups, and tables whose features a rewrite would bypass are merged by delta-rs. No Spark."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+deltalake = pytest.importorskip("deltalake")
+
+from spockwire.spark import delta_target  # noqa: E402
+from spockwire.spark.apply import apply_changes  # noqa: E402
+from spockwire.spark.delta_rewrite import file_stats, rewritable  # noqa: E402
+from spockwire.spark.resolve import scd2_columns  # noqa: E402
+from tests.apply_oracle import COLUMNS, T0, replay_scd1, replay_scd2, workload  # noqa: E402
+from tests.test_apply_resolve import _bulk, _one_table, to_arrow, utc  # noqa: E402
+
+EXAMPLES = 4
+HISTORIES = 30
+
+
+def _with_single_key(batch: pa.Table) -> pa.Table:
+    """The batch with a one-column key ``k`` = h * 1000 + id (NULL for a truncate)."""
+    k = pc.add(pc.multiply(batch.column("h").cast(pa.int64()), 1000), batch.column("id").cast(pa.int64()))
+    return batch.append_column("k", k)
+
+
+def _apply(batch: pa.Table, path: str, keys, scd: int, token=None, merge_only: bool = False):
+    if not merge_only:
+        return apply_changes(batch, path, format="delta", engine="delta-rs", keys=list(keys),
+                             stored_as_scd_type=scd, idempotence=token)
+    saved = delta_target.rewritable
+    delta_target.rewritable = lambda table: False
+    try:
+        return apply_changes(batch, path, format="delta", engine="delta-rs", keys=list(keys),
+                             stored_as_scd_type=scd, idempotence=token)
+    finally:
+        delta_target.rewritable = saved
+
+
+def _rows(path: str, scd: int) -> list[tuple]:
+    table = deltalake.DeltaTable(path).to_pyarrow_table()
+    cols = ["h", *COLUMNS] + (list(scd2_columns()[0]) + list(scd2_columns()[1]) if scd == 2 else [])
+    return sorted((tuple(utc(r[c]) for c in cols) for r in table.select(cols).to_pylist()),
+                  key=lambda t: tuple((v is None, str(v)) for v in t))
+
+
+def _by_history(path: str, scd: int) -> dict[int, object]:
+    out: dict[int, object] = {}
+    for r in deltalake.DeltaTable(path).to_pyarrow_table().to_pylist():
+        if scd == 1:
+            out.setdefault(r["h"], {})[r["id"]] = tuple(r[c] for c in COLUMNS)
+        else:
+            start, end = scd2_columns()
+            out.setdefault(r["h"], set()).add(tuple(utc(r[c]) for c in (*COLUMNS, *start, *end)))
+    return out
+
+
+@pytest.mark.parametrize("keys", [("k",), ("h", "id")], ids=["one key column", "two key columns"])
+@pytest.mark.parametrize("scd", [1, 2])
+def test_rewrites_equal_the_replay_and_delta_rs_merge(tmp_path, monkeypatch, keys, scd):
+    """Random histories (TOAST chains, key changes, deletes, truncates; batches in order, replayed and out of
+    order) into Delta tables of small files: the rewritten table equals the oracle's history by history and the
+    table delta-rs's MERGE gives, row for row."""
+    monkeypatch.setattr(delta_target, "TARGET_FILE_BYTES", 4096)
+    rnd = random.Random(27 + scd)
+    rewrites = partial = 0
+    for example in range(EXAMPLES):
+        transactions = 12
+        toast = example % 2 == 0
+        mode = ("in order", "replayed", "out of order", "in order")[example]
+        histories = [workload(rnd.getrandbits(32), transactions, toast=toast, keys=rnd.randint(2, 8),
+                              truncate_at=frozenset({7} if example == 1 else ())) for _ in range(HISTORIES)]
+        _one_table(histories)
+        size = 3
+        histories = [[sum(txs[i:i + size], []) for i in range(0, transactions, size)] for txs in histories]
+        order = list(range(len(histories[0])))
+        if mode == "replayed":
+            order = [i for i in order for _ in range(2)]
+        elif mode == "out of order" and not toast:
+            rnd.shuffle(order)
+        rewritten, merged = str(tmp_path / f"rw{example}"), str(tmp_path / f"mg{example}")
+        for n, i in enumerate(order):
+            batch = _with_single_key(to_arrow(sum((hist[i] for hist in histories), [])))
+            m = _apply(batch, rewritten, keys, scd, token=("app", n))
+            _apply(batch, merged, keys, scd, token=("app", n), merge_only=True)
+            if m.merge.get("rewritten"):
+                rewrites += 1
+                partial += m.merge["num_target_files_removed"] < m.files_in_table
+        assert _rows(rewritten, scd) == _rows(merged, scd), (example, mode)
+        got = _by_history(rewritten, scd)
+        for h, hist in enumerate(histories):
+            everything = sum(hist, [])
+            if scd == 1:
+                assert got.get(h, {}) == replay_scd1(everything), (example, h)
+            else:
+                assert got.get(h, set()) == {tuple(utc(v) for v in t) for t in replay_scd2(everything)}, (example, h)
+    # the check of the test: the rewrite ran, and also rewrote some files of a table while leaving others
+    assert rewrites >= 8 and partial >= 2, (rewrites, partial)
+
+
+def test_new_files_are_sorted_with_statistics_that_prune_the_next_lookup(tmp_path, monkeypatch):
+    """After a batch updating keys spread over the whole table, every file is rewritten in key order with its
+    statistics (exact bounds; timestamps widened to whole milliseconds): a later one-change batch reads and
+    rewrites one file; a replayed batch is skipped by its idempotence token."""
+    monkeypatch.setattr(delta_target, "TARGET_FILE_BYTES", 1 << 20)
+    n = 100_000
+    path = str(tmp_path / "t")
+    apply_changes(_bulk(n).append_column("k", pa.array(np.arange(n, dtype=np.int64) * 7 % n)), path,
+                  keys=["k"], engine="delta-rs", stored_as_scd_type=2, idempotence=("app", 1))
+    every_third = _bulk(n, "update_postimage", lsn=20).filter(pa.array(np.arange(n) % 3 == 0))
+    every_third = every_third.append_column("k", pc.remainder(pc.multiply(every_third.column("id").cast(pa.int64()),
+                                                                           7), n))
+    big = apply_changes(every_third, path, keys=["k"], engine="delta-rs", stored_as_scd_type=2,
+                        idempotence=("app", 2))
+    assert big.merge["rewritten"] and big.merge["num_target_files_removed"] == big.files_in_table >= 3
+    table = deltalake.DeltaTable(path)
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    start_ts = scd2_columns()[0][-1]
+    for a in actions:
+        part = pa.parquet.read_table(f"{path}/{a['path']}")
+        keys = part.column("k").to_numpy()
+        assert (np.diff(keys) >= 0).all()                      # sorted by the key
+        assert (a["min.k"], a["max.k"], a["num_records"]) == (keys.min(), keys.max(), part.num_rows)
+        ts = pc.min_max(part.column(start_ts)).as_py()
+        assert a[f"min.{start_ts}"] <= ts["min"] and a[f"max.{start_ts}"] >= ts["max"]
+        assert ts["max"] - a[f"max.{start_ts}"] < dt.timedelta(milliseconds=1)
+    assert sum(a["num_records"] for a in actions) == n + every_third.num_rows
+    one = _bulk(1, "update_postimage", lsn=30, first_id=6).append_column("k", pa.array([42], pa.int64()))
+    m = apply_changes(one, path, keys=["k"], engine="delta-rs", stored_as_scd_type=2, idempotence=("app", 3))
+    assert m.files_read == 1 and m.merge["rewritten"] and m.merge["num_target_files_removed"] == 1
+    again = apply_changes(one, path, keys=["k"], engine="delta-rs", stored_as_scd_type=2, idempotence=("app", 3))
+    assert again.skipped
+    versions = deltalake.DeltaTable(path).to_pyarrow_table(filters=[("k", "=", 42)])    # id 6: three versions
+    assert sorted(versions.column(scd2_columns()[0][0]).to_pylist()) == [10, 20, 30]
+
+
+def test_file_statistics_leave_out_what_json_cannot_bound():
+    """NaN, decimals, nested and naive timestamps get no bounds (a reader then reads the file); NULLs count."""
+    t = pa.table({"i": pa.array([3, None, 1], pa.int16()), "f": pa.array([1.5, float("nan"), 0.5]),
+                  "d": pa.array([1, 2, 3], pa.decimal128(5, 2)), "s": pa.array(["b", "a", None]),
+                  "l": pa.array([[1], None, []]), "naive": pa.array([1, 2, 3], pa.timestamp("us")),
+                  "ts": pa.array([1_500, 2_000_001, None], pa.timestamp("us", tz="UTC")),
+                  "day": pa.array([dt.date(2024, 1, 2), dt.date(2023, 5, 6), None])})
+    stats = json.loads(file_stats(t))
+    assert stats["numRecords"] == 3
+    assert stats["minValues"] == {"i": 1, "s": "a", "ts": "1970-01-01T00:00:00.001Z", "day": "2023-05-06"}
+    assert stats["maxValues"] == {"i": 3, "s": "b", "ts": "1970-01-01T00:00:02.001Z", "day": "2024-01-02"}
+    assert stats["nullCount"] == {"i": 1, "f": 0, "d": 0, "s": 1, "naive": 0, "ts": 1, "day": 1}
+
+
+def test_tables_with_features_a_rewrite_would_bypass_are_merged_by_delta_rs(tmp_path):
+    """Partitioned tables, change data feed, constraints, append-only: not rewritable; their batches go through
+    delta-rs's MERGE, which keeps those features (the change data feed records the update)."""
+    data = pa.table({"id": pa.array([1, 2], pa.int64()), "p": pa.array(["a", "b"])})
+    plain, parted = str(tmp_path / "plain"), str(tmp_path / "parted")
+    deltalake.write_deltalake(plain, data)
+    deltalake.write_deltalake(parted, data, partition_by=["p"])
+    assert rewritable(deltalake.DeltaTable(plain)) and not rewritable(deltalake.DeltaTable(parted))
+    for name, change in [("cdf", lambda t: t.alter.set_table_properties({"delta.enableChangeDataFeed": "true"})),
+                         ("append", lambda t: t.alter.set_table_properties({"delta.appendOnly": "true"})),
+                         ("check", lambda t: t.alter.add_constraint({"positive": "id > 0"}))]:
+        path = str(tmp_path / name)
+        deltalake.write_deltalake(path, data)
+        change(deltalake.DeltaTable(path))
+        assert not rewritable(deltalake.DeltaTable(path)), name
+    # a change data feed table through apply_changes: merged, and the feed holds the update
+    path = str(tmp_path / "feed")
+    apply_changes(_bulk(10).append_column("k", pa.array(np.arange(10, dtype=np.int64))), path, keys=["k"],
+                  engine="delta-rs")
+    deltalake.DeltaTable(path).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    upd = _bulk(1, "update_postimage", lsn=20, first_id=3).append_column("k", pa.array([3], pa.int64()))
+    m = apply_changes(upd, path, keys=["k"], engine="delta-rs")
+    assert "rewritten" not in m.merge and m.commits == 1
+    feed = pa.table(deltalake.DeltaTable(path).load_cdf(starting_version=2).read_all())
+    assert sorted(feed.column("_change_type").to_pylist()) == ["update_postimage", "update_preimage"]
+    assert deltalake.DeltaTable(path).to_pyarrow_table(filters=[("k", "=", 3)]).column("_commit_lsn").to_pylist() \
+        == [20]
+
+
+def test_a_replayed_rewrite_after_a_crash_before_its_commit_leaves_no_trace(tmp_path):
+    """Files written by a rewrite that died before its commit are not part of the table: the batch applied again
+    gives the same table (and VACUUM removes the orphans later)."""
+    path = str(tmp_path / "t")
+    apply_changes(_bulk(1000).append_column("k", pa.array(np.arange(1000, dtype=np.int64))), path, keys=["k"],
+                  engine="delta-rs", idempotence=("app", 1))
+    upd = _bulk(500, "update_postimage", lsn=20).append_column("k", pa.array(np.arange(500, dtype=np.int64)))
+    table = deltalake.DeltaTable(path)
+    saved = table.create_write_transaction
+    with pytest.MonkeyPatch.context() as mp:
+        def die(*args, **kwargs):
+            raise OSError("killed before the commit")
+        mp.setattr(deltalake.DeltaTable, "create_write_transaction", die)
+        with pytest.raises(OSError):
+            apply_changes(upd, path, keys=["k"], engine="delta-rs", idempotence=("app", 2))
+    assert saved is not None
+    assert deltalake.DeltaTable(path).to_pyarrow_table().column("_commit_lsn").to_pylist() == [10] * 1000
+    m = apply_changes(upd, path, keys=["k"], engine="delta-rs", idempotence=("app", 2))
+    assert m.merge["rewritten"]
+    lsn = deltalake.DeltaTable(path).to_pyarrow_table().sort_by("k").column("_commit_lsn").to_pylist()
+    assert lsn == [20] * 500 + [10] * 500
