@@ -206,3 +206,28 @@ def test_a_replayed_rewrite_after_a_crash_before_its_commit_leaves_no_trace(tmp_
     assert m.merge["rewritten"]
     lsn = deltalake.DeltaTable(path).to_pyarrow_table().sort_by("k").column("_commit_lsn").to_pylist()
     assert lsn == [20] * 500 + [10] * 500
+
+
+def test_new_keys_are_appended_as_sorted_files_and_odd_types_by_delta_rs(tmp_path):
+    """A batch of new keys (a snapshot) creates the table as sorted files with statistics in one commit; a naive
+    timestamp gets Delta's timestampNtz feature; types Delta stores otherwise (unsigned integers) go through
+    delta-rs's own writer, which converts them."""
+    n = 5000
+    ids = np.arange(n, dtype=np.int64)[::-1].copy()
+    batch = _bulk(n).append_column("k", pa.array(ids)).append_column(
+        "naive", pa.array(np.arange(n), pa.timestamp("us")))
+    path = str(tmp_path / "t")
+    m = apply_changes(batch, path, keys=["k"], engine="delta-rs", idempotence=("app", 1))
+    table = deltalake.DeltaTable(path)
+    assert m.appended == n and m.commits == 1 and table.version() == 0
+    assert table.transaction_version("app") == 1
+    assert "timestampNtz" in (table.protocol().writer_features or [])
+    got = table.to_pyarrow_table()
+    assert got.column("k").to_pylist() == sorted(ids.tolist())
+    assert got.column("naive").type == pa.timestamp("us") and got.num_rows == n
+    stats = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    assert [(s["min.k"], s["max.k"]) for s in stats] == [(0, n - 1)]
+    odd = str(tmp_path / "odd")
+    unsigned = _bulk(10).append_column("k", pa.array(np.arange(10, dtype=np.uint16)))
+    apply_changes(unsigned, odd, keys=["k"], engine="delta-rs")
+    assert deltalake.DeltaTable(odd).to_pyarrow_table().sort_by("k").column("k").to_pylist() == list(range(10))

@@ -33,7 +33,8 @@ import pyarrow.parquet as pq
 
 from .arrow_target import keys_in, unify
 
-__all__ = ["FILE_COLUMN", "StoredFiles", "rewritable", "rewrite_files"]
+__all__ = ["FILE_COLUMN", "StoredFiles", "append_files", "arrow_schema", "file_sizes", "file_stats", "plain_type", "rewritable",
+           "rewrite_files"]
 
 #: the column giving each stored row's data file, by its index among the files read (a pyarrow dataset field)
 FILE_COLUMN = "__fragment_index"
@@ -100,7 +101,7 @@ def rewrite_files(dt: Any, stored: StoredFiles, match: pa.Table, match_by: Seque
     removed = [stored.names[i] for i in replaced]
     sizes = [stored.sizes[i] for i in replaced]
     rows_per_file = _rows_per_file(sum(sizes), int(in_replaced.sum()), new, target_file_size)
-    adds = _write(dt, new, rows_per_file)
+    adds = _write(_local_root(dt), new, rows_per_file)
     now = int(time.time() * 1000)
     from deltalake.transaction import RemoveAction
 
@@ -114,14 +115,69 @@ def rewrite_files(dt: Any, stored: StoredFiles, match: pa.Table, match_by: Seque
             "rewritten": True}
 
 
+def append_files(path: str, dt: Any, rows: pa.Table, keys: Sequence[str], target_file_size: int, commit: Any,
+                 configuration: dict[str, str] | None = None) -> bool:
+    """`rows` added to the table (`dt`; None: created at `path` with `configuration`) as new files, sorted by the
+    key, in one commit. False, having written nothing, when the rows' types are not Delta's as they are (delta-rs's
+    own writer converts them then)."""
+    from deltalake import Schema as DeltaSchema
+
+    if dt is not None:
+        schema = arrow_schema(dt.schema())
+        if set(schema.names) != set(rows.column_names):
+            return False
+    else:
+        try:
+            delta_schema = DeltaSchema.from_arrow(rows.schema)
+        except Exception:  # noqa: BLE001 - a type Delta has no direct equivalent of
+            return False
+        schema = arrow_schema(delta_schema)
+        if [f.type for f in schema] != [plain_type(f.type) for f in rows.schema]:
+            return False
+    table = _sorted(unify(rows, schema), keys)
+    if dt is None:
+        os.makedirs(path, exist_ok=True)
+    adds = _write(path, table, _rows_per_file(0, 0, table, target_file_size))
+    if dt is None:
+        from deltalake.transaction import create_table_with_add_actions
+
+        create_table_with_add_actions(path, delta_schema, adds, mode="error", configuration=configuration,
+                                      commit_properties=commit)
+    else:
+        dt.create_write_transaction(adds, mode="append", schema=dt.schema(), commit_properties=commit)
+    return True
+
+
+def arrow_schema(delta_schema: Any) -> pa.Schema:
+    """A Delta schema as the Arrow schema of the files written for it (plain, not view or large, types)."""
+    return pa.schema([pa.field(f.name, plain_type(f.type), f.nullable) for f in pa.schema(delta_schema.to_arrow())])
+
+
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """The plain Arrow type for a type delta-rs reads as a view or large type."""
+    if hasattr(pa, "string_view") and t == pa.string_view() or t == pa.large_string():
+        return pa.string()
+    if hasattr(pa, "binary_view") and t == pa.binary_view() or t == pa.large_binary():
+        return pa.binary()
+    if pa.types.is_large_list(t):
+        return pa.list_(plain_type(t.value_type))
+    return t
+
+
 def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """`table` in the order of its key (one column of a sortable type; already sorted: as it is)."""
     if len(keys) != 1 or table.num_rows < 2:
         return table
-    t = table.schema.field(keys[0]).type
-    if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_date(t)
-            or pa.types.is_timestamp(t)):
+    col = table.column(keys[0])
+    t = col.type
+    if pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t):
+        if col.null_count == 0:
+            values = col.to_numpy()
+            if (values[1:] >= values[:-1]).all():
+                return table
+    elif not (pa.types.is_string(t) or pa.types.is_large_string(t)):
         return table
-    return table.take(pc.sort_indices(table.column(keys[0])))
+    return table.take(pc.sort_indices(col))
 
 
 def _rows_per_file(old_bytes: int, old_rows: int, new: pa.Table, target: int) -> int:
@@ -133,13 +189,12 @@ def _rows_per_file(old_bytes: int, old_rows: int, new: pa.Table, target: int) ->
     return max(1024, int(target / per_row))
 
 
-def _write(dt: Any, table: pa.Table, rows_per_file: int) -> list:
+def _write(root: str, table: pa.Table, rows_per_file: int) -> list:
     """`table` as new Parquet files in the table's folder (rows_per_file rows each); their add actions."""
     from deltalake.transaction import AddAction
 
     if table.num_rows == 0:
         return []
-    root = _local_root(dt)
     n = math.ceil(table.num_rows / rows_per_file)
     step = math.ceil(table.num_rows / n)
     run = uuid.uuid4()

@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrow_target import COLLECTED, STATE_KIND, collected_position, keys_in, state_rows, truncate_positions, unify
-from .delta_rewrite import FILE_COLUMN, StoredFiles, file_sizes, rewritable, rewrite_files
+from .delta_rewrite import (FILE_COLUMN, StoredFiles, append_files, arrow_schema, file_sizes, plain_type,
+                            rewritable, rewrite_files)
 from .resolve import DELETE, OP, UPSERT, Plan, Resolution, Stored
 
 __all__ = ["DeltaTarget", "STATE_DIR", "deltalake_module", "open_delta"]
@@ -199,7 +200,7 @@ class DeltaTarget:
         schema = pa.schema(self.dt.schema().to_arrow())
         book = set(self.plan.bookkeeping()) | {STATE_KIND}
         cols = [f.name for f in schema if f.name not in book]
-        return cols, {f.name: _plain(f.type) for f in schema}
+        return cols, {f.name: plain_type(f.type) for f in schema}
 
     def stored(self, touched: pa.Table, metrics: Any) -> Stored:
         plan = self.plan
@@ -250,9 +251,14 @@ class DeltaTarget:
         if self.dt is not None:
             for pos, ts in res.truncates:
                 self._truncate(pos, ts)
-        written = rows.filter(pc.not_equal(rows.column(OP), DELETE))
+        deletes = pc.equal(rows.column(OP), DELETE)
+        written = rows.filter(pc.invert(deletes)) if pc.any(deletes).as_py() else rows
         if self.dt is None or append_only:
             # the target holds none of the keys: their rows are appended, no file read or rewritten
+            if written.num_rows and self._append(written.select(cols), commit):
+                metrics.commits += 1
+                metrics.appended = written.num_rows
+                return
             if written.num_rows or self.dt is None or commit is not None:
                 created = {"configuration": {"delta.targetFileSize": str(TARGET_FILE_BYTES)}} if self.dt is None else {}
                 dl.write_deltalake(self.dt if self.dt is not None else self.path, written.select(cols),
@@ -280,12 +286,23 @@ class DeltaTarget:
         metrics.merge = merge.execute()
         metrics.commits += 1
 
+    def _append(self, rows: pa.Table, commit: Any) -> bool:
+        """New keys' rows as new files through delta_rewrite.append_files (a plain table, or a new one), sorted by
+        the key; False when delta-rs's writer must add them instead."""
+        if self.dt is not None and not rewritable(self.dt):
+            return False
+        if self.dt is None:
+            return append_files(self.path, None, rows, self.plan.keys, TARGET_FILE_BYTES, commit,
+                                {"delta.targetFileSize": str(TARGET_FILE_BYTES)})
+        size = int((self.dt.metadata().configuration or {}).get("delta.targetFileSize") or TARGET_FILE_BYTES)
+        return append_files(self.path, self.dt, rows, self.plan.keys, size, commit)
+
     def _rewrite(self, res: Resolution, written: pa.Table, cols: list[str], commit: Any, metrics: Any) -> bool:
         """The batch's rows by rewriting the files holding its keys (delta_rewrite.py), when the table allows it
         and the batch neither truncates (its delete or update has just changed the files) nor adds columns."""
         if self.stored_files is None or res.truncates:
             return False
-        schema = pa.schema([pa.field(f.name, _plain(f.type), f.nullable) for f in pa.schema(self.dt.schema().to_arrow())])
+        schema = arrow_schema(self.dt.schema())
         if set(schema.names) != set(cols):
             return False
         plan = self.plan
@@ -323,14 +340,3 @@ class DeltaTarget:
         dl.write_deltalake(self.state if self.state is not None else self.state_path, rows, mode="append")
         if self.state is None:
             self.state = open_delta(self.state_path)
-
-
-def _plain(t: pa.DataType) -> pa.DataType:
-    """The plain Arrow type for a type delta-rs reads as a view or large type."""
-    if hasattr(pa, "string_view") and t == pa.string_view() or t == pa.large_string():
-        return pa.string()
-    if hasattr(pa, "binary_view") and t == pa.binary_view() or t == pa.large_binary():
-        return pa.binary()
-    if pa.types.is_large_list(t):
-        return pa.list_(_plain(t.value_type))
-    return t

@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrow_target import COLLECTED, STATE_KIND, collected_position, collected_state, unify
-from .delta_target import STATE_DIR, TARGET_FILE_BYTES, _plain, _q, open_delta, sql_pos_cmp
+from .delta_rewrite import plain_type
+from .delta_target import STATE_DIR, TARGET_FILE_BYTES, _q, open_delta, sql_pos_cmp
 from .resolve import DEFAULT_SEQUENCE, _sk
 
 __all__ = ["collect_state", "optimize", "vacuum", "file_stats", "FileStats", "Maintenance", "MaintenanceOptions",
@@ -86,7 +87,7 @@ def _collect_delta(target: str, before: tuple, seq: list[str]) -> int:
         return 0
     old = collected_position(ds.to_table(filter=pc.field(STATE_KIND) == COLLECTED), _SeqOnly(seq))
     mark_at = before if old is None or _sk(old) <= _sk(before) else old
-    schema = pa.schema([pa.field(f.name, _plain(f.type)) for f in pa.schema(state.schema().to_arrow())])
+    schema = pa.schema([pa.field(f.name, plain_type(f.type)) for f in pa.schema(state.schema().to_arrow())])
     mark = unify(pa.table({STATE_KIND: pa.array([COLLECTED], pa.string()),
                            **{c: pa.array([v]) for c, v in zip(seq, mark_at)}}), schema)
     kinds = ", ".join(f"'{k}'" for k in _FORGETTABLE)
@@ -171,7 +172,7 @@ def optimize(target: str, keys: Sequence[str] | None = None, *, zorder: bool = T
     if dt is None:
         return {}
     if zorder and keys:
-        types = {f.name: _plain(f.type) for f in pa.schema(dt.schema().to_arrow())}
+        types = {f.name: plain_type(f.type) for f in pa.schema(dt.schema().to_arrow())}
         if all(k in types and _prunable(types[k]) for k in keys):
             return dt.optimize.z_order(list(keys), target_size=target_size)
     return dt.optimize.compact(target_size=target_size)

@@ -145,7 +145,7 @@ def first_position(t: pa.Table, seq: Sequence[str] = DEFAULT_SEQUENCE) -> tuple 
 
 def _first_position(t: pa.Table, seq: Sequence[str]) -> tuple | None:
     """The smallest sequence tuple of `t` (None when a sequence value is NULL)."""
-    rows = t
+    rows = t.select(list(seq))
     out = []
     for c in seq:
         col = rows.column(c)

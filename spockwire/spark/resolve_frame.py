@@ -187,7 +187,12 @@ def _truncates(changes: pa.Table, plan: Plan) -> tuple[pa.Table, list[tuple[tupl
     found: dict[tuple, Any] = {}
     for i in range(rows.num_rows):
         found.setdefault(tuple(s[i] for s in seq), ts[i])
-    return changes.filter(pc.invert(is_tr)), sorted(found.items(), key=lambda t: _sk(t[0]))
+    at = np.flatnonzero(is_tr.to_numpy(zero_copy_only=False))
+    if at[-1] == len(at) - 1:       # the truncates lead the batch (a snapshot's): the rest without a copy
+        rest = changes.slice(len(at))
+    else:
+        rest = changes.filter(pc.invert(is_tr))
+    return rest, sorted(found.items(), key=lambda t: _sk(t[0]))
 
 
 def _events(changes: pa.Table, plan: Plan, table_cols: Sequence[str]) -> _Events:
