@@ -35,6 +35,7 @@ from .apply import target_path
 from .environment import check_java
 from .maintenance import (DEFAULT_SMALL_FILES, DEFAULT_VACUUM_RETENTION_HOURS, MIN_VACUUM_RETENTION_HOURS,
                           Maintenance, MaintenanceOptions, count_option, retention_option)
+from .memory import configure_delta_allocator, release_memory
 
 __all__ = ["JobConfig", "BatchReport", "JobError", "spark_session", "target_path", "start", "wait_caught_up", "run",
            "main"]
@@ -117,6 +118,7 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
         return connect_session(remote)
 
     check_java()
+    configure_delta_allocator()      # spark/memory.py: before deltalake is loaded in this process
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = master[len("local["):-1] if master.startswith("local[") else "2"
@@ -269,6 +271,7 @@ class _MicroBatch:
 
         if self.files:
             delete_files([p for paths in self.files.values() for p in paths])
+        release_memory()                 # spark/memory.py: the next batch starts from what is live
 
 
 @dataclass
