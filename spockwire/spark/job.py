@@ -108,8 +108,8 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
     Java 17 it raises SparkEnvironmentError before Spark starts; `register` then checks the workers
     (spockwire.spark.environment). `remote` (``sc://host:port``): a Spark Connect session on that server instead
     (its workers run the server's Python; `master`, `impl` and `conf` are the server's settings). Unless `remote`, it
-    also sets delta-rs's allocator in this process to give freed memory back (``_RJEM_MALLOC_CONF``, unless the environment sets it:
-    spockwire.spark.memory)."""
+    also sets delta-rs's allocator in this process to give freed memory back (``_RJEM_MALLOC_CONF``, unless the
+    environment sets it: spockwire.spark.memory)."""
     from pyspark.sql import SparkSession
 
     import spockwire
