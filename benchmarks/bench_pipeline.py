@@ -128,7 +128,9 @@ END $$;
 def _tree_rss(root: int) -> tuple[int, int]:
     """Resident bytes (RSS, and PSS: shared pages divided among their sharers) of `root`'s process group and of
     every descendant of `root` (Spark's Python workers are the JVM's children). The sum of RSS counts a page
-    shared by forked Python workers once per worker; the sum of PSS counts it once."""
+    shared by forked Python workers once per worker; the sum of PSS counts it once. A process that shares another
+    member's address space is counted once: the JVM starts each Python worker through posix_spawn, whose child runs
+    in the JVM's own memory until it execs, and /proc then shows that child with the JVM's whole RSS and PSS."""
     procs: dict[int, tuple[int, int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -147,12 +149,22 @@ def _tree_rss(root: int) -> tuple[int, int]:
         grew = bool(more)
     rss = pss = 0
     page = os.sysconf("SC_PAGE_SIZE")
-    for pid in members:
+    spaces: set[tuple[str, ...]] = set()
+    for pid in sorted(members):
         try:
             with open(f"/proc/{pid}/statm") as fh:
-                rss += int(fh.read().split()[1]) * page
+                statm = fh.read().split()
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            # the address space's layout (code, stack, data, brk, arguments, environment) and its sizes: equal
+            # for two processes in one address space
+            space = (*statm, *fields[23:26], *fields[42:49])
+            if space in spaces:
+                continue
             with open(f"/proc/{pid}/smaps_rollup") as fh:
                 pss += next((int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:")), 0)
+            rss += int(statm[1]) * page
+            spaces.add(space)
         except (OSError, IndexError, ValueError):
             continue
     return rss, pss

@@ -35,6 +35,7 @@ from .apply import target_path
 from .environment import check_java
 from .maintenance import (DEFAULT_SMALL_FILES, DEFAULT_VACUUM_RETENTION_HOURS, MIN_VACUUM_RETENTION_HOURS,
                           Maintenance, MaintenanceOptions, count_option, retention_option)
+from .memory import configure_delta_allocator, release_memory
 
 __all__ = ["JobConfig", "BatchReport", "JobError", "spark_session", "target_path", "start", "wait_caught_up", "run",
            "main"]
@@ -106,7 +107,9 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
     Python with spockwire) and decode with `impl` (default: the implementation this process selected). Without
     Java 17 it raises SparkEnvironmentError before Spark starts; `register` then checks the workers
     (spockwire.spark.environment). `remote` (``sc://host:port``): a Spark Connect session on that server instead
-    (its workers run the server's Python; `master`, `impl` and `conf` are the server's settings)."""
+    (its workers run the server's Python; `master`, `impl` and `conf` are the server's settings). Unless `remote`, it
+    also sets delta-rs's allocator in this process to give freed memory back (``_RJEM_MALLOC_CONF``, unless the
+    environment sets it: spockwire.spark.memory)."""
     from pyspark.sql import SparkSession
 
     import spockwire
@@ -117,6 +120,7 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
         return connect_session(remote)
 
     check_java()
+    configure_delta_allocator()      # spark/memory.py: before deltalake is loaded in this process
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = master[len("local["):-1] if master.startswith("local[") else "2"
@@ -277,6 +281,7 @@ class _MicroBatch:
 
         if self.files:
             delete_files([p for paths in self.files.values() for p in paths])
+        release_memory()                 # spark/memory.py: the next batch starts from what is live
 
 
 @dataclass
