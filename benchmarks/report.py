@@ -349,17 +349,20 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
         lines.append(f"| {i['label']} | {i.get('target', '')} | {measured} "
                      f"| {anchor_cell} | {ratio_cell} | {'met' if met else 'not met' if met is not None else ''} |")
     lines += [f"| {name} | | no result: the benchmark failed | | | |" for name in failed]
-    lines += ["", "| measurement | gross (s) | empty source (s) | net (s) | micro-batches | peak RSS of the job (GB) "
-              "| peak PSS (GB) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| measurement | gross (s) | empty source (s) | net (s) | micro-batches | their own seconds "
+              "| peak RSS of the job (GB) | peak PSS (GB) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for i in infos:
         job = i.get("job") or {}
         cells = [_num(i.get("gross_s")), _num(i.get("empty_s") if not isinstance(i.get("empty_s"), list) else None),
-                 _num(i.get("net_s")), str(job.get("batches", "")),
+                 _num(i.get("net_s")), str(job.get("batches", "")), _num(job.get("batch_seconds")),
                  f"{i['peak_rss_bytes'] / 1e9:.2f}" if i.get("peak_rss_bytes") else
                  (f"{i['measured']:.2f}" if i.get("unit") == "GB" else ""),
                  f"{i['peak_pss_bytes'] / 1e9:.2f}" if i.get("peak_pss_bytes") else ""]
         lines.append(f"| {i['label']} | " + " | ".join(cells) + " |")
-    notes = ["Peak RSS: the peak, sampled every 0.2 s, of the sum of the resident set sizes of the job's processes "
+    notes = ["Their own seconds: the sum of the micro-batches' `seconds` (each from reading the micro-batch to its "
+             "Delta commit), a cross-check of `net`: the empty source's wall time varies by about a second from run "
+             "to run, as much as a short phase's net time.",
+             "Peak RSS: the peak, sampled every 0.2 s, of the sum of the resident set sizes of the job's processes "
              "(its process group and their descendants: the Python driver, the JVM, Spark's Python workers); a page "
              "shared by forked Python workers counts once per worker. Peak PSS counts it once."]
     for i in infos:
