@@ -91,11 +91,15 @@ def worker_modules() -> tuple[str, ...]:
     if spockwire.__impl__ == "c":
         names += [m for m in ("spockwire.wire._decoder", "spockwire.connection._pump")
                   if importlib.util.find_spec(m) is not None]
-    names.append("spockwire.spark.datasource")     # what a source's task unpickles first
     return tuple(names)
 
 
-def _probe_function(modules: tuple[str, ...]) -> Any:
+#: imported by the check's tasks once the modules it checks are there, so the workers it leaves are ready for the
+#: sources' tasks (what they unpickle first); not reported: a worker without them fails the first task plainly
+WARM_MODULES = ("spockwire.spark.datasource",)
+
+
+def _probe_function(modules: tuple[str, ...], warm: tuple[str, ...] = WARM_MODULES) -> Any:
     """The function one Python task runs on a worker: what it imports and what it cannot. A closure, so that it
     travels by value (the worker needs nothing of spockwire to run it) and never raises."""
     def probe() -> str:
@@ -115,6 +119,12 @@ def _probe_function(modules: tuple[str, ...]) -> Any:
         if module is not None and "spockwire" not in found["errors"]:
             found["spockwire"] = [getattr(module, "__version__", "?"),
                                   os.path.dirname(os.path.realpath(module.__file__ or ""))]
+        if not found["errors"]:
+            for name in warm:
+                try:
+                    importlib.import_module(name)
+                except BaseException:  # noqa: BLE001 - a warm-up only
+                    pass
         return json.dumps(found)
 
     return probe
