@@ -48,7 +48,7 @@ _UNSAFE_CONFIG = ("delta.enableChangeDataFeed", "delta.enableDeletionVectors", "
 class StoredFiles:
     """The rows of the data files read for a batch, each with its file (`FILE_COLUMN`: an index into `names`)."""
 
-    rows: pa.Table
+    rows: pa.Table | None           #: (None once a rewrite used them)
     hit: np.ndarray                 #: the rows whose key the batch touches
     names: list[str]                #: the files, as the table's log names them
     sizes: list[int]                #: their sizes in bytes
@@ -96,11 +96,13 @@ def rewrite_files(dt: Any, stored: StoredFiles, match: pa.Table, match_by: Seque
     replaced = np.unique(frag[hit])
     in_replaced = np.isin(frag, replaced)
     kept = rows.filter(pa.array(in_replaced & ~hit)).drop_columns([FILE_COLUMN])
-    new = pa.concat_tables([unify(kept, schema), unify(written, schema)])
-    new = _sorted(new, keys)
+    copied, replaced_rows, old_rows = kept.num_rows, int(hit.sum()), int(in_replaced.sum())
+    stored.rows = rows = None            # the files' rows are not needed any more: their memory goes first
+    new = _sorted(pa.concat_tables([unify(kept, schema), unify(written, schema)]), keys)
+    del kept
     removed = [stored.names[i] for i in replaced]
     sizes = [stored.sizes[i] for i in replaced]
-    rows_per_file = _rows_per_file(sum(sizes), int(in_replaced.sum()), new, target_file_size)
+    rows_per_file = _rows_per_file(sum(sizes), old_rows, new, target_file_size)
     adds = _write(_local_root(dt), new, rows_per_file)
     now = int(time.time() * 1000)
     from deltalake.transaction import RemoveAction
@@ -110,7 +112,7 @@ def rewrite_files(dt: Any, stored: StoredFiles, match: pa.Table, match_by: Seque
     if actions or commit is not None:
         dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=commit)
     return {"num_target_files_removed": len(removed), "num_target_files_added": len(adds),
-            "num_target_rows_copied": kept.num_rows, "num_target_rows_replaced": int(hit.sum()),
+            "num_target_rows_copied": copied, "num_target_rows_replaced": replaced_rows,
             "num_output_rows": new.num_rows, "execution_time_ms": int((time.perf_counter() - started) * 1000),
             "rewritten": True}
 

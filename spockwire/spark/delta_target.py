@@ -311,7 +311,8 @@ class DeltaTarget:
         else:
             match, by = written, plan.keys + plan.start_cols[:-1]
         size = int((self.dt.metadata().configuration or {}).get("delta.targetFileSize") or TARGET_FILE_BYTES)
-        metrics.merge = rewrite_files(self.dt, self.stored_files, match.select(by), by, written.select(cols),
+        stored, self.stored_files = self.stored_files, None
+        metrics.merge = rewrite_files(self.dt, stored, match.select(by), by, written.select(cols),
                                       plan.keys, schema, size, commit)
         metrics.commits += 1
         return True
