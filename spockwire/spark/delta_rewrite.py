@@ -33,13 +33,15 @@ import pyarrow.parquet as pq
 
 from .arrow_target import keys_in, unify
 
-__all__ = ["FILE_COLUMN", "StoredFiles", "append_files", "arrow_schema", "file_sizes", "file_stats", "plain_type", "rewritable",
-           "rewrite_files"]
+__all__ = ["FILE_COLUMN", "StoredFiles", "append_files", "arrow_schema", "file_sizes", "file_stats", "plain_type",
+           "rewritable", "rewrite_supported", "rewrite_files"]
 
 #: the column giving each stored row's data file, by its index among the files read (a pyarrow dataset field)
 FILE_COLUMN = "__fragment_index"
 #: writer features a rewrite keeps intact (it only removes and adds plain data files)
 _HARMLESS_WRITER_FEATURES = {"appendOnly", "invariants", "timestampNtz"}
+#: reader features files written by pyarrow satisfy as they are
+_HARMLESS_READER_FEATURES = {"timestampNtz"}
 _UNSAFE_CONFIG = ("delta.enableChangeDataFeed", "delta.enableDeletionVectors", "delta.columnMapping.mode",
                   "delta.enableRowTracking", "delta.appendOnly")
 
@@ -54,14 +56,26 @@ class StoredFiles:
     sizes: list[int]                #: their sizes in bytes
 
 
+def rewrite_supported() -> bool:
+    """Whether the installed deltalake commits remove actions of our own (`RemoveAction`: deltalake 1.6.6 and
+    later); without it every write goes through delta-rs's own writers."""
+    try:
+        from deltalake.transaction import RemoveAction  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def rewritable(dt: Any) -> bool:
     """Whether delta-rs's table `dt` is plain enough to rewrite its files without its MERGE (see the module)."""
+    if not rewrite_supported():
+        return False
     meta = dt.metadata()
     if meta.partition_columns:
         return False
     proto = dt.protocol()
-    if proto.reader_features or proto.min_reader_version == 2:      # 2: column mapping; 3: features listed
-        return False
+    if set(proto.reader_features or ()) - _HARMLESS_READER_FEATURES or proto.min_reader_version == 2:
+        return False                                    # reader version 2: column mapping; 3: features listed
     if proto.min_writer_version > 2 and not (proto.min_writer_version == 7 and
                                             set(proto.writer_features or ()) <= _HARMLESS_WRITER_FEATURES):
         return False
@@ -249,7 +263,7 @@ def file_stats(table: pa.Table) -> str:
 
 def _bounds(col: Any, t: pa.DataType) -> tuple[Any, Any] | None:
     if pa.types.is_floating(t):
-        if pc.any(pc.is_nan(col)).as_py():
+        if not pc.all(pc.is_finite(col)).as_py():     # NaN and infinities have no JSON number
             return None
     elif not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
               or pa.types.is_date32(t) or pa.types.is_timestamp(t)):

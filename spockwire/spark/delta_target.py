@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from .arrow_target import COLLECTED, STATE_KIND, collected_position, keys_in, state_rows, truncate_positions, unify
 from .delta_rewrite import (FILE_COLUMN, StoredFiles, append_files, arrow_schema, file_sizes, plain_type,
-                            rewritable, rewrite_files)
+                            rewritable, rewrite_files, rewrite_supported)
 from .resolve import DELETE, OP, UPSERT, Plan, Resolution, Stored
 
 __all__ = ["DeltaTarget", "STATE_DIR", "deltalake_module", "open_delta"]
@@ -96,19 +96,22 @@ def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table,
     """The rows of `dt` whose key is in `touched`, reading only the files that may hold them (their statistics).
     Few keys: the key columns first, whole rows only of the keys found; many: the candidate files whole, filtered
     in memory. `whole_files`: also every row of the files read, with the file each came from (for
-    `rewrite_files`). Returns (rows, files read, files in the table, those files or None)."""
+    `rewrite_files`; not when the log names a file otherwise than the dataset does, such as by an absolute path).
+    Returns (rows, files read, files in the table, those files or None)."""
     import pyarrow.dataset as pds
 
     total = len(dt.file_uris())
     ds = dt.to_pyarrow_dataset(file_pruning_predicate=_key_pruning(keys, touched))
     files = len(ds.files)
+    sizes = file_sizes(dt) if whole_files else {}
+    whole_files = whole_files and set(ds.files) <= set(sizes)
     cols = ds.schema.names
     with_file = cols + [FILE_COLUMN] if whole_files else cols
     if touched.num_rows > FILTER_IN_MEMORY_KEYS:
         rows = ds.to_table(columns=with_file)
         hit = keys_in(rows, keys, touched)
         found = rows.filter(pa.array(hit)).select(cols)
-        return found, files, total, _stored_files(dt, rows, hit, ds.files) if whole_files else None
+        return found, files, total, _stored_files(rows, hit, ds.files, sizes) if whole_files else None
     expr = _key_filter(keys, touched)
     key_cols = list(keys) + ([FILE_COLUMN] if whole_files else [])
     found = ds.to_table(columns=key_cols, filter=expr) if expr is not None else ds.to_table(columns=key_cols)
@@ -122,7 +125,7 @@ def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table,
         sub = pds.FileSystemDataset(frags, ds.schema, ds.format, ds.filesystem)
         whole = sub.to_table(columns=with_file)
         hit = keys_in(whole, keys, found.select(list(keys)))
-        return whole.filter(pa.array(hit)).select(cols), files, total, _stored_files(dt, whole, hit, sub.files)
+        return whole.filter(pa.array(hit)).select(cols), files, total, _stored_files(whole, hit, sub.files, sizes)
     if found.num_rows == 0:
         return ds.schema.empty_table(), files, total, None
     rows = ds.to_table(filter=_key_filter(keys, found))
@@ -131,16 +134,15 @@ def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table,
     return rows, files, total, None
 
 
-def _stored_files(dt: Any, rows: pa.Table, hit: Any, names: Sequence[str]) -> StoredFiles:
-    sizes = file_sizes(dt)
-    missing = set(names) - set(sizes)
-    if missing:     # a file named otherwise in the log (an absolute path): the rewrite could not remove it
-        raise _NotRewritable(f"data files not named as the log names them: {sorted(missing)[:3]}")
+def _stored_files(rows: pa.Table, hit: Any, names: Sequence[str], sizes: dict[str, int]) -> StoredFiles:
     return StoredFiles(rows, hit, list(names), [sizes[n] for n in names])
 
 
-class _NotRewritable(Exception):
-    """The table's files cannot be rewritten by `rewrite_files`: delta-rs merges instead."""
+def target_file_size(dt: Any) -> int:
+    """The size the table's data files are written in: its ``delta.targetFileSize``, else TARGET_FILE_BYTES."""
+    if dt is None:
+        return TARGET_FILE_BYTES
+    return int((dt.metadata().configuration or {}).get("delta.targetFileSize") or TARGET_FILE_BYTES)
 
 
 def _q(name: str) -> str:
@@ -206,12 +208,8 @@ class DeltaTarget:
         plan = self.plan
         rows = tombs = None
         if self.dt is not None:
-            whole = rewritable(self.dt)
-            try:
-                rows, metrics.files_read, metrics.files_in_table, self.stored_files = read_keys(
-                    self.dt, plan.keys, touched, whole_files=whole)
-            except _NotRewritable:
-                rows, metrics.files_read, metrics.files_in_table, _ = read_keys(self.dt, plan.keys, touched)
+            rows, metrics.files_read, metrics.files_in_table, self.stored_files = read_keys(
+                self.dt, plan.keys, touched, whole_files=rewritable(self.dt))
         truncates: list = []
         collected = None
         if self.state is not None:
@@ -289,13 +287,10 @@ class DeltaTarget:
     def _append(self, rows: pa.Table, commit: Any) -> bool:
         """New keys' rows as new files through delta_rewrite.append_files (a plain table, or a new one), sorted by
         the key; False when delta-rs's writer must add them instead."""
-        if self.dt is not None and not rewritable(self.dt):
+        if not (rewritable(self.dt) if self.dt is not None else rewrite_supported()):
             return False
-        if self.dt is None:
-            return append_files(self.path, None, rows, self.plan.keys, TARGET_FILE_BYTES, commit,
-                                {"delta.targetFileSize": str(TARGET_FILE_BYTES)})
-        size = int((self.dt.metadata().configuration or {}).get("delta.targetFileSize") or TARGET_FILE_BYTES)
-        return append_files(self.path, self.dt, rows, self.plan.keys, size, commit)
+        created = {"delta.targetFileSize": str(TARGET_FILE_BYTES)} if self.dt is None else None
+        return append_files(self.path, self.dt, rows, self.plan.keys, target_file_size(self.dt), commit, created)
 
     def _rewrite(self, res: Resolution, written: pa.Table, cols: list[str], commit: Any, metrics: Any) -> bool:
         """The batch's rows by rewriting the files holding its keys (delta_rewrite.py), when the table allows it
@@ -310,10 +305,9 @@ class DeltaTarget:
             match, by = res.rows, plan.keys
         else:
             match, by = written, plan.keys + plan.start_cols[:-1]
-        size = int((self.dt.metadata().configuration or {}).get("delta.targetFileSize") or TARGET_FILE_BYTES)
         stored, self.stored_files = self.stored_files, None
         metrics.merge = rewrite_files(self.dt, stored, match.select(by), by, written.select(cols),
-                                      plan.keys, schema, size, commit)
+                                      plan.keys, schema, target_file_size(self.dt), commit)
         metrics.commits += 1
         return True
 
