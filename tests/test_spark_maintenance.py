@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -186,8 +187,19 @@ def test_kill_9_during_the_maintenance_step_loses_and_resurrects_nothing(tmp_pat
         lsn += 10
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     # the children start together (their imports take seconds on a busy machine) and each waits for its turn
-    children = [subprocess.Popen([sys.executable, "-c", CHILD, path], env=env, stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    children = [subprocess.Popen([sys.executable, "-c", CHILD, target], env=env, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True) for target in [path] * 4 + [str(tmp_path / "c")]]
+    # how long the step takes on this machine now: once to its end on a copy of the table, so that the kills
+    # below land inside it whatever the machine's speed
+    shutil.copytree(path, tmp_path / "c")
+    calibration = children.pop()
+    calibration.stdin.write(f"{lsn}\n")
+    calibration.stdin.close()
+    assert calibration.stdout.readline().strip() == "go"
+    started = time.monotonic()
+    calibration.stdout.read()
+    step = time.monotonic() - started
+    assert calibration.wait(60) == 0
     killed = 0
     for token in range(12, 15):
         # another micro-batch (more small files, more tombstones), then its maintenance step killed part way
@@ -202,7 +214,7 @@ def test_kill_9_during_the_maintenance_step_loses_and_resurrects_nothing(tmp_pat
         child.stdin.write(f"{lsn}\n")
         child.stdin.close()
         assert child.stdout.readline().strip() == "go"
-        time.sleep(rng.uniform(0.0, 0.4))        # the whole step takes 0.2-0.4 s here
+        time.sleep(rng.uniform(0.05, 0.7) * step)
         child.send_signal(signal.SIGKILL)
         killed += child.wait(30) == -signal.SIGKILL
         child.stdout.close()
