@@ -237,3 +237,73 @@ def test_new_keys_are_appended_as_sorted_files_and_odd_types_by_delta_rs(tmp_pat
     unsigned = _bulk(10).append_column("k", pa.array(np.arange(10, dtype=np.uint16)))
     apply_changes(unsigned, odd, keys=["k"], engine="delta-rs")
     assert deltalake.DeltaTable(odd).to_pyarrow_table().sort_by("k").column("k").to_pylist() == list(range(10))
+
+
+def test_a_read_ahead_gives_the_same_table_and_is_used_only_while_current(tmp_path, monkeypatch):
+    """Rows read ahead (spark/read_ahead.py) serve a large batch touching every file, with the same table as a batch
+    without them; a read-ahead of a table that changed since, or whose batch needs some files only, goes unused and
+    the batch reads the files itself."""
+    from spockwire.spark.read_ahead import ReadAhead
+
+    monkeypatch.setattr(delta_target, "TARGET_FILE_BYTES", 256 << 10)
+    n = 60_000
+    paths = [str(tmp_path / name) for name in ("ahead", "plain")]
+    first = _bulk(n).append_column("k", pa.array(np.arange(n, dtype=np.int64)))
+    for path in paths:
+        apply_changes(first, path, keys=["k"], engine="delta-rs")
+    assert len(deltalake.DeltaTable(paths[0]).file_uris()) >= 3
+    every_other = _bulk(n, "update_postimage", lsn=20).filter(pa.array(np.arange(n) % 2 == 0))
+    every_other = every_other.append_column("k", every_other.column("id").cast(pa.int64()))
+    ahead = ReadAhead(paths[0])
+    m = apply_changes(every_other, paths[0], keys=["k"], engine="delta-rs", read_ahead=ahead)
+    apply_changes(every_other, paths[1], keys=["k"], engine="delta-rs")
+    assert ahead.used and m.merge["rewritten"]
+    assert _rows(paths[0], 1) == _rows(paths[1], 1)
+    # the table changes after the read-ahead started: its rows are stale and go unused
+    stale = ReadAhead(paths[0])
+    stale._thread.join()                  # read before the change below
+    later = _bulk(n, "update_postimage", lsn=30).filter(pa.array(np.arange(n) % 2 == 1))
+    later = later.append_column("k", later.column("id").cast(pa.int64()))
+    apply_changes(later.slice(0, 1), paths[0], keys=["k"], engine="delta-rs")
+    apply_changes(later.slice(0, 1), paths[1], keys=["k"], engine="delta-rs")
+    apply_changes(later, paths[0], keys=["k"], engine="delta-rs", read_ahead=stale)
+    apply_changes(later, paths[1], keys=["k"], engine="delta-rs")
+    assert stale.used is False
+    assert _rows(paths[0], 1) == _rows(paths[1], 1)
+    # a batch whose keys lie in the first files only: the candidate files are not the files read ahead
+    low = _bulk(5000, "update_postimage", lsn=40).append_column("k", pa.array(np.arange(5000, dtype=np.int64)))
+    some = ReadAhead(paths[0])
+    m = apply_changes(low, paths[0], keys=["k"], engine="delta-rs", read_ahead=some)
+    apply_changes(low, paths[1], keys=["k"], engine="delta-rs")
+    assert some.used is False and m.files_read < m.files_in_table
+    assert _rows(paths[0], 1) == _rows(paths[1], 1)
+
+
+def test_batch_wal_bytes_reads_the_span_from_the_checkpoint_offsets(tmp_path):
+    """A streaming batch's WAL span is its end offset less the previous one; a snapshot batch, the first batch and
+    a missing or unreadable offset file give None."""
+    from spockwire.spark.read_ahead import ReadAheadPolicy, batch_wal_bytes
+
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    head = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}\n'
+    (offsets / "0").write_text(head + '{"lsn": "0/0", "snapshot": "", "chunks": []}')         # not taken yet
+    (offsets / "1").write_text(head + '{"lsn": "0/800000", "snapshot": "00000003-1", "chunks": []}')
+    (offsets / "2").write_text(head + '{"lsn": "0/1000000"}')
+    (offsets / "3").write_text(head + '{"lsn": "1/2000000"}')
+    (offsets / "4").write_text(head + "{not json")
+    assert batch_wal_bytes(str(tmp_path), 3) == (1 << 32) + 0x1000000
+    assert batch_wal_bytes(str(tmp_path), 2) == 0x800000      # the first after the snapshot: from its slot's LSN
+    assert batch_wal_bytes(str(tmp_path), 1) is None          # the snapshot batch itself
+    assert batch_wal_bytes(str(tmp_path), 0) is None
+    assert batch_wal_bytes(str(tmp_path), 4) is None
+    assert batch_wal_bytes(str(tmp_path), 9) is None
+    assert batch_wal_bytes("s3://bucket/ck", 3) is None
+    policy = ReadAheadPolicy(str(tmp_path), wal_bytes=1 << 30)
+    target = str(tmp_path / "no-table")
+    assert policy.start(2, [target]) == {}     # 8 MiB: below the policy's 1 GiB
+    started = policy.start(3, [target])
+    assert list(started) == [target]
+    started[target].rows_for(None, [])     # no table there: nothing read, so unused
+    policy.finished(started)
+    assert policy.start(3, [target]) == {}     # a miss: the next large batches read as usual

@@ -62,3 +62,54 @@ def test_release_memory_gives_freed_pool_pages_back_and_keeps_live_data():
     # about 180 MB were freed inside pyarrow's pool; without the release the process keeps them resident
     assert returned > 100 << 20, returned
     assert values == f"{3 * 999_999} {3 * 999_999 * 1_000_000 // 2}"
+
+
+def test_importing_the_source_and_writing_a_batch_file_does_not_load_pandas(tmp_path):
+    """Spark's Python workers that plan and decode a micro-batch import the source and write its Arrow files; none of
+    it converts Python values with `pa.array` (which loads pandas: about 50 MB in each of those processes)."""
+    import pyarrow as pa
+
+    schema = pa.schema([("_change_type", pa.string()), ("_commit_lsn", pa.uint64()),
+                        ("_commit_ts", pa.timestamp("us", tz="UTC")), ("_xid", pa.uint32()), ("_seq", pa.int64()),
+                        ("_origin", pa.string()), ("_unchanged_toast", pa.list_(pa.string())), ("id", pa.int32()),
+                        ("v", pa.string())])
+    batch = pa.RecordBatch.from_pylist([
+        {"_change_type": "insert", "_commit_lsn": 100, "_commit_ts": 0, "_xid": None, "_seq": 0, "id": 1, "v": "a"},
+        {"_change_type": "update_postimage", "_commit_lsn": 200, "_commit_ts": 1, "_xid": 7, "_seq": 1, "id": 1,
+         "v": "b"}], schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(batch)
+    lines = _run(f"""
+        import sys
+        import pyarrow as pa
+        from spockwire.spark import datasource
+        from spockwire.spark.batch_files import write_files
+
+        batch = pa.ipc.open_stream(pa.py_buffer(bytes.fromhex({sink.getvalue().to_pybytes().hex()!r}))).read_next_batch()
+        manifest = pa.Table.from_batches(list(write_files({str(tmp_path)!r}, "range-1", iter([("public.t", batch)]),
+                                                          batch.schema, False)))
+        print(manifest.column("rows").to_pylist(), manifest.column("snapshot_rows").to_pylist(),
+              manifest.column("last_lsn").to_pylist())
+        print("pandas" in sys.modules)
+    """, {})
+    assert lines[:2] == ["[2] [1] [200]", "False"]
+
+
+def test_python_column_equals_pa_array_for_strings_and_integers_with_nulls():
+    import pyarrow as pa
+    import pytest
+
+    from spockwire.export.arrow import python_column
+
+    cases = [(["a", None, "", "ééé", "z" * 300], pa.string()), ([], pa.string()), ([None, None], pa.string()),
+             ([0, None, -1, 2**63 - 1, -2**63], pa.int64()), ([None], pa.int64()), (list(range(20)), pa.int64())]
+    for values, type_ in cases:
+        got = python_column(values, type_)
+        got.validate(full=True)
+        assert got.equals(pa.array(values, type_)), (values, got)
+        assert got.null_count == sum(v is None for v in values)
+    with pytest.raises(TypeError, match="string and int64"):
+        python_column([1.5], pa.float64())
+    with pytest.raises(OverflowError):
+        python_column([2**63], pa.int64())

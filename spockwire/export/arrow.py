@@ -5,17 +5,48 @@ bitmap, offsets, data) and they are wrapped without copying; the pure-Python twi
 """
 from __future__ import annotations
 
-from typing import Sequence
+from array import array
+from typing import Any, Sequence
 
 import pyarrow as pa
 
 from ..model import CHANGE_TYPES, Relation
 
-__all__ = ["CHANGE_COLUMNS", "change_fields", "schema_metadata", "finish_batch"]
+__all__ = ["CHANGE_COLUMNS", "change_fields", "change_type_scalar", "python_column", "schema_metadata", "finish_batch"]
 
 CHANGE_COLUMNS = ("_change_type", "_commit_lsn", "_commit_ts", "_xid", "_seq", "_origin", "_unchanged_toast")
 
-_CHANGE_TYPE_NAMES = pa.array(CHANGE_TYPES, pa.string())
+
+
+def python_column(values: Sequence[Any], type: pa.DataType) -> pa.Array:
+    """A string or 64-bit integer array of Python values (None is null), built from its buffers: `pa.array` of a
+    list imports pandas, about 50 MB in every process that does it (Spark's decoding workers among them)."""
+    n = len(values)
+    valid = bytearray((n + 7) // 8)
+    for i, v in enumerate(values):
+        if v is not None:
+            valid[i >> 3] |= 1 << (i & 7)
+    nulls = n - sum(v is not None for v in values)
+    bitmap = pa.py_buffer(bytes(valid)) if nulls else None
+    if pa.types.is_int64(type):
+        data = array("q", [0 if v is None else v for v in values])
+        return pa.Array.from_buffers(type, n, [bitmap, pa.py_buffer(data)], null_count=nulls)
+    if not pa.types.is_string(type):
+        raise TypeError(f"python_column builds string and int64 arrays, not {type}")
+    encoded = [b"" if v is None else v.encode() for v in values]
+    offsets = array("i", [0])
+    for item in encoded:
+        offsets.append(offsets[-1] + len(item))
+    return pa.Array.from_buffers(type, n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))],
+                                 null_count=nulls)
+
+
+_CHANGE_TYPE_NAMES = python_column(CHANGE_TYPES, pa.string())
+
+
+def change_type_scalar(name: str) -> pa.Scalar:
+    """`name` (one of CHANGE_TYPES) as an Arrow string scalar, for comparisons that convert no Python value."""
+    return _CHANGE_TYPE_NAMES[CHANGE_TYPES.index(name)]
 _TS = pa.timestamp("us", tz="UTC")
 
 

@@ -46,6 +46,8 @@ from .schema import CHANGE_COLUMNS, KEY_METADATA, TABLE_COLUMN, table_struct_nam
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
+    from .delta_target import ReadAhead
+
 __all__ = ["apply_changes", "apply_to_dataframe", "select_table", "select_table_arrow", "key_columns",
            "value_columns", "scd2_columns", "ApplyMetrics", "has_delta_spark", "STATE_DIR", "DEFAULT_SEQUENCE"]
 
@@ -126,7 +128,8 @@ class ApplyMetrics:
 def apply_changes(changes: "DataFrame | pa.Table", target: "str | DataFrame | None" = None, *,
                   format: str = "delta", keys: Sequence[str] | None = None, engine: str = "auto",
                   sequence_by: Sequence[str] | str = DEFAULT_SEQUENCE, stored_as_scd_type: int = 1,
-                  idempotence: tuple[str, int] | None = None) -> "DataFrame | ApplyMetrics":
+                  idempotence: tuple[str, int] | None = None,
+                  read_ahead: "ReadAhead | None" = None) -> "DataFrame | ApplyMetrics":
     """Apply changes (a Spark DataFrame or an Arrow table: one micro-batch, or any set of changes) to a table.
 
     * ``format="memory"``: `target` is a DataFrame (a table this function returned earlier, or a plain table
@@ -142,6 +145,8 @@ def apply_changes(changes: "DataFrame | pa.Table", target: "str | DataFrame | No
     ``_start_*`` / ``_end_*`` validity columns (see :func:`scd2_columns`).
     `idempotence`: Delta through delta-rs: ``(application id, version)`` recorded with the table's commit; a call
     whose version the table already holds for that application changes nothing (a replayed micro-batch).
+    `read_ahead`: Delta through delta-rs: a :class:`~spockwire.spark.delta_target.ReadAhead` of `target` started
+    before the changes arrived; its rows are used if the table did not change since and the batch needs them all.
 
     Path targets return :class:`ApplyMetrics`.
     """
@@ -177,7 +182,7 @@ def apply_changes(changes: "DataFrame | pa.Table", target: "str | DataFrame | No
         return _apply_delta_spark(spark, _arrow(changes), target, plan)
     if engine not in ("delta-rs", "deltalake"):
         raise ValueError(f"unknown Delta engine {engine!r}: use auto, spark or delta-rs")
-    return _apply_delta_rs(changes, target, plan, idempotence)
+    return _apply_delta_rs(changes, target, plan, idempotence, read_ahead)
 
 
 def apply_to_dataframe(changes: "DataFrame", target: "DataFrame | None" = None,
@@ -214,9 +219,9 @@ def _table_columns(plan: Any, batch: pa.Table, existing: Sequence[str]) -> list[
 
 
 def _apply_delta_rs(changes: "DataFrame | pa.Table", path: str, plan: Any,
-                    idempotence: tuple[str, int] | None) -> ApplyMetrics:
+                    idempotence: tuple[str, int] | None, read_ahead: "ReadAhead | None" = None) -> ApplyMetrics:
     metrics = ApplyMetrics()
-    target = DeltaTarget(path, plan)
+    target = DeltaTarget(path, plan, read_ahead)
     if target.applied(idempotence):
         metrics.skipped = True
         return metrics

@@ -27,10 +27,13 @@ import pyarrow.compute as pc
 from pyarrow import fs as pafs
 
 from ..errors import SpockwireError
+from ..export.arrow import change_type_scalar, python_column
 from . import schema as S
 
 __all__ = ["MANIFEST_SCHEMA", "MANIFEST_ARROW", "BatchFileError", "write_files", "read_files", "check_files",
            "delete_files", "clear", "table_schema", "partition_name"]
+
+_INSERT = change_type_scalar("insert")
 
 #: the DataFrame of a micro-batch in ``stagingPath`` mode: one row per Arrow file (`host`: where its task ran)
 MANIFEST_SCHEMA = "_table string, path string, rows long, snapshot_rows long, last_lsn long, host string"
@@ -79,7 +82,7 @@ def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordB
             writer.write_batch(out)
             counts[0] += out.num_rows
             kinds, xids = out.column(0), out.column(3)
-            counts[1] += pc.sum(pc.and_(pc.equal(kinds, "insert"), pc.is_null(xids))).as_py() or 0
+            counts[1] += pc.sum(pc.and_(pc.equal(kinds, _INSERT), pc.is_null(xids))).as_py() or 0
             last = pc.max(out.column(1)).as_py()
             if last is not None:
                 counts[2] = max(counts[2], last)
@@ -93,7 +96,7 @@ def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordB
         rows.append((table, final if "://" not in staging else f"{staging.split('://', 1)[0]}://{final}",
                      counts[0], counts[1], counts[2] if counts[2] >= 0 else None, socket.gethostname()))
     if rows:
-        yield pa.RecordBatch.from_arrays([pa.array([r[i] for r in rows], f.type) for i, f in enumerate(MANIFEST_ARROW)],
+        yield pa.RecordBatch.from_arrays([python_column([r[i] for r in rows], f.type) for i, f in enumerate(MANIFEST_ARROW)],
                                          schema=MANIFEST_ARROW)
 
 

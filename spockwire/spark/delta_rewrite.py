@@ -112,12 +112,12 @@ def rewrite_files(dt: Any, stored: StoredFiles, match: pa.Table, match_by: Seque
     kept = rows.filter(pa.array(in_replaced & ~hit)).drop_columns([FILE_COLUMN])
     copied, replaced_rows, old_rows = kept.num_rows, int(hit.sum()), int(in_replaced.sum())
     stored.rows = rows = None            # the files' rows are not needed any more: their memory goes first
-    new = _sorted(pa.concat_tables([unify(kept, schema), unify(written, schema)]), keys)
+    new = pa.concat_tables([unify(kept, schema), unify(written, schema)])
     del kept
     removed = [stored.names[i] for i in replaced]
     sizes = [stored.sizes[i] for i in replaced]
     rows_per_file = _rows_per_file(sum(sizes), old_rows, new, target_file_size)
-    adds = _write(_local_root(dt), new, rows_per_file)
+    adds = _write(_local_root(dt), new, rows_per_file, _key_order(new, keys))
     now = int(time.time() * 1000)
     from deltalake.transaction import RemoveAction
 
@@ -150,10 +150,10 @@ def append_files(path: str, dt: Any, rows: pa.Table, keys: Sequence[str], target
         schema = arrow_schema(delta_schema)
         if [f.type for f in schema] != [plain_type(f.type) for f in rows.schema]:
             return False
-    table = _sorted(unify(rows, schema), keys)
+    table = unify(rows, schema)
     if dt is None:
         os.makedirs(path, exist_ok=True)
-    adds = _write(path, table, _rows_per_file(0, 0, table, target_file_size))
+    adds = _write(path, table, _rows_per_file(0, 0, table, target_file_size), _key_order(table, keys))
     if dt is None:
         from deltalake.transaction import create_table_with_add_actions
 
@@ -180,20 +180,21 @@ def plain_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """`table` in the order of its key (one column of a sortable type; already sorted: as it is)."""
+def _key_order(table: pa.Table, keys: Sequence[str]) -> pa.Array | None:
+    """The row order that sorts `table` by its key (one column of a sortable type); None: keep the order it has
+    (already sorted, or not sortable so)."""
     if len(keys) != 1 or table.num_rows < 2:
-        return table
+        return None
     col = table.column(keys[0])
     t = col.type
     if pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t):
         if col.null_count == 0:
             values = col.to_numpy()
             if (values[1:] >= values[:-1]).all():
-                return table
+                return None
     elif not (pa.types.is_string(t) or pa.types.is_large_string(t)):
-        return table
-    return table.take(pc.sort_indices(col))
+        return None
+    return pc.sort_indices(col)
 
 
 def _rows_per_file(old_bytes: int, old_rows: int, new: pa.Table, target: int) -> int:
@@ -205,8 +206,10 @@ def _rows_per_file(old_bytes: int, old_rows: int, new: pa.Table, target: int) ->
     return max(1024, int(target / per_row))
 
 
-def _write(root: str, table: pa.Table, rows_per_file: int) -> list:
-    """`table` as new Parquet files in the table's folder (rows_per_file rows each); their add actions."""
+def _write(root: str, table: pa.Table, rows_per_file: int, order: pa.Array | None) -> list:
+    """`table`, in `order` (row indices; None: as it is), as new Parquet files in the table's folder (rows_per_file
+    rows each); their add actions. Each file's rows are gathered as it is written: the whole table is never copied
+    in order."""
     from deltalake.transaction import AddAction
 
     if table.num_rows == 0:
@@ -219,7 +222,7 @@ def _write(root: str, table: pa.Table, rows_per_file: int) -> list:
                   or pa.types.is_binary(f.type)]
 
     def one(i: int) -> Any:
-        part = table.slice(i * step, step)
+        part = table.slice(i * step, step) if order is None else table.take(order.slice(i * step, step))
         name = f"part-{i:05d}-{run}-c000.snappy.parquet"
         path = os.path.join(root, name)
         pq.write_table(part, path, compression="snappy", row_group_size=max(part.num_rows, 1),

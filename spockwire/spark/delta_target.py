@@ -91,12 +91,13 @@ TARGET_FILE_BYTES = 8 << 20
 FILTER_IN_MEMORY_KEYS = 4096
 
 
-def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table,
-              whole_files: bool = False) -> tuple[pa.Table, int, int, StoredFiles | None]:
+def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table, whole_files: bool = False,
+              read_ahead: Any = None) -> tuple[pa.Table, int, int, StoredFiles | None]:
     """The rows of `dt` whose key is in `touched`, reading only the files that may hold them (their statistics).
     Few keys: the key columns first, whole rows only of the keys found; many: the candidate files whole, filtered
     in memory. `whole_files`: also every row of the files read, with the file each came from (for
     `rewrite_files`; not when the log names a file otherwise than the dataset does, such as by an absolute path).
+    `read_ahead`: a read_ahead.ReadAhead of the table, used for many keys when its files are the candidates.
     Returns (rows, files read, files in the table, those files or None)."""
     import pyarrow.dataset as pds
 
@@ -108,7 +109,9 @@ def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table,
     cols = ds.schema.names
     with_file = cols + [FILE_COLUMN] if whole_files else cols
     if touched.num_rows > FILTER_IN_MEMORY_KEYS:
-        rows = ds.to_table(columns=with_file)
+        rows = read_ahead.rows_for(dt, ds.files) if read_ahead is not None and whole_files else None
+        if rows is None:
+            rows = ds.to_table(columns=with_file)
         hit = keys_in(rows, keys, touched)
         found = rows.filter(pa.array(hit)).select(cols)
         return found, files, total, _stored_files(rows, hit, ds.files, sizes) if whole_files else None
@@ -179,9 +182,10 @@ def sql_pos_cmp(cols: Sequence[str], pos: tuple, op: str, quote: Any = _q) -> st
 class DeltaTarget:
     """One Delta table (and its state table) written through delta-rs."""
 
-    def __init__(self, path: str, plan: Plan) -> None:
+    def __init__(self, path: str, plan: Plan, read_ahead: Any = None) -> None:
         self.path = path
         self.plan = plan
+        self.read_ahead = read_ahead
         self.dt = open_delta(path)
         self.state_path = os.path.join(path, STATE_DIR)
         self.state = open_delta(self.state_path)
@@ -209,7 +213,7 @@ class DeltaTarget:
         rows = tombs = None
         if self.dt is not None:
             rows, metrics.files_read, metrics.files_in_table, self.stored_files = read_keys(
-                self.dt, plan.keys, touched, whole_files=rewritable(self.dt))
+                self.dt, plan.keys, touched, whole_files=rewritable(self.dt), read_ahead=self.read_ahead)
         truncates: list = []
         collected = None
         if self.state is not None:

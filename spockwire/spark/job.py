@@ -36,6 +36,7 @@ from .environment import check_java
 from .maintenance import (DEFAULT_SMALL_FILES, DEFAULT_VACUUM_RETENTION_HOURS, MIN_VACUUM_RETENTION_HOURS,
                           Maintenance, MaintenanceOptions, count_option, retention_option)
 from .memory import configure_delta_allocator, release_memory
+from .read_ahead import ReadAheadPolicy
 
 __all__ = ["JobConfig", "BatchReport", "JobError", "spark_session", "target_path", "start", "wait_caught_up", "run",
            "main"]
@@ -178,8 +179,13 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
     keys = table_keys(cfg)
     maintenance = Maintenance(cfg.maintenance) if cfg.maintenance is not None else None
 
+    targets = [(t, h) for t in cfg.tables for h in ((False, True) if cfg.history else (False,))]
+    ahead = ReadAheadPolicy(cfg.checkpoint)
+
     def run(df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
+        # a batch spanning much WAL: its targets' files are read while its Spark job decodes (read_ahead.py)
+        started = ahead.start(int(batch_id), [target_path(cfg.target, t, h) for t, h in targets])
         batch = _MicroBatch.read(df)
         timings = {"read": time.monotonic() - t0}
         token = (f"spockwire-{query_id()}", int(batch_id)) if query_id is not None else None
@@ -198,7 +204,8 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
             path = target_path(cfg.target, table, history)
             t1 = time.monotonic()
             m = apply_changes(changes, path, format="delta", engine="delta-rs", keys=keys[table],
-                              stored_as_scd_type=2 if history else 1, idempotence=token)
+                              stored_as_scd_type=2 if history else 1, idempotence=token,
+                              read_ahead=started.get(path))
             name = table + ("_history" if history else "")
             timings[name] = time.monotonic() - t1
             timings.update({f"{name}.{k}": v for k, v in m.seconds.items()})
@@ -208,11 +215,12 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
 
         # the targets (each table, and its history table beside it) are independent: their resolution and
         # delta-rs writes run side by side
-        targets = [(t, h) for t in cfg.tables for h in ((False, True) if cfg.history else (False,))]
         with ThreadPoolExecutor(max_workers=min(4, len(targets))) as pool:
             changes = dict(zip(cfg.tables, pool.map(read, cfg.tables)))
             for done in [pool.submit(one, t, changes[t], h) for t, h in targets if changes[t] is not None]:
                 done.result()
+        ahead.finished(started)
+        started.clear()
         lag = _lag(commit_ts, time.time())
         batch.done()
         if os.environ.get("SPOCKWIRE_JOB_TIMINGS"):
