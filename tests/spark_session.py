@@ -31,7 +31,7 @@ def spark_session() -> Any:
             from spockwire.spark.job import LOCAL_DRIVER_JAVA_OPTIONS
 
             _SESSION = (SparkSession.builder.master("local[2]").appName("spockwire-tests")
-                        .config("spark.driver.extraJavaOptions", LOCAL_DRIVER_JAVA_OPTIONS)   # as the job's session
+                        .config("spark.driver.defaultJavaOptions", LOCAL_DRIVER_JAVA_OPTIONS)   # as the job's session
                         # the workers decode with the implementation this process selected, whatever the
                         # environment held when the JVM started
                         .config("spark.executorEnv.SPOCKWIRE_IMPL", spockwire.__impl__)

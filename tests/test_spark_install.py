@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -219,24 +218,3 @@ def test_register_names_the_worker_interpreter_that_cannot_import_spockwire(tmp_
         "passed",
     ]
 
-
-def test_the_job_session_runs_its_local_driver_jvm_with_the_quick_compiler_only(tmp_path):
-    """`spark_session` on a local master starts the driver JVM with LOCAL_DRIVER_JAVA_OPTIONS (C1 only), and
-    registers the data sources (the worker check passes with it)."""
-    from spockwire.spark.job import LOCAL_DRIVER_JAVA_OPTIONS
-
-    script = tmp_path / "session.py"
-    script.write_text(textwrap.dedent("""
-        from spockwire.spark.job import spark_session
-        spark = spark_session("local[1]")
-        jvm = spark.sparkContext._jvm
-        print(list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()))
-        spark.stop()
-    """))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
-    env["PYTHONPATH"] = python_path()
-    proc = run([sys.executable, str(script)], env=env, cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    args = proc.stdout.strip().splitlines()[-1]
-    for option in LOCAL_DRIVER_JAVA_OPTIONS.split():
-        assert f"'{option}'" in args, args

@@ -30,6 +30,7 @@ from spockwire.cli import build_parser, main as cli_main
 from spockwire.cli.config import resolve
 from spockwire.cli.pipeline_cmd import job_config
 from spockwire.spark import job
+from spockwire.spark.job import LOCAL_DRIVER_JAVA_OPTIONS
 from tests.spark_session import spark_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,6 +171,23 @@ def _files_holding(root: Path, needles: list[bytes]) -> tuple[list[str], int]:
 
 
 @pytest.mark.timeout(600)
+def _java_command(group: int) -> list[str]:
+    """The command line of the java process in process group `group`."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                args = fh.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[2]) == group and os.path.basename(args[0]) == "java":
+            return args
+    raise AssertionError(f"no java process in process group {group}")
+
+
 def test_sigterm_finishes_the_batch_then_restart_exactly_once_and_the_password_is_in_no_file(pg_db, tmp_path):
     password = "pw-" + secrets.token_urlsafe(18)
     role = _role(pg_db, password)
@@ -193,6 +211,10 @@ def test_sigterm_finishes_the_batch_then_restart_exactly_once_and_the_password_i
         writer.start()
         # changes keep arriving: the job is past the snapshot and has applied a micro-batch of changes
         _wait(lambda: any(CHANGES.search(ln) for ln in _progress(run / "first.err")), 240, first, run / "first.err")
+        # its local driver JVM compiles with the quick compiler only (job.spark_session), and has the options the
+        # configuration adds (spark.driver.extraJavaOptions: java.io.tmpdir) too
+        jvm = _java_command(first.pid)
+        assert set(LOCAL_DRIVER_JAVA_OPTIONS.split()) | {f"-Djava.io.tmpdir={run}/tmp"} <= set(jvm), jvm
         _wait(lambda: _metrics(port)["spockwire_pipeline_snapshot_complete"] == 1
               and _metrics(port)["spockwire_pipeline_slot_lag_bytes"] >= 0, 60, first, run / "first.err")
         metrics = _metrics(port)

@@ -117,8 +117,9 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
     (spockwire.spark.environment). `remote` (``sc://host:port``): a Spark Connect session on that server instead
     (its workers run the server's Python; `master`, `impl` and `conf` are the server's settings). Unless `remote`, it
     also sets delta-rs's allocator in this process to give freed memory back (``_RJEM_MALLOC_CONF``, unless the
-    environment sets it: spockwire.spark.memory), and on a local master the driver JVM's options to
-    LOCAL_DRIVER_JAVA_OPTIONS unless `conf` sets ``spark.driver.extraJavaOptions``."""
+    environment sets it: spockwire.spark.memory), and on a local master LOCAL_DRIVER_JAVA_OPTIONS as the driver
+    JVM's default options (``spark.driver.defaultJavaOptions``, which Spark puts before
+    ``spark.driver.extraJavaOptions``) unless `conf` sets them."""
     from pyspark.sql import SparkSession
 
     import spockwire
@@ -135,8 +136,8 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
     cores = master[len("local["):-1] if master.startswith("local[") else "2"
     parallel = "2" if cores in ("*", "") else cores
     builder = SparkSession.builder
-    if master.startswith("local") and "spark.driver.extraJavaOptions" not in (conf or {}):
-        builder = builder.config("spark.driver.extraJavaOptions", LOCAL_DRIVER_JAVA_OPTIONS)
+    if master.startswith("local") and "spark.driver.defaultJavaOptions" not in (conf or {}):
+        builder = builder.config("spark.driver.defaultJavaOptions", LOCAL_DRIVER_JAVA_OPTIONS)
     spark = (builder.master(master).appName(app)
              .config("spark.executorEnv.SPOCKWIRE_IMPL", impl or spockwire.__impl__)
              .config("spark.ui.enabled", "false")

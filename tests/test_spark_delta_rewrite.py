@@ -1,26 +1,26 @@
 """`apply_changes` into Delta through delta-rs rewrites the data files holding a batch's keys itself
 (spockwire/spark/delta_rewrite.py) instead of running delta-rs's MERGE: random histories give the oracle's tables
 and the same tables as MERGE, partial rewrites keep the other files, the new files' statistics prune later
-lookups, and tables whose features a rewrite would bypass are merged by delta-rs. No Spark."""
+lookups, and tables whose features a rewrite would bypass are merged by delta-rs. No Spark session (the module runs
+with the Spark extras, which bring deltalake)."""
 from __future__ import annotations
 
 import datetime as dt
 import json
 import random
 
+import deltalake
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-deltalake = pytest.importorskip("deltalake")
-
-from spockwire.spark import delta_target  # noqa: E402
-from spockwire.spark.apply import apply_changes  # noqa: E402
-from spockwire.spark.delta_rewrite import file_stats, rewritable  # noqa: E402
-from spockwire.spark.resolve import scd2_columns  # noqa: E402
-from tests.apply_oracle import COLUMNS, T0, replay_scd1, replay_scd2, workload  # noqa: E402
-from tests.test_apply_resolve import _bulk, _one_table, to_arrow, utc  # noqa: E402
+from spockwire.spark import delta_target
+from spockwire.spark.apply import apply_changes
+from spockwire.spark.delta_rewrite import file_stats, rewritable
+from spockwire.spark.resolve import scd2_columns
+from tests.apply_oracle import COLUMNS, T0, replay_scd1, replay_scd2, workload
+from tests.test_apply_resolve import _bulk, _one_table, to_arrow, utc
 
 EXAMPLES = 4
 HISTORIES = 30
