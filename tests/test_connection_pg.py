@@ -746,3 +746,23 @@ def test_sql_transport_drops_cursor_slot_of_dead_client(pg_db, slot, split_bytes
     with connect(pg_db.dsn, slot=slot, publication="pub", transport="sql") as again:
         assert row_count(read_all(again, 300)) == 300
         assert pg_db.query("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (cursor,))[0][0] == 0
+
+
+@pytest.mark.parametrize("transport", ["replication", "sql"])
+def test_a_slot_another_backend_holds_is_waited_for_then_a_clear_error(pg_db, slot, transport):
+    """The first connection to a slot another backend still holds (as the backend of a killed client does until the
+    server notices) waits for it to be released; a slot held for longer than the wait is the server's error with
+    what it means."""
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    create_publication(pg_db.dsn, "pub")
+    create_slot(pg_db.dsn, slot, "pgoutput")
+    pg_db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 10) g")
+    holder = connect(pg_db.dsn, slot=slot, publication="pub")     # a walsender holds the slot while it streams
+    started = time.monotonic()
+    with pytest.raises(ServerError, match=r'replication slot "[^"]+" is active for PID \d+ \(still after waiting '
+                                          r'1 s: another client is using the slot\)'):
+        connect(pg_db.dsn, slot=slot, publication="pub", transport=transport, reconnect_timeout=1.0)
+    assert 1.0 <= time.monotonic() - started < 10
+    threading.Timer(1.0, holder.close).start()      # the holder goes while the next one waits
+    with connect(pg_db.dsn, slot=slot, publication="pub", transport=transport, reconnect_timeout=30.0) as again:
+        assert row_count(read_all(again, 10)) == 10

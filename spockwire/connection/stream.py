@@ -39,6 +39,10 @@ _RETRYABLE_ON_RECONNECT = ("55006",)  # object in use: the old walsender still h
 TRANSPORTS = ("replication", "sql")
 #: how long close() waits for the server to end the stream (or a running SQL call) before it just disconnects
 CLOSE_TIMEOUT = 5.0
+#: how long the first connection waits for a slot another backend holds: the backend of a client that was killed
+#: keeps the slot until the server notices the client is gone (at once when idle; a backend decoding a large
+#: transaction notices at its next write)
+SLOT_BUSY_WAIT = 60.0
 
 
 def load_pump(choice: str | None = None) -> ModuleType:
@@ -316,7 +320,7 @@ class ReplicationStream(BetweenReads):
         if self._closed:
             raise ReplicationError("the stream is closed")
         if not self.connected:
-            self._open_once()
+            self._open_first()
         if self._heartbeat is None:
             self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"spockwire-status-{self.slot}",
                                                daemon=True)
@@ -336,6 +340,31 @@ class ReplicationStream(BetweenReads):
                               forward_origins=w["forward_origins"], binary=w["binary"], extra=w["extra"],
                               encoding=self.server_encoding, proto_version=w["proto_version"],
                               proto_format=self.proto_format)
+
+    def _open_first(self) -> None:
+        """The first connection: a slot still held by another backend ("object in use") is waited for, at most
+        SLOT_BUSY_WAIT seconds (or `reconnect_timeout`, if shorter, or not at all without `reconnect`); then the
+        server's error is raised."""
+        wait = 0.0 if not self.reconnect else min(SLOT_BUSY_WAIT, self.reconnect_timeout or SLOT_BUSY_WAIT)
+        deadline = time.monotonic() + wait
+        waited = False
+        while True:
+            try:
+                self._open_once()
+                return
+            except Exception as exc:  # noqa: BLE001 - only "object in use" is waited for
+                err = self._connect_error(exc)
+                if getattr(err, "sqlstate", None) not in _RETRYABLE_ON_RECONNECT or time.monotonic() >= deadline:
+                    if waited:
+                        raise ServerError(f"{str(err).strip()} (still after waiting {wait:.0f} s: another client "
+                                          f"is using the slot)") from exc
+                    raise
+                if not waited:
+                    log.info("slot %s: %s; waiting up to %.0f s for the server to release it (a client that ended "
+                             "holds it until the server notices)", self.slot, str(err).strip(), wait)
+                    waited = True
+                self._teardown()
+                time.sleep(0.2)
 
     def _open_once(self) -> None:
         if self.transport == "sql":
@@ -733,7 +762,7 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
         stream._decoder_factory = lambda p: _default_decoder_factory(p, stream.type_catalog, proto_format,
                                                                      **options)
     try:
-        stream._open_once()
+        stream._open_first()
     except Exception as exc:
         stream.close()
         err = stream._connect_error(exc)
