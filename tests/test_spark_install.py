@@ -217,4 +217,3 @@ def test_register_names_the_worker_interpreter_that_cannot_import_spockwire(tmp_
         f"Python with another import path: put {os.path.dirname(here)} first on PYTHONPATH",
         "passed",
     ]
-

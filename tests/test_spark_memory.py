@@ -86,7 +86,8 @@ def test_importing_the_source_and_writing_a_batch_file_does_not_load_pandas(tmp_
         from spockwire.spark import datasource
         from spockwire.spark.batch_files import write_files
 
-        batch = pa.ipc.open_stream(pa.py_buffer(bytes.fromhex({sink.getvalue().to_pybytes().hex()!r}))).read_next_batch()
+        stream = bytes.fromhex({sink.getvalue().to_pybytes().hex()!r})
+        batch = pa.ipc.open_stream(pa.py_buffer(stream)).read_next_batch()
         manifest = pa.Table.from_batches(list(write_files({str(tmp_path)!r}, "range-1", iter([("public.t", batch)]),
                                                           batch.schema, False)))
         print(manifest.column("rows").to_pylist(), manifest.column("snapshot_rows").to_pylist(),

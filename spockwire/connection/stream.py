@@ -345,7 +345,8 @@ class ReplicationStream(BetweenReads):
         """The first connection: a slot still held by another backend ("object in use") is waited for, at most
         SLOT_BUSY_WAIT seconds (or `reconnect_timeout`, if shorter, or not at all without `reconnect`); then the
         server's error is raised."""
-        wait = 0.0 if not self.reconnect else min(SLOT_BUSY_WAIT, self.reconnect_timeout or SLOT_BUSY_WAIT)
+        timeout = SLOT_BUSY_WAIT if self.reconnect_timeout is None else self.reconnect_timeout
+        wait = min(SLOT_BUSY_WAIT, timeout) if self.reconnect else 0.0
         deadline = time.monotonic() + wait
         waited = False
         while True:

@@ -12,10 +12,11 @@ import pyarrow as pa
 
 from ..model import CHANGE_TYPES, Relation
 
-__all__ = ["CHANGE_COLUMNS", "change_fields", "change_type_scalar", "python_column", "schema_metadata", "finish_batch"]
+__all__ = ["CHANGE_COLUMNS", "change_fields", "change_type_scalar", "python_column", "schema_metadata",
+           "finish_batch"]
 
 CHANGE_COLUMNS = ("_change_type", "_commit_lsn", "_commit_ts", "_xid", "_seq", "_origin", "_unchanged_toast")
-
+_TS = pa.timestamp("us", tz="UTC")
 
 
 def python_column(values: Sequence[Any], type: pa.DataType) -> pa.Array:
@@ -23,10 +24,12 @@ def python_column(values: Sequence[Any], type: pa.DataType) -> pa.Array:
     list imports pandas, about 50 MB in every process that does it (Spark's decoding workers among them)."""
     n = len(values)
     valid = bytearray((n + 7) // 8)
+    nulls = 0
     for i, v in enumerate(values):
-        if v is not None:
+        if v is None:
+            nulls += 1
+        else:
             valid[i >> 3] |= 1 << (i & 7)
-    nulls = n - sum(v is not None for v in values)
     bitmap = pa.py_buffer(bytes(valid)) if nulls else None
     if pa.types.is_int64(type):
         data = array("q", [0 if v is None else v for v in values])
@@ -47,7 +50,6 @@ _CHANGE_TYPE_NAMES = python_column(CHANGE_TYPES, pa.string())
 def change_type_scalar(name: str) -> pa.Scalar:
     """`name` (one of CHANGE_TYPES) as an Arrow string scalar, for comparisons that convert no Python value."""
     return _CHANGE_TYPE_NAMES[CHANGE_TYPES.index(name)]
-_TS = pa.timestamp("us", tz="UTC")
 
 
 def change_fields() -> list[pa.Field]:

@@ -46,7 +46,7 @@ from .schema import CHANGE_COLUMNS, KEY_METADATA, TABLE_COLUMN, table_struct_nam
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
-    from .delta_target import ReadAhead
+    from .read_ahead import ReadAhead
 
 __all__ = ["apply_changes", "apply_to_dataframe", "select_table", "select_table_arrow", "key_columns",
            "value_columns", "scd2_columns", "ApplyMetrics", "has_delta_spark", "STATE_DIR", "DEFAULT_SEQUENCE"]
@@ -145,7 +145,7 @@ def apply_changes(changes: "DataFrame | pa.Table", target: "str | DataFrame | No
     ``_start_*`` / ``_end_*`` validity columns (see :func:`scd2_columns`).
     `idempotence`: Delta through delta-rs: ``(application id, version)`` recorded with the table's commit; a call
     whose version the table already holds for that application changes nothing (a replayed micro-batch).
-    `read_ahead`: Delta through delta-rs: a :class:`~spockwire.spark.delta_target.ReadAhead` of `target` started
+    `read_ahead`: Delta through delta-rs: a :class:`~spockwire.spark.read_ahead.ReadAhead` of `target` started
     before the changes arrived; its rows are used if the table did not change since and the batch needs them all.
 
     Path targets return :class:`ApplyMetrics`.

@@ -96,8 +96,8 @@ def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordB
         rows.append((table, final if "://" not in staging else f"{staging.split('://', 1)[0]}://{final}",
                      counts[0], counts[1], counts[2] if counts[2] >= 0 else None, socket.gethostname()))
     if rows:
-        yield pa.RecordBatch.from_arrays([python_column([r[i] for r in rows], f.type) for i, f in enumerate(MANIFEST_ARROW)],
-                                         schema=MANIFEST_ARROW)
+        yield pa.RecordBatch.from_arrays([python_column([r[i] for r in rows], f.type)
+                                          for i, f in enumerate(MANIFEST_ARROW)], schema=MANIFEST_ARROW)
 
 
 def _not_shared(path: str, host: str | None) -> str:

@@ -38,8 +38,8 @@ from .maintenance import (DEFAULT_SMALL_FILES, DEFAULT_VACUUM_RETENTION_HOURS, M
 from .memory import configure_delta_allocator, release_memory
 from .read_ahead import ReadAheadPolicy
 
-__all__ = ["JobConfig", "BatchReport", "JobError", "spark_session", "LOCAL_DRIVER_JAVA_OPTIONS", "target_path", "start", "wait_caught_up", "run",
-           "main"]
+__all__ = ["JobConfig", "BatchReport", "JobError", "spark_session", "LOCAL_DRIVER_JAVA_OPTIONS", "target_path", "start",
+           "wait_caught_up", "run", "main"]
 
 
 class JobError(SpockwireError, ValueError):
