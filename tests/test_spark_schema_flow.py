@@ -38,8 +38,8 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 def test_spark_modules_import_one_way():
     """data source -> readers (slot, staging, frame files, snapshot, batch files) -> conform (schema) ; apply ->
-    targets (Delta, Arrow) -> resolve, and apply -> schema. No cycle, the data source is imported by nobody, and the
-    conform layer and the resolution import no module of the package."""
+    targets (Delta, Arrow, the Delta read-ahead) -> resolve, and apply -> schema. No cycle, the data source is
+    imported by nobody, and the conform layer and the resolution import no module of the package."""
     graph: dict[str, set[str]] = {}
     for p in SPARK_DIR.glob("*.py"):
         if p.stem != "__init__":
@@ -49,7 +49,8 @@ def test_spark_modules_import_one_way():
     assert graph["arrow_target"] <= {"resolve"}
     assert graph["delta_rewrite"] <= {"arrow_target"}
     assert graph["delta_target"] <= {"resolve", "arrow_target", "delta_rewrite"}
-    assert graph["apply"] <= {"schema", "resolve", "arrow_target", "delta_target", "environment"}
+    assert graph["read_ahead"] <= {"delta_rewrite", "delta_target"}
+    assert graph["apply"] <= {"schema", "resolve", "arrow_target", "delta_target", "read_ahead", "environment"}
     assert graph["batch_files"] <= {"schema"}
     assert all("datasource" not in deps for name, deps in graph.items())
     readers = {"slot", "staging", "distributed", "snapshot"} & set(graph)
