@@ -177,6 +177,9 @@ def test_a_batch_of_new_keys_is_written_as_it_is(scd):
     res = resolve(batch, plan, Stored(truncates=[((5, 0), T0)]), TABLE)
     assert res.rows.column("id").to_pylist() == list(range(1000))
     assert res.fresh_keys == 1000 and res.sequential_keys == 0
+    # keys out of order are each still there once: the same (a key order is checked first, then every key)
+    backwards = batch.take(pa.array(np.arange(999, -1, -1)))
+    assert resolve(backwards, plan, Stored(), TABLE).rows.column("id").to_pylist() == list(range(999, -1, -1))
     # a key twice, or a truncate after the first change: resolved the ordinary way, with the same rules
     twice = pa.concat_tables([batch, _bulk(1, lsn=11)])
     res = resolve(twice, plan, Stored(), TABLE)

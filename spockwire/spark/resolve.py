@@ -87,12 +87,7 @@ def _appended(ev: _Events, plan: Plan, stored: Stored, batch_truncates: list, ta
         first = _first_position(t, plan.seq)
         if first is None or any(_sk(p) >= _sk(first) for p, _ts in truncs):
             return None
-    keys = t.select(plan.keys)
-    if len(plan.keys) == 1:
-        distinct = pc.count_distinct(keys.column(0), mode="all").as_py()
-        if distinct != n or (keys.column(0).null_count > 1):
-            return None
-    elif keys.group_by(plan.keys).aggregate([]).num_rows != n:
+    if not _each_key_once(t.select(plan.keys)):
         return None
     cols = {}
     for c in table_cols:
@@ -117,6 +112,20 @@ def _appended(ev: _Events, plan: Plan, stored: Stored, batch_truncates: list, ta
         op = VERSION
     cols[OP] = _repeat(op, n)
     return pa.table(cols)
+
+
+def _each_key_once(keys: pa.Table) -> bool:
+    """No two rows of `keys` hold the same key (NULLs equal, as in a grouping). A snapshot's rows come in key order
+    as a rule: an integer key without NULLs is checked for that first, in one pass."""
+    if keys.num_columns > 1:
+        return keys.group_by(keys.column_names).aggregate([]).num_rows == keys.num_rows
+    col = keys.column(0)
+    if col.null_count > 1:
+        return False
+    if col.null_count == 0 and pa.types.is_integer(col.type):
+        values = col.to_numpy()
+        return bool((values[1:] > values[:-1]).all()) or np.unique(values).size == len(values)
+    return pc.count_distinct(col, mode="all").as_py() == keys.num_rows
 
 
 def _repeat(text: str, n: int) -> pa.Array:
