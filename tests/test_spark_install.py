@@ -217,3 +217,28 @@ def test_register_names_the_worker_interpreter_that_cannot_import_spockwire(tmp_
         f"Python with another import path: put {os.path.dirname(here)} first on PYTHONPATH",
         "passed",
     ]
+
+
+def test_the_job_stops_with_one_line_when_its_workers_cannot_import_spockwire(pg_db, tmp_path):
+    """The pipeline job checks the workers while its query starts: workers of a bare interpreter stop it with the
+    check's line (exit status 1, no traceback), and it writes no Delta table."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=300)
+    pg_db.execute("CREATE TABLE orders (id int PRIMARY KEY, n int); INSERT INTO orders VALUES (1, 1); "
+                  "CREATE PUBLICATION pub FOR TABLE orders")
+    env = clean_environment(PYTHONPATH=python_path(), SPOCKWIRE_IMPL=spockwire.__impl__,
+                            PYSPARK_PYTHON=str(bare / "bin" / "python3"))
+    proc = run([sys.executable, "-m", "spockwire.spark.job", "--dsn", pg_db.dsn, "--slot", "s_bare",
+                "--publication", "pub", "--table", "public.orders", "--target", str(tmp_path / "delta"),
+                "--checkpoint", str(tmp_path / "checkpoint"), "--starting-position", "snapshot",
+                "--until-caught-up", "--timeout", "120"], env=env, cwd=tmp_path, timeout=600)
+    python = os.path.abspath(sys.executable)
+    version = "%d.%d.%d" % sys.version_info[:3]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-1] == (
+        f"spockwire.spark.job: error: Spark's Python workers run {bare / 'bin' / 'python3'} (Python {version}), "
+        f"which cannot import {', '.join(worker_modules())} (ModuleNotFoundError: No module named 'numpy'): set "
+        f"PYSPARK_PYTHON (spark.pyspark.python under spark-submit) to {python}, the interpreter this spockwire runs "
+        "in, before the SparkSession starts"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and proc.stdout.count("{") <= 1, (proc.stdout, proc.stderr[-3000:])
+    assert not (tmp_path / "delta" / "public.orders" / "_delta_log").exists()

@@ -20,6 +20,7 @@ runs it as a child process and kills it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from ..errors import SparkEnvironmentError, SpockwireError
 from .apply import target_path
-from .environment import check_java
+from .environment import WorkerCheck, check_java
 from .maintenance import (DEFAULT_SMALL_FILES, DEFAULT_VACUUM_RETENTION_HOURS, MIN_VACUUM_RETENTION_HOURS,
                           Maintenance, MaintenanceOptions, count_option, retention_option)
 from .memory import configure_delta_allocator, release_memory
@@ -107,14 +108,16 @@ LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", impl: str | None = None,
-                  conf: Mapping[str, str] | None = None, remote: str | None = None) -> Any:
+                  conf: Mapping[str, str] | None = None, remote: str | None = None,
+                  check_workers: bool = True) -> Any:
     """A SparkSession set up for the pipeline: small shuffles, no UI, UTC, quiet logs; `conf`: more settings (they
     win), such as a cluster's ``spark.executor.memory``.
 
     Spark's Python workers run this interpreter (unless ``PYSPARK_PYTHON`` names another: on a cluster, the nodes'
     Python with spockwire) and decode with `impl` (default: the implementation this process selected). Without
     Java 17 it raises SparkEnvironmentError before Spark starts; `register` then checks the workers
-    (spockwire.spark.environment). `remote` (``sc://host:port``): a Spark Connect session on that server instead
+    (spockwire.spark.environment; `check_workers` False: the caller does, as the job does with a WorkerCheck).
+    `remote` (``sc://host:port``): a Spark Connect session on that server instead
     (its workers run the server's Python; `master`, `impl` and `conf` are the server's settings). Unless `remote`, it
     also sets delta-rs's allocator in this process to give freed memory back (``_RJEM_MALLOC_CONF``, unless the
     environment sets it: spockwire.spark.memory), and on a local master LOCAL_DRIVER_JAVA_OPTIONS as the driver
@@ -154,7 +157,7 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
     spark.sparkContext.setLogLevel("ERROR")
     import spockwire.spark
 
-    spockwire.spark.register(spark)
+    spockwire.spark.register(spark, check_workers=check_workers)
     return spark
 
 
@@ -372,9 +375,10 @@ def conninfo(cfg: JobConfig) -> str:
 
 
 def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None = None,
-          gate: "StopGate | None" = None) -> Any:
+          gate: "StopGate | None" = None, ready: Callable[[], None] | None = None) -> Any:
     """Start the streaming query (from its checkpoint, when there is one). `gate`: lets a stop wait for the
-    micro-batch being applied (see `run`)."""
+    micro-batch being applied (see `run`); `ready`: called before each micro-batch is applied (it raises to fail
+    the query: the worker check)."""
     started = threading.Event()
     holder: dict[str, str] = {}
 
@@ -390,6 +394,8 @@ def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | 
     connect = _connect_plumbing(spark, cfg, on_batch)
     if connect is None:
         apply = apply_batch(cfg, on_batch, query_id)
+        if ready is not None:
+            apply = _after(ready, apply)
         function = gate.wrap(apply) if gate is not None else apply
     else:                  # the function runs in the server's Python: no gate (a stop replays the batch in flight)
         function = apply_batch(cfg, *connect[:2])
@@ -407,6 +413,14 @@ def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | 
     if connect is not None and on_batch is not None:
         connect[2](query)
     return query
+
+
+def _after(ready: Callable[[], None], apply: Callable[[Any, int], None]) -> Callable[[Any, int], None]:
+    def checked(df: Any, batch_id: int) -> None:
+        ready()
+        apply(df, batch_id)
+
+    return checked
 
 
 # --- Spark Connect ----------------------------------------------------------------------------------------------
@@ -609,8 +623,12 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
             raise JobError(str(exc)) from None
     _check(cfg)
     target = flush_lsn(conninfo(cfg)) if until_caught_up else None
+    checking = None
     if own_session:
-        spark = spark_session(master, app="spockwire-job", conf=spark_conf, remote=remote)
+        # the workers are checked while the query starts (WorkerCheck), their error raised before any batch ends
+        spark = spark_session(master, app="spockwire-job", conf=spark_conf, remote=remote, check_workers=False)
+        if not remote:
+            checking = WorkerCheck(spark)
     lock = threading.Lock()
 
     def report(b: BatchReport) -> None:
@@ -626,11 +644,23 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
         print(json.dumps({"stopped": True, "last_batch": None}), file=out, flush=True)
         return 0
     try:
-        query = start(spark, cfg, report, gate)
+        query = start(spark, cfg, report, gate,
+                      ready=None if checking is None else functools.partial(_worker_error, checking))
     except BaseException:
-        if own_session:
-            spark.stop()
+        try:
+            if checking is not None:
+                _worker_error(checking)      # a query that could not start for its workers: their error
+        finally:
+            if own_session:
+                spark.stop()
         raise
+    if checking is not None:
+        try:
+            _worker_error(checking)
+        except JobError:
+            query.stop()
+            spark.stop()
+            raise
     print(json.dumps({"started": True, "pid": os.getpid()}), file=out, flush=True)
 
     def tick() -> None:
@@ -664,6 +694,14 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
         if own_session:
             spark.stop()
     return 0
+
+
+def _worker_error(checking: WorkerCheck) -> None:
+    """The worker check's outcome: its SparkEnvironmentError as the job's error (one line, exit status 1)."""
+    try:
+        checking.result()
+    except SparkEnvironmentError as exc:
+        raise JobError(str(exc)) from None
 
 
 def _check(cfg: JobConfig) -> None:
