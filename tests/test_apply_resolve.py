@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spockwire.spark.arrow_target import ArrowTarget
+from spockwire.spark.arrow_target import ArrowTarget, keys_in
 from spockwire.errors import StaleChangesError
 from spockwire.spark.resolve import DEFAULT_SEQUENCE, Stored, first_position, make_plan, resolve, scd2_columns
 from tests.apply_oracle import COLUMNS, T0, replay_scd1, replay_scd2, workload
@@ -203,3 +203,23 @@ def test_late_changes_between_stored_ones_are_resolved_one_key_at_a_time():
     res = resolve(late, plan, target.stored(late.select(["id"])), TABLE)
     assert res.sequential_keys == 1 and res.fresh_keys == 0
     assert [(r["id"], r["_commit_lsn"]) for r in res.rows.to_pylist()] == [(2, 25)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(stored=st.lists(st.one_of(st.none(), st.integers(-5, 40)), max_size=60),
+       wanted=st.lists(st.one_of(st.none(), st.integers(-5, 40)), max_size=60),
+       typ=st.sampled_from([pa.int32(), pa.int64(), pa.uint8()]), chunks=st.integers(1, 3))
+def test_rows_whose_key_is_wanted_as_a_set_says(stored, wanted, typ, chunks):
+    """keys_in: the rows of a table whose key is among another table's keys, NULL matching NULL; integer keys
+    without NULLs by a binary search, the others by Arrow's hash set, with the same answers."""
+    if typ == pa.uint8():
+        stored = [None if v is None else abs(v) for v in stored]
+        wanted = [None if v is None else abs(v) for v in wanted]
+    step = max(1, -(-len(stored) // chunks))
+    column = pa.chunked_array([pa.array(stored[i:i + step], typ) for i in range(0, len(stored), step)] or
+                              [pa.array([], typ)])
+    table = pa.table({"id": column})
+    want = set(wanted)
+    expected = [v in want for v in stored]
+    got = keys_in(table, ["id"], pa.table({"id": pa.array(wanted, pa.int64())}))
+    assert got.dtype == bool and got.tolist() == expected
