@@ -8,7 +8,10 @@ with the time this process read it (a batch's line is printed right after the ba
 throwaway PostgreSQL 15 holds the table ``t`` (a bigint key and 6 typed columns: int, numeric(12,2), text,
 timestamptz, bool, float8; SPOCKWIRE_BENCH_PIPELINE_ROWS rows written with generate_series), an empty table ``e``
 of the same shape (the empty source), and ``t_other`` (in t's publication, not in the job's tables: a change to it
-makes a micro-batch that holds no row of ``t``). The tests run in this order, each building on the last:
+makes a micro-batch that holds no row of ``t``). Every net time is that of ``_net``: the median time from a job's
+``{"started": true}`` line to its exit minus the same of the empty source (the start before that line is the same
+work with or without rows and varies by seconds here); the wall times and their difference are kept beside it. The
+tests run in this order, each building on the last:
 
 * ``test_snapshot``: the job with ``--starting-position snapshot --until-caught-up`` on ``t`` (SCD 1), gross wall
   time and net of the same command on ``e`` (the job's own start, snapshot planning and stop; the median of
@@ -87,7 +90,7 @@ MAX_WAL_BYTES = int(_env("MAX_WAL_BYTES", str(64 << 20)))
 FIXED_ROUNDS = int(_env("FIXED_ROUNDS", "5"))
 ANCHOR_ROUNDS = int(_env("ANCHOR_ROUNDS", "3"))
 #: runs of each empty-source command (their median is subtracted: a job's start and stop alone varies by seconds)
-EMPTY_ROUNDS = int(_env("EMPTY_ROUNDS", "3"))
+EMPTY_ROUNDS = int(_env("EMPTY_ROUNDS", "5"))
 MASTER = _env("MASTER", "local[2]")
 JOB_TIMEOUT = float(_env("JOB_TIMEOUT", "3600"))
 #: per test (pyproject's 900 s is too short for the full-scale phases)
@@ -192,6 +195,7 @@ class Job:
         self.lines: list[tuple[float, dict]] = []
         self.peak_rss = self.peak_pss = 0
         self.wall = 0.0
+        self.started_s: float | None = None     # from the launch to the job's {"started": true} line
         self._cond = threading.Condition()
         self.proc: subprocess.Popen | None = None
 
@@ -203,6 +207,7 @@ class Job:
         env["PYTHONPATH"] = os.pathsep.join([ROOT, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
         self.lines = []
         self.peak_rss = self.peak_pss = 0
+        self.started_s = None
         self._t0 = time.perf_counter()
         self._err = open(self.log, "a")
         self._err.write(f"\n=== {' '.join(self.cmd)}\n")
@@ -231,6 +236,8 @@ class Job:
                 rec = json.loads(line)
             except ValueError:
                 continue
+            if rec.get("started") and self.started_s is None:
+                self.started_s = time.perf_counter() - self._t0
             with self._cond:
                 self.lines.append((now, rec))
                 self._cond.notify_all()
@@ -277,6 +284,10 @@ class Job:
 
     def run(self) -> "Job":
         return self.start().wait()
+
+    def timing(self) -> tuple[float, float]:
+        """(wall, the part of it before the job's "started" line) of its last run."""
+        return self.wall, self.started_s if self.started_s is not None else 0.0
 
     def interrupt(self, timeout: float = 120) -> "Job":
         """Ctrl-C to the driver (it stops the query and Spark), the process group killed if it hangs."""
@@ -392,6 +403,21 @@ def _rate(n: int, net: float) -> float | None:
     return n / net if net > 0 else None
 
 
+def _net(loaded: list[tuple[float, float]], empty: list[tuple[float, float]]) -> dict:
+    """Net seconds of the loaded runs over the empty-source runs (each a Job.timing()): the median time from a
+    job's "started" line to its exit, minus the same of the empty source. The part before that line (the JVM, the
+    Spark session, the worker check, the query's start) is the same work with or without rows, and varies by
+    seconds from run to run here (a page cache the machine emptied, another process's burst); the wall times
+    and their net are kept beside it."""
+    med = statistics.median
+    gross, empty_wall = med(w for w, _ in loaded), med(w for w, _ in empty)
+    net = med(w - s for w, s in loaded) - med(w - s for w, s in empty)
+    return {"gross_s": round(gross, 3), "empty_s": round(empty_wall, 3), "wall_net_s": round(gross - empty_wall, 3),
+            "start_s": round(med(s for _, s in loaded), 3), "empty_start_s": round(med(s for _, s in empty), 3),
+            "net_s": round(net, 3), "gross_runs_s": [round(w, 3) for w, _ in loaded],
+            "empty_runs_s": [round(w, 3) for w, _ in empty]}
+
+
 def _anchor(label: str, value: float, unit: str, measured: float | None) -> dict:
     """An anchor and the ratio measured / anchor (a rate: the fraction of the anchor's rate; a time: the multiple
     of the anchor's time)."""
@@ -478,7 +504,7 @@ def test_snapshot(benchmark, pipeline):
     def run() -> None:
         empties, grosses = [], []
         for r in range(EMPTY_ROUNDS):
-            empties.append(Job(pl, f"empty{r}", "e", slot=f"s_empty{r}", publication="pub_e").run().wall)
+            empties.append(Job(pl, f"empty{r}", "e", slot=f"s_empty{r}", publication="pub_e").run().timing())
             _drop_slot(pl, f"s_empty{r}")      # it would hold back the WAL of every later phase
             last = r == EMPTY_ROUNDS - 1
             job = Job(pl, "scd1", "t", slot="s_scd1") if last else Job(pl, f"scd1_{r}", "t", slot=f"s_scd1_{r}")
@@ -486,12 +512,11 @@ def test_snapshot(benchmark, pipeline):
             assert check_equal(pl.dsn, "t", job.path()) == ROWS
             snap_rows = sum(int(r.get("snapshot_rows", 0)) for _t, r in job.batches())
             assert snap_rows == ROWS, f"the job reported {snap_rows:,} snapshot rows, not {ROWS:,}"
-            grosses.append(job.wall)
+            grosses.append(job.timing())
             if not last:
                 _drop_slot(pl, f"s_scd1_{r}")
                 shutil.rmtree(os.path.join(pl.work, f"scd1_{r}"), ignore_errors=True)
         pl.jobs["scd1"] = job
-        pl.results["empty_snapshot_s"] = statistics.median(empties)
         pl.results["empty_snapshot_runs"] = empties
         hist = pl.jobs["scd2"] = Job(pl, "scd2", "t", slot="s_scd2", history=True)
         hist.run()
@@ -513,27 +538,23 @@ def test_snapshot(benchmark, pipeline):
             writes.append(time.perf_counter() - t0)
             shutil.rmtree(out, ignore_errors=True)
             del table
-        pl.results["snapshot"] = {"gross": statistics.median(grosses), "gross_runs": grosses,
-                                  "empty": statistics.median(empties),
+        pl.results["snapshot"] = {"runs": grosses, "empty_runs": list(empties),
                                   "read_table": statistics.median(reads),
                                   "write_deltalake": statistics.median(writes), "job": job.reported(),
                                   "peak_rss": job.peak_rss, "peak_pss": job.peak_pss, "history_gross": hist.wall}
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     res = pl.results["snapshot"]
-    net = res["gross"] - res["empty"]
-    rate = _rate(ROWS, net)
+    nets = _net(res["runs"], res["empty_runs"])
+    rate = _rate(ROWS, nets["net_s"])
     pl.results["snapshot_rate"] = rate
     _record(benchmark, "snapshot", f"snapshot of a {ROWS:,}-row, 7-column table into Delta (SCD 1), net",
             ">= 1,000,000 rows/s", 1_000_000, "higher", rate, "rows/s",
             [_anchor("spockwire.read_table (2 workers)", ROWS / res["read_table"], "rows/s", rate),
              _anchor("deltalake.write_deltalake of the same rows", ROWS / res["write_deltalake"], "rows/s", rate)],
-            gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(res["empty"], 3),
-            empty_runs_s=[round(x, 3) for x in pl.results["empty_snapshot_runs"]],
-            gross_runs_s=[round(x, 3) for x in res["gross_runs"]],
-            gross_rate=round(ROWS / res["gross"]), job=res["job"], peak_rss_bytes=res["peak_rss"],
-            peak_pss_bytes=res["peak_pss"],
-            history_snapshot_gross_s=round(res["history_gross"], 3), seconds=net, **_common(pl))
+            **nets, gross_rate=round(ROWS / nets["gross_s"]), job=res["job"], peak_rss_bytes=res["peak_rss"],
+            peak_pss_bytes=res["peak_pss"], history_snapshot_gross_s=round(res["history_gross"], 3),
+            seconds=nets["net_s"], **_common(pl))
 
 
 @pytest.mark.benchmark(group=GROUP)
@@ -548,11 +569,9 @@ def test_changes(benchmark, pipeline):
         empties, hist_empties = [], []
         for _r in range(EMPTY_ROUNDS):
             _other_change(pl)
-            empties.append(job.run().wall)
+            empties.append(job.run().timing())
             assert job.rows() == 0, f"the restart with nothing written read {job.rows()} rows"
-            hist_empties.append(hist.run().wall)
-        empty = statistics.median(empties)
-        pl.results["history_empty"] = statistics.median(hist_empties)
+            hist_empties.append(hist.run().timing())
         pl.results["history_empty_runs"] = hist_empties
         pl.pg.query("SELECT pg_copy_logical_replication_slot('s_scd1', 's_twin')", dbname=pl.db)
         write_s = pl.changes(CHANGES)
@@ -561,23 +580,21 @@ def test_changes(benchmark, pipeline):
         check_equal(pl.dsn, "t", job.path())
         ingest = _ingest(pl, "s_twin")
         _drop_slot(pl, "s_twin")
-        pl.results["changes"] = {"gross": job.wall, "empty": empty, "empty_runs": empties, "write_s": write_s,
+        pl.results["changes"] = {"runs": [job.timing()], "empty_runs": empties, "write_s": write_s,
                                  "ingest": ingest,
                                  "job": job.reported(), "peak_rss": job.peak_rss, "peak_pss": job.peak_pss}
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     res = pl.results["changes"]
-    net = res["gross"] - res["empty"]
-    rate = _rate(CHANGES, net)
+    nets = _net(res["runs"], res["empty_runs"])
+    rate = _rate(CHANGES, nets["net_s"])
     pl.results["changes_rate"] = rate
     _record(benchmark, "changes", f"{CHANGES:,}-change backlog into the {ROWS:,}-row table (SCD 1), net",
             ">= 250,000 changes/s", 250_000, "higher", rate, "changes/s",
             [_anchor("spockwire ingest from a twin slot", res["ingest"]["rate"], "changes/s", rate)],
-            gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(res["empty"], 3),
-            empty_runs_s=[round(x, 3) for x in res["empty_runs"]],
-            gross_rate=round(CHANGES / res["gross"]), changes=CHANGES, backlog_write_s=round(res["write_s"], 3),
-            ingest=res["ingest"], job=res["job"], peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"],
-            seconds=net, **_common(pl))
+            **nets, gross_rate=round(CHANGES / nets["gross_s"]), changes=CHANGES,
+            backlog_write_s=round(res["write_s"], 3), ingest=res["ingest"], job=res["job"],
+            peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"], seconds=nets["net_s"], **_common(pl))
 
 
 def _ingest(pl: Pipeline, slot: str) -> dict:
@@ -607,7 +624,7 @@ def _ingest(pl: Pipeline, slot: str) -> dict:
 @pytest.mark.benchmark(group=GROUP)
 def test_changes_history(benchmark, pipeline):
     pl = pipeline
-    _need(pl, "changes", "history_empty")
+    _need(pl, "changes", "history_empty_runs")
     hist = pl.jobs["scd2"]
 
     def run() -> None:
@@ -615,23 +632,21 @@ def test_changes_history(benchmark, pipeline):
         assert hist.rows() == CHANGES, f"the job applied {hist.rows():,} changes, {CHANGES:,} were written"
         check_equal(pl.dsn, "t", hist.path())
         check_equal(pl.dsn, "t", hist.path(history=True), history=True)
-        pl.results["history"] = {"gross": hist.wall, "job": hist.reported(), "peak_rss": hist.peak_rss,
+        pl.results["history"] = {"runs": [hist.timing()], "job": hist.reported(), "peak_rss": hist.peak_rss,
                                  "peak_pss": hist.peak_pss}
         _drop_slot(pl, "s_scd2")       # not read again
 
     benchmark.pedantic(run, rounds=1, iterations=1)
-    res, empty = pl.results["history"], pl.results["history_empty"]
-    net = res["gross"] - empty
-    rate = _rate(CHANGES, net)
+    res = pl.results["history"]
+    nets = _net(res["runs"], pl.results["history_empty_runs"])
+    rate = _rate(CHANGES, nets["net_s"])
     ingest = pl.results["changes"]["ingest"]["rate"]
-    _record(benchmark, "changes_history", f"the same backlog with --history (SCD 2 beside SCD 1), net",
+    _record(benchmark, "changes_history", "the same backlog with --history (SCD 2 beside SCD 1), net",
             ">= 150,000 changes/s", 150_000, "higher", rate, "changes/s",
             [_anchor("spockwire ingest from a twin slot", ingest, "changes/s", rate),
              _anchor("the SCD 1 job on the same backlog", pl.results["changes_rate"], "changes/s", rate)],
-            gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(empty, 3),
-            empty_runs_s=[round(x, 3) for x in pl.results["history_empty_runs"]],
-            gross_rate=round(CHANGES / res["gross"]), changes=CHANGES, job=res["job"],
-            peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"], seconds=net, **_common(pl))
+            **nets, gross_rate=round(CHANGES / nets["gross_s"]), changes=CHANGES, job=res["job"],
+            peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"], seconds=nets["net_s"], **_common(pl))
 
 
 def _running(pl: Pipeline, name: str) -> Job:
@@ -816,12 +831,12 @@ def test_big_snapshot(benchmark, pipeline):
         # one more run on the empty source right before (the machine's load drifts over a long run)
         r = len(pl.results["empty_snapshot_runs"])
         pl.results["empty_snapshot_runs"].append(
-            Job(pl, f"empty{r}", "e", slot=f"s_empty{r}", publication="pub_e").run().wall)
+            Job(pl, f"empty{r}", "e", slot=f"s_empty{r}", publication="pub_e").run().timing())
         _drop_slot(pl, f"s_empty{r}")
         job = pl.jobs["big"] = Job(pl, "big", "big", slot="s_big", publication="pub_big")
         job.run()
         assert check_equal(pl.dsn, "big", job.path("big")) == BIG_ROWS
-        pl.results["big"] = {"gross": job.wall, "load_s": load_s, "job": job.reported(), "peak_rss": job.peak_rss,
+        pl.results["big"] = {"runs": [job.timing()], "load_s": load_s, "job": job.reported(), "peak_rss": job.peak_rss,
                              "peak_pss": job.peak_pss}
 
     try:
@@ -831,15 +846,11 @@ def test_big_snapshot(benchmark, pipeline):
         pl.pg.execute("DROP PUBLICATION IF EXISTS pub_big; DROP TABLE IF EXISTS big", dbname=pl.db)
         shutil.rmtree(os.path.join(pl.work, "big"), ignore_errors=True)
     res = pl.results["big"]
-    empty = statistics.median(pl.results["empty_snapshot_runs"])
-    net = res["gross"] - empty
-    rate = _rate(BIG_ROWS, net)
+    nets = _net(res["runs"], pl.results["empty_snapshot_runs"])
+    rate = _rate(BIG_ROWS, nets["net_s"])
     base = pl.results["snapshot_rate"]
     _record(benchmark, "big_snapshot", f"snapshot of a {BIG_ROWS:,}-row table into Delta (SCD 1), net",
             f"the rate holds (>= 0.9 x the {ROWS:,}-row rate)", 0.9 * base if base else None, "higher", rate, "rows/s",
             [_anchor(f"the {ROWS:,}-row snapshot", base, "rows/s", rate)],
-            big_rows=BIG_ROWS, gross_s=round(res["gross"], 3), net_s=round(net, 3), empty_s=round(empty, 3),
-            empty_runs_s=[round(x, 3) for x in pl.results["empty_snapshot_runs"]],
-            table_load_s=round(res["load_s"], 3), job=res["job"], peak_rss_bytes=res["peak_rss"],
-            peak_pss_bytes=res["peak_pss"], seconds=net,
-            **_common(pl))
+            big_rows=BIG_ROWS, **nets, table_load_s=round(res["load_s"], 3), job=res["job"],
+            peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"], seconds=nets["net_s"], **_common(pl))

@@ -330,9 +330,12 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
              "its JVM and Spark's Python workers), from a throwaway PostgreSQL 15 into Delta tables through "
              "`deltalake` (benchmarks/bench_pipeline.py). One pass of each phase, in this order, each building on "
              "the last; after every phase the Delta table equals the source table (checked, or the benchmark "
-             "fails). `net` is the job's wall time minus that of the same command on an empty source (a table of "
-             "0 rows; a restart from the checkpoint with no change of the table to read), the median of its runs in "
-             "the same run. "
+             "fails). `net` is the job's time from its `started` line to its exit minus the same of the same command "
+             "on an empty source (a table of 0 rows; a restart from the checkpoint with no change of the table to "
+             "read), medians of their runs in the same run: what comes before that line (the JVM, the Spark "
+             "session, the worker check, the query's start) is the same work with or without rows and varies by "
+             "seconds from run to run on this machine, so it is left out of both; the wall times and their "
+             "difference are in the second table. "
              "`ratio` is "
              "measured / anchor: for a rate the fraction of the anchor's rate, for a time the multiple of the "
              "anchor's time." + (_own_run_note(own_run) if own_run else ""), "",
@@ -349,19 +352,23 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
         lines.append(f"| {i['label']} | {i.get('target', '')} | {measured} "
                      f"| {anchor_cell} | {ratio_cell} | {'met' if met else 'not met' if met is not None else ''} |")
     lines += [f"| {name} | | no result: the benchmark failed | | | |" for name in failed]
-    lines += ["", "| measurement | gross (s) | empty source (s) | net (s) | micro-batches | their own seconds "
-              "| peak RSS of the job (GB) | peak PSS (GB) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| measurement | gross (s) | empty source (s) | net of the walls (s) | before `started`: job, "
+              "empty (s) | net (s) | micro-batches | their own seconds | peak RSS of the job (GB) | peak PSS (GB) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i in infos:
         job = i.get("job") or {}
+        starts = (f"{_num(i.get('start_s'))}, {_num(i.get('empty_start_s'))}"
+                  if i.get("start_s") is not None else "")
         cells = [_num(i.get("gross_s")), _num(i.get("empty_s") if not isinstance(i.get("empty_s"), list) else None),
-                 _num(i.get("net_s")), str(job.get("batches", "")), _num(job.get("batch_seconds")),
+                 _num(i.get("wall_net_s")), starts, _num(i.get("net_s")), str(job.get("batches", "")),
+                 _num(job.get("batch_seconds")),
                  f"{i['peak_rss_bytes'] / 1e9:.2f}" if i.get("peak_rss_bytes") else
                  (f"{i['measured']:.2f}" if i.get("unit") == "GB" else ""),
                  f"{i['peak_pss_bytes'] / 1e9:.2f}" if i.get("peak_pss_bytes") else ""]
         lines.append(f"| {i['label']} | " + " | ".join(cells) + " |")
     notes = ["Their own seconds: the sum of the micro-batches' `seconds` (each from reading the micro-batch to its "
-             "Delta commit), a cross-check of `net`: the empty source's wall time varies by about a second from run "
-             "to run, as much as a short phase's net time.",
+             "Delta commit), a cross-check of `net`. Gross and empty source: medians of the wall times of the runs "
+             "(the snapshot: as many runs of each, alternating).",
              "Peak RSS: the peak, sampled every 0.2 s, of the sum of the resident set sizes of the job's processes "
              "(its process group and their descendants: the Python driver, the JVM, Spark's Python workers); a page "
              "shared by forked Python workers counts once per worker. Peak PSS counts it once."]
