@@ -268,6 +268,10 @@ def test_sigterm_finishes_the_batch_then_restart_exactly_once_and_the_password_i
                                           "pipeline")),
                        until_caught_up=True, timeout=300, out=out, spark=spark_session()) == 0
     assert any('"caught_up": true' in ln for ln in _lines(run / "second.out"))
+    # caught up, the job stops like a signal stops it: every micro-batch it applied is committed (a later run does not
+    # read it again)
+    second = [json.loads(ln)["batch"] for ln in _lines(run / "second.out") if '"batch"' in ln]
+    assert second and max(second) <= _committed(run / "ck")[-1]
 
     import deltalake
 

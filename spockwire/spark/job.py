@@ -674,6 +674,8 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
             if target is not None:
                 wait_caught_up(query, target, timeout=timeout, tick=tick,
                                slot_lsn=None if cfg.starting_position == "snapshot" else _slot_lsn(cfg))
+                # a micro-batch already started is finished and committed (not read again by the next run)
+                gate.finish(query)
                 print(json.dumps({"caught_up": True}), file=out, flush=True)
             else:
                 while query.isActive:
