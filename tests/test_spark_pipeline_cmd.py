@@ -170,7 +170,6 @@ def _files_holding(root: Path, needles: list[bytes]) -> tuple[list[str], int]:
     return found, searched
 
 
-@pytest.mark.timeout(600)
 def _java_command(group: int) -> list[str]:
     """The command line of the java process in process group `group`."""
     for entry in os.listdir("/proc"):
@@ -188,6 +187,7 @@ def _java_command(group: int) -> list[str]:
     raise AssertionError(f"no java process in process group {group}")
 
 
+@pytest.mark.timeout(600)
 def test_sigterm_finishes_the_batch_then_restart_exactly_once_and_the_password_is_in_no_file(pg_db, tmp_path):
     password = "pw-" + secrets.token_urlsafe(18)
     role = _role(pg_db, password)
