@@ -47,7 +47,8 @@ tests run in this order, each building on the last:
   ``--max-changes-per-batch`` is set too, high enough not to bind first). Measured: the peak over the run of the sum
   of the resident set sizes of the job's processes (its process group and every descendant, sampled every 0.2 s from
   /proc); beside it the peak of the sum of their PSS (a page shared by Spark's forked Python workers counted once,
-  not once per worker).
+  not once per worker; read at each new peak of the RSS and once a second, as it costs the kernel a walk of each
+  process's page tables).
 * ``test_big_snapshot``: a table ``big`` of SPOCKWIRE_BENCH_PIPELINE_BIG_ROWS rows (as ``t``, its own publication
   and slot), snapshotted as in ``test_snapshot`` (net of the median of the empty-source runs, one more of them
   right before it); its net rows/s against the rate of ``test_snapshot``.
@@ -130,12 +131,12 @@ END $$;
 # ---------------------------------------------------------------------------------------------------------------
 # the job as a child process
 
-def _tree_rss(root: int) -> tuple[int, int]:
-    """Resident bytes (RSS, and PSS: shared pages divided among their sharers) of `root`'s process group and of
-    every descendant of `root` (Spark's Python workers are the JVM's children). The sum of RSS counts a page
-    shared by forked Python workers once per worker; the sum of PSS counts it once. A process that shares another
-    member's address space is counted once: the JVM starts each Python worker through posix_spawn, whose child runs
-    in the JVM's own memory until it execs, and /proc then shows that child with the JVM's whole RSS and PSS."""
+def _tree_rss(root: int) -> tuple[int, list[int]]:
+    """Resident bytes (RSS) of `root`'s process group and of every descendant of `root` (Spark's Python workers are
+    the JVM's children), and the processes counted. The sum counts a page shared by forked Python workers once per
+    worker (:func:`_tree_pss` counts it once). A process that shares another member's address space is counted
+    once: the JVM starts each Python worker through posix_spawn, whose child runs in the JVM's own memory until it
+    execs, and /proc then shows that child with the JVM's whole RSS."""
     procs: dict[int, tuple[int, int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -152,9 +153,10 @@ def _tree_rss(root: int) -> tuple[int, int]:
         more = {pid for pid, (pp, _g) in procs.items() if pp in members} - members
         members |= more
         grew = bool(more)
-    rss = pss = 0
+    rss = 0
     page = os.sysconf("SC_PAGE_SIZE")
     spaces: set[tuple[str, ...]] = set()
+    counted: list[int] = []
     for pid in sorted(members):
         try:
             with open(f"/proc/{pid}/statm") as fh:
@@ -166,13 +168,26 @@ def _tree_rss(root: int) -> tuple[int, int]:
             space = (*statm, *fields[23:26], *fields[42:49])
             if space in spaces:
                 continue
-            with open(f"/proc/{pid}/smaps_rollup") as fh:
-                pss += next((int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:")), 0)
             rss += int(statm[1]) * page
             spaces.add(space)
+            counted.append(pid)
         except (OSError, IndexError, ValueError):
             continue
-    return rss, pss
+    return rss, counted
+
+
+def _tree_pss(pids: list[int]) -> int:
+    """The sum of the processes' PSS (proportional set size: a page shared by n processes counts 1/n in each).
+    The kernel walks a process's page tables for it: tens of milliseconds of CPU for a JVM of a gigabyte, so the
+    sampler reads it at the peaks of RSS and once a second, not at every sample."""
+    pss = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as fh:
+                pss += next((int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:")), 0)
+        except (OSError, IndexError, ValueError):
+            continue
+    return pss
 
 
 class Job:
@@ -244,10 +259,13 @@ class Job:
 
     def _sample(self) -> None:
         assert self.proc is not None
+        next_pss = 0.0
         while self.proc.poll() is None:
-            rss, pss = _tree_rss(self.proc.pid)
+            rss, pids = _tree_rss(self.proc.pid)
+            if rss > self.peak_rss or time.monotonic() >= next_pss:
+                self.peak_pss = max(self.peak_pss, _tree_pss(pids))
+                next_pss = time.monotonic() + 1.0
             self.peak_rss = max(self.peak_rss, rss)
-            self.peak_pss = max(self.peak_pss, pss)
             time.sleep(0.2)
 
     def wait_line(self, pred: Any, after: int, timeout: float) -> tuple[int, float, dict]:

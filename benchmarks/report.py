@@ -371,7 +371,8 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
              "(the snapshot: as many runs of each, alternating).",
              "Peak RSS: the peak, sampled every 0.2 s, of the sum of the resident set sizes of the job's processes "
              "(its process group and their descendants: the Python driver, the JVM, Spark's Python workers); a page "
-             "shared by forked Python workers counts once per worker. Peak PSS counts it once."]
+             "shared by forked Python workers counts once per worker. Peak PSS counts it once (read at each new peak of "
+             "the RSS and once a second)."]
     for i in infos:
         if i.get("key") == "fixed_cost":
             notes.append(f"Fixed cost: median of {i.get('rounds')} rounds of the batches' own `seconds` (from "

@@ -114,3 +114,24 @@ def test_python_column_equals_pa_array_for_strings_and_integers_with_nulls():
         python_column([1.5], pa.float64())
     with pytest.raises(OverflowError):
         python_column([2**63], pa.int64())
+
+
+def test_repeated_equals_pa_array_of_the_value_n_times():
+    import pyarrow as pa
+    import pytest
+
+    from spockwire.export.arrow import repeated
+
+    ts = pa.timestamp("us", tz="UTC")
+    cases = [("insert", pa.string()), ("", pa.string()), ("ééé", pa.string()), (2**64 - 1, pa.uint64()),
+             (-2**63, pa.int64()), (2**32 - 1, pa.uint32()), (-5, pa.int32()), (1_700_000_000_123_456, ts),
+             (None, pa.uint32()), (None, pa.string())]
+    for value, type_ in cases:
+        for n in (0, 1, 5):
+            got = repeated(value, n, type_)
+            got.validate(full=True)
+            assert got.equals(pa.array([value] * n, type_)), (value, type_, n, got)
+    with pytest.raises(TypeError, match="string, integer and timestamp"):
+        repeated(1.5, 2, pa.float64())
+    with pytest.raises(OverflowError):
+        repeated(2**32, 1, pa.uint32())

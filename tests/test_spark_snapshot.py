@@ -8,8 +8,10 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from spockwire.spark import apply_changes, read_staging
+from spockwire.spark.snapshot import MIN_SLOT_CHUNK_PAGES, page_ranges
 from tests.conftest import load_impl
 from tests.spark_session import spark_session
 from tests.test_snapshot import KEYED_COLUMNS, RowWriters, _wait, create_keyed, worker_in_thread
@@ -22,6 +24,90 @@ pytestmark = pytest.mark.pg
 @pytest.fixture(scope="module")
 def spark():
     return spark_session()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(0, 200_000), st.integers(1, 8192), st.integers(1, 64))
+def test_a_table_is_read_in_equal_ranges_that_fill_the_task_slots(pages, chunk_pages, slots):
+    ranges = page_ranges(pages, chunk_pages, slots)
+    # every page once, in order; the last range open-ended (pages added since the planning are read too)
+    assert ranges[0][0] == 0 and ranges[-1][1] is None
+    assert all(stop == nxt for (_f, stop), (nxt, _s) in zip(ranges, ranges[1:]))
+    sizes = [stop - first for first, stop in ranges[:-1]] + [max(pages - ranges[-1][0], 0)]
+    assert all(size <= chunk_pages for size in sizes)
+    assert sum(sizes) == max(pages, 0)
+    if pages:
+        assert max(sizes) - min(sizes) <= 1       # equal but for rounding
+    need = -(-pages // chunk_pages) if pages else 1
+    filled = -(-need // slots) * slots
+    if pages >= filled * min(MIN_SLOT_CHUNK_PAGES, chunk_pages):
+        assert len(ranges) == filled         # no slot idles while another reads one range more
+    else:
+        assert len(ranges) == need
+
+
+def test_a_table_of_three_chunks_on_two_slots_is_read_in_four():
+    assert page_ranges(12_288, 4096, 1) == [(0, 4096), (4096, 8192), (8192, None)]
+    assert page_ranges(12_288, 4096, 2) == [(0, 3072), (3072, 6144), (6144, 9216), (9216, None)]
+    assert page_ranges(10_000, 4096, 2) == [(0, 2500), (2500, 5000), (5000, 7500), (7500, None)]
+    assert page_ranges(4000, 4096, 2) == [(0, 2000), (2000, None)]
+    assert page_ranges(300, 4096, 2) == [(0, None)]          # ranges of fewer than MIN_SLOT_CHUNK_PAGES pages: one
+
+
+def test_a_snapshot_task_loads_no_pandas(pg_db, tmp_path):
+    """A snapshot task (a block range read under the exported snapshot, written as the micro-batch's Arrow file)
+    converts no Python value through `pa.array`, which would load pandas (about 50 MB, and 0.2-0.3 s of the first
+    task's time) into each of Spark's Python workers; its file holds the range's rows and the truncate row."""
+    import pickle
+    import subprocess
+    import sys
+    import textwrap
+
+    from spockwire.spark.slot import SlotSpec
+    from spockwire.spark.snapshot import SnapshotDriver, initial_offset
+
+    pg_db.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text, ts timestamptz)")
+    pg_db.execute("INSERT INTO t SELECT g, 'v' || g, now() FROM generate_series(1, 3000) g")
+    pg_db.execute("CREATE PUBLICATION pub FOR TABLE t")
+    spec = SlotSpec(dsn=pg_db.dsn, slot=_slot(pg_db), publication=("pub",))
+    driver = SnapshotDriver(spec, ["public.t"], chunk_pages=4, task_slots=2)
+    try:
+        end = driver.next_offset(initial_offset())
+        chunk = driver.partitions(end)[0]
+        code = textwrap.dedent(f"""
+            import pickle, sys, traceback
+
+            class ReportPandas:        # where pandas is imported from, for the failure's message
+                def find_spec(self, name, path=None, target=None):
+                    if name == "pandas":
+                        traceback.print_stack(file=sys.stderr)
+
+            sys.meta_path.insert(0, ReportPandas())
+            import pyarrow as pa
+            from spockwire.spark.batch_files import read_files, write_files
+            from spockwire.spark.snapshot import read_chunk
+            spec, chunk = pickle.loads(bytes.fromhex({pickle.dumps((spec, chunk)).hex()!r}))
+            schema = pa.schema([("_change_type", pa.string()), ("_commit_lsn", pa.uint64()),
+                                ("_commit_ts", pa.timestamp("us", tz="UTC")), ("_xid", pa.uint32()),
+                                ("_seq", pa.int64()), ("_origin", pa.string()),
+                                ("_unchanged_toast", pa.list_(pa.string())), ("id", pa.int64()), ("v", pa.string()),
+                                ("ts", pa.timestamp("us", tz="UTC"))])
+            manifest = pa.Table.from_batches(list(write_files({str(tmp_path)!r}, "chunk", read_chunk(
+                spec, chunk, ["id", "v", "ts"]), schema, False)))
+            rows = read_files(manifest.column("path").to_pylist())
+            print("pandas" in sys.modules)
+            print(rows.column("_change_type").value_counts().to_pylist())
+            print(rows.column("id").to_pylist()[1:4], rows.column("_xid").null_count == rows.num_rows)
+        """)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        loaded, counts, head = out.stdout.splitlines()
+    finally:
+        driver.close()
+    assert loaded == "False", out.stderr
+    counts = {c["values"]: c["counts"] for c in eval(counts)}
+    assert counts["truncate"] == 1 and 0 < counts["insert"] < 3000, counts      # one range of several
+    assert head == "[1, 2, 3] True"
 
 
 def _writes(db, stop: threading.Event) -> None:

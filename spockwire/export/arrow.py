@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from ..model import CHANGE_TYPES, Relation
 
-__all__ = ["CHANGE_COLUMNS", "change_fields", "change_type_scalar", "python_column", "schema_metadata",
+__all__ = ["CHANGE_COLUMNS", "change_fields", "change_type_scalar", "python_column", "repeated", "schema_metadata",
            "finish_batch"]
 
 CHANGE_COLUMNS = ("_change_type", "_commit_lsn", "_commit_ts", "_xid", "_seq", "_origin", "_unchanged_toast")
@@ -42,6 +42,25 @@ def python_column(values: Sequence[Any], type: pa.DataType) -> pa.Array:
         offsets.append(offsets[-1] + len(item))
     return pa.Array.from_buffers(type, n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))],
                                  null_count=nulls)
+
+
+def repeated(value: Any, n: int, type: pa.DataType) -> pa.Array:
+    """`value` `n` times as an array of `type` (None: `n` nulls), built from its buffers as `python_column` is:
+    a string, or an integer of a fixed-width type (for a timestamp type, in its unit since the epoch)."""
+    import numpy as np
+
+    if value is None:
+        return pa.nulls(n, type)
+    if pa.types.is_string(type):
+        item = value.encode()
+        offsets = np.arange(n + 1, dtype=np.int32) * len(item)
+        return pa.Array.from_buffers(type, n, [None, pa.py_buffer(offsets), pa.py_buffer(item * n)])
+    width = {8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}.get(getattr(type, "bit_width", 0))
+    if width is None or not (pa.types.is_integer(type) or pa.types.is_timestamp(type)):
+        raise TypeError(f"repeated builds string, integer and timestamp arrays, not {type}")
+    if pa.types.is_unsigned_integer(type):
+        width = np.dtype(width).str.replace("i", "u")
+    return pa.Array.from_buffers(type, n, [None, pa.py_buffer(np.full(n, value, dtype=width))])
 
 
 _CHANGE_TYPE_NAMES = python_column(CHANGE_TYPES, pa.string())

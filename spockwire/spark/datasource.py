@@ -36,6 +36,7 @@ Options (all strings, as Spark passes them):
 | startingPosition | streaming: ``slot`` (default, the slot's position) or ``snapshot`` (rows first: snapshot.py) |
 | snapshotChunkPages | snapshot: table pages per Spark task (default 4096) |
 | snapshotChunksPerBatch | snapshot: tasks per micro-batch (default 8) |
+| snapshotTaskSlots | snapshot: the task slots the micro-batches run on (the pipeline job: Spark's default parallelism); a table is cut into a multiple of them, of equal size (default 1) |
 | pluginOption.NAME | any extra output-plugin option, passed as is |
 | stagingPath | a folder: each task writes its changes there as Arrow files, one per table, and the DataFrame holds one row per file (see batch_files.py; the pipeline job reads them), so the rows never pass through the JVM |
 """
@@ -48,6 +49,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
 from ..connection.slots import format_lsn, parse_lsn
+from ..export.arrow import repeated
 from ..model import Relation
 from . import schema as S
 from ..values.catalog import parse_column_types
@@ -157,7 +159,7 @@ class _Layout:
     def convert(self, table: str, batch: pa.RecordBatch) -> pa.RecordBatch:
         if not self.multi:
             return S.conform_batch(batch, self.target)
-        extra = {S.TABLE_COLUMN: lambda n: pa.array([table] * n, pa.string())}
+        extra = {S.TABLE_COLUMN: lambda n: repeated(table, n, pa.string())}
         for t in self.tables:
             col = S.table_struct_name(t)
             stype = self.struct_types[t]
@@ -302,7 +304,8 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             from .snapshot import CHUNK_PAGES, CHUNKS_PER_BATCH, SnapshotDriver
 
             self.snapshot = SnapshotDriver(spec, tables, int(opts.get("snapshotchunkpages") or CHUNK_PAGES),
-                                           int(opts.get("snapshotchunksperbatch") or CHUNKS_PER_BATCH))
+                                           int(opts.get("snapshotchunksperbatch") or CHUNKS_PER_BATCH),
+                                           int(opts.get("snapshottaskslots") or 1))
         self._until: int | None = None
         self._known_start: int | None = None
         # planning and committing on the driver: one connection for the query's life (opened again if it broke)

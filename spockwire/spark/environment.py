@@ -98,7 +98,7 @@ def worker_modules() -> tuple[str, ...]:
 
 #: imported by the check's tasks once the modules it checks are there, so the workers it leaves are ready for the
 #: sources' tasks (what they unpickle first); not reported: a worker without them fails the first task plainly
-WARM_MODULES = ("spockwire.spark.datasource",)
+WARM_MODULES = ("spockwire.spark.datasource", "spockwire.spark.batch_files", "spockwire.spark.snapshot")
 
 
 def _probe_function(modules: tuple[str, ...], warm: tuple[str, ...] = WARM_MODULES) -> Any:

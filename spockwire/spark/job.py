@@ -174,9 +174,21 @@ def _reader(spark: Any, cfg: JobConfig) -> Any:
     if cfg.create_slot:
         reader = reader.option("createSlot", "true")
     reader = reader.option("stagingPath", staging_path(cfg))
+    slots = _task_slots(spark)
+    if slots:
+        reader = reader.option("snapshotTaskSlots", str(slots))
     for k, v in cfg.extra_options.items():
         reader = reader.option(k, v)
     return reader.load()
+
+
+def _task_slots(spark: Any) -> int | None:
+    """The task slots of the session's cluster (Spark's default parallelism: the cores of a local master, all
+    executors' cores on a cluster); None where the session does not say (Spark Connect)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - a Spark Connect session has no SparkContext
+        return None
 
 
 def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None = None,

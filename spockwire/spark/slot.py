@@ -11,6 +11,7 @@ This module needs no Spark: the Spark data source calls it on the driver (planni
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -30,6 +31,7 @@ __all__ = ["SlotSpec", "SlotAheadError", "make_decoder", "read_range", "advance_
            "IDLE_ADVANCE_BYTES", "PLAN_WINDOW_BYTES", "SPLIT_WAL_BYTES", "split_range", "drop_stale_range_copies",
            "with_password", "refuse_password_in_dsn"]
 
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 #: rows fetched from the server per round trip while reading a range (kept for the signature; the read is a COPY)
 FETCH_ROWS = 2000
 #: frame records handed to the decoder at a time while reading a range
@@ -499,12 +501,15 @@ def _plan(conn: Any, cur: Any, spec: SlotSpec, start: int, max_messages: int | N
 
 
 def _truncate_batch(event: Truncate, table: str) -> pa.RecordBatch:
-    from ..export.arrow import change_fields
+    from ..export.arrow import change_fields, repeated
 
     fields = change_fields()
-    arrays = [pa.array(["truncate"]), pa.array([event.commit_lsn], pa.uint64()),
-              pa.array([event.commit_ts], pa.timestamp("us", tz="UTC")), pa.array([event.xid], pa.uint32()),
-              pa.array([event.seq], pa.int64()), pa.array([event.origin], pa.string()),
+    ts = event.commit_ts
+    micros = None if ts is None else (ts - _EPOCH) // _dt.timedelta(microseconds=1)
+    # from buffers: a Python list through pa.array would import pandas into the worker (export.arrow.repeated)
+    arrays = [repeated("truncate", 1, pa.string()), repeated(event.commit_lsn, 1, pa.uint64()),
+              repeated(micros, 1, pa.timestamp("us", tz="UTC")), repeated(event.xid, 1, pa.uint32()),
+              repeated(event.seq, 1, pa.int64()), repeated(event.origin, 1, pa.string()),
               pa.nulls(1, pa.list_(pa.string()))]
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata={b"spockwire.relation":
                                                                                  table.encode()}))

@@ -33,8 +33,8 @@ from pyspark.sql.datasource import InputPartition
 from ..connection.slots import format_lsn, parse_lsn
 from .slot import SlotSpec, _connect, _wait_released
 
-__all__ = ["SnapshotChunk", "SnapshotDriver", "is_snapshot_offset", "read_chunk", "SNAPSHOT_SEQ_BASE",
-           "CHUNK_PAGES", "CHUNKS_PER_BATCH"]
+__all__ = ["SnapshotChunk", "SnapshotDriver", "is_snapshot_offset", "read_chunk", "page_ranges", "SNAPSHOT_SEQ_BASE",
+           "CHUNK_PAGES", "CHUNKS_PER_BATCH", "MIN_SLOT_CHUNK_PAGES"]
 
 #: the `_seq` of the truncate rows that open a snapshot; snapshot rows come after it
 SNAPSHOT_SEQ_BASE = -(1 << 63)
@@ -42,6 +42,8 @@ SNAPSHOT_SEQ_BASE = -(1 << 63)
 CHUNK_PAGES = 4096
 #: snapshot chunks (tasks) per micro-batch
 CHUNKS_PER_BATCH = 8
+#: the fewest table pages a task is given when a table is cut into more ranges to fill the task slots
+MIN_SLOT_CHUNK_PAGES = 256
 _CHUNK_SEQ = 1 << 40
 
 
@@ -82,21 +84,19 @@ class SnapshotChunk(InputPartition):
         return f"SnapshotChunk({self.source}, pages {self.first_page}..{self.stop_page})"
 
 
-def _repeat(value: Any, n: int, typ: pa.DataType) -> pa.Array:
-    """`value` n times (one take of a one-element array: no Python list of n items)."""
-    return pa.array([value], typ).take(pa.array(np.zeros(n, np.int32)))
-
-
 def _change_columns(n: int, lsn: int, ts_us: int, change: str, seq: Any) -> list[pa.Array]:
-    return [_repeat(change, n, pa.string()), _repeat(lsn, n, pa.uint64()),
-            _repeat(ts_us, n, pa.int64()).cast(pa.timestamp("us", tz="UTC")), pa.nulls(n, pa.uint32()),
+    # from buffers: a Python list through pa.array would import pandas into every worker (export.arrow.repeated)
+    from ..export.arrow import repeated
+
+    return [repeated(change, n, pa.string()), repeated(lsn, n, pa.uint64()),
+            repeated(ts_us, n, pa.timestamp("us", tz="UTC")), pa.nulls(n, pa.uint32()),
             seq, pa.nulls(n, pa.string()), pa.nulls(n, pa.list_(pa.string()))]
 
 
 def _truncate_batch(table: str, lsn: int, ts_us: int) -> pa.RecordBatch:
-    from ..export.arrow import change_fields
+    from ..export.arrow import change_fields, repeated
 
-    arrays = _change_columns(1, lsn, ts_us, "truncate", pa.array([SNAPSHOT_SEQ_BASE], pa.int64()))
+    arrays = _change_columns(1, lsn, ts_us, "truncate", repeated(SNAPSHOT_SEQ_BASE, 1, pa.int64()))
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(change_fields()))
 
 
@@ -117,11 +117,29 @@ def read_chunk(spec: SlotSpec, chunk: SnapshotChunk, columns: Sequence[str]) -> 
         n = values.num_rows
         if not n:
             continue
-        seq = pa.array(np.arange(base + row, base + row + n, dtype=np.int64))
+        seq = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(np.arange(base + row, base + row + n,
+                                                                                    dtype=np.int64))])
         fields = change_fields() + list(values.schema)
         arrays = _change_columns(n, chunk.lsn, chunk.ts_us, "insert", seq) + list(values.columns)
         yield chunk.table, pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
         row += n
+
+
+def page_ranges(pages: int, chunk_pages: int, slots: int = 1) -> list[tuple[int, int | None]]:
+    """The block ranges ``(first page, stop page)`` a table of `pages` pages is read in: ranges of equal size, at
+    most `chunk_pages` pages each, and as many as a multiple of `slots` (the task slots a micro-batch's ranges run
+    on) so no slot idles while another reads a last, extra range -- unless that would make them smaller than
+    :data:`MIN_SLOT_CHUNK_PAGES`. The last range is open-ended (`stop` None): the pages added since it was planned
+    are read too."""
+    pages, chunk_pages, slots = max(0, int(pages)), max(1, int(chunk_pages)), max(1, int(slots))
+    n = max(1, -(-pages // chunk_pages))
+    filled = -(-n // slots) * slots
+    if filled != n and pages >= filled * min(MIN_SLOT_CHUNK_PAGES, chunk_pages):
+        n = filled
+    if pages < n:
+        return [(0, None)]
+    bounds = [i * pages // n for i in range(n)]
+    return [(first, stop) for first, stop in zip(bounds, bounds[1:])] + [(bounds[-1], None)]
 
 
 def _micros(ts: _dt.datetime) -> int:
@@ -138,11 +156,13 @@ class SnapshotDriver:
     """
 
     def __init__(self, spec: SlotSpec, tables: Sequence[str], chunk_pages: int = CHUNK_PAGES,
-                 chunks_per_batch: int = CHUNKS_PER_BATCH) -> None:
+                 chunks_per_batch: int = CHUNKS_PER_BATCH, task_slots: int = 1) -> None:
         self.spec = spec
         self.tables = tuple(tables)
         self.chunk_pages = max(1, int(chunk_pages))
         self.chunks_per_batch = max(1, int(chunks_per_batch))
+        # a table's ranges fill the slots a micro-batch's tasks run on (no more slots than tasks per batch)
+        self.task_slots = max(1, min(int(task_slots), self.chunks_per_batch))
         self.exported: Any = None
         self.voided: set[str] = set()    # snapshots whose micro-batch this process replayed as empty
 
@@ -195,13 +215,11 @@ class SnapshotDriver:
                     cur.execute("SELECT c.relkind, pg_relation_size(c.oid) / current_setting('block_size')::int "
                                 "FROM pg_class c WHERE c.oid = %s::regclass", (source,))
                     kind, pages = cur.fetchone()
-                    if not ranges or kind != "r" or pages <= self.chunk_pages:
+                    if not ranges or kind != "r":
                         chunks.append([table, source, None, None])
                         continue
-                    for first in range(0, int(pages), self.chunk_pages):
-                        stop = first + self.chunk_pages
-                        # the last range is open-ended
-                        chunks.append([table, source, first or None, stop if stop < pages else None])
+                    for first, stop in page_ranges(int(pages), self.chunk_pages, self.task_slots):
+                        chunks.append([table, source, first or None, stop])
             conn.rollback()
         return {"lsn": format_lsn(self.exported.consistent_point), "snapshot": name, "epoch": epoch, "ts": ts,
                 "chunks": chunks, "first": 0, "done": min(self.chunks_per_batch, len(chunks))}
