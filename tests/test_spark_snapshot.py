@@ -34,23 +34,28 @@ def test_a_table_is_read_in_equal_ranges_that_fill_the_task_slots(pages, chunk_p
     assert ranges[0][0] == 0 and ranges[-1][1] is None
     assert all(stop == nxt for (_f, stop), (nxt, _s) in zip(ranges, ranges[1:]))
     sizes = [stop - first for first, stop in ranges[:-1]] + [max(pages - ranges[-1][0], 0)]
-    assert all(size <= chunk_pages for size in sizes)
-    assert sum(sizes) == max(pages, 0)
-    if pages:
-        assert max(sizes) - min(sizes) <= 1       # equal but for rounding
-    need = -(-pages // chunk_pages) if pages else 1
-    filled = -(-need // slots) * slots
-    if pages >= filled * min(MIN_SLOT_CHUNK_PAGES, chunk_pages):
-        assert len(ranges) == filled         # no slot idles while another reads one range more
+    assert sum(sizes) == pages
+    assert max(sizes) - min(sizes) <= 1                      # equal but for rounding
+    need = -(-pages // chunk_pages) if pages else 1          # ranges of at most chunk_pages
+    if len(ranges) % slots == 0:
+        # the fewest that fill the slots: ranges up to 1.5 x chunk_pages, or no more than needed
+        assert len(ranges) == need or max(sizes) <= chunk_pages * 3 // 2 + 1
+        assert len(ranges) - slots < need
+        assert len(ranges) >= need or len(ranges) == need // slots * slots
     else:
+        # the slots could not be filled: too few pages for ranges of MIN_SLOT_CHUNK_PAGES
         assert len(ranges) == need
+        assert pages < -(-need // slots) * slots * min(MIN_SLOT_CHUNK_PAGES, chunk_pages)
+        assert need < slots or pages > need // slots * slots * chunk_pages * 3 // 2
 
 
-def test_a_table_of_three_chunks_on_two_slots_is_read_in_four():
+def test_a_table_of_three_ranges_on_two_slots_is_read_in_two():
     assert page_ranges(12_288, 4096, 1) == [(0, 4096), (4096, 8192), (8192, None)]
-    assert page_ranges(12_288, 4096, 2) == [(0, 3072), (3072, 6144), (6144, 9216), (9216, None)]
-    assert page_ranges(10_000, 4096, 2) == [(0, 2500), (2500, 5000), (5000, 7500), (7500, None)]
+    assert page_ranges(11_256, 4096, 2) == [(0, 5628), (5628, None)]                 # one round of tasks
+    assert page_ranges(12_288, 4096, 2) == [(0, 6144), (6144, None)]
+    assert page_ranges(12_289, 4096, 2) == [(0, 3072), (3072, 6144), (6144, 9216), (9216, None)]
     assert page_ranges(4000, 4096, 2) == [(0, 2000), (2000, None)]
+    assert page_ranges(20_000, 4096, 4) == [(0, 5000), (5000, 10000), (10000, 15000), (15000, None)]
     assert page_ranges(300, 4096, 2) == [(0, None)]          # ranges of fewer than MIN_SLOT_CHUNK_PAGES pages: one
 
 

@@ -126,16 +126,21 @@ def read_chunk(spec: SlotSpec, chunk: SnapshotChunk, columns: Sequence[str]) -> 
 
 
 def page_ranges(pages: int, chunk_pages: int, slots: int = 1) -> list[tuple[int, int | None]]:
-    """The block ranges ``(first page, stop page)`` a table of `pages` pages is read in: ranges of equal size, at
-    most `chunk_pages` pages each, and as many as a multiple of `slots` (the task slots a micro-batch's ranges run
-    on) so no slot idles while another reads a last, extra range -- unless that would make them smaller than
-    :data:`MIN_SLOT_CHUNK_PAGES`. The last range is open-ended (`stop` None): the pages added since it was planned
-    are read too."""
+    """The block ranges ``(first page, stop page)`` a table of `pages` pages is read in: ranges of equal size, about
+    `chunk_pages` pages each, as many as a multiple of `slots` (the task slots a micro-batch's ranges run on), so
+    no slot idles while another reads a last, extra range. Fewer ranges of up to 1.5 x `chunk_pages` where that
+    fills the slots (three ranges' pages on two slots: two ranges, one round of tasks), else more and smaller ones,
+    of at least :data:`MIN_SLOT_CHUNK_PAGES` pages. The last range is open-ended (`stop` None): the pages added
+    since it was planned are read too."""
     pages, chunk_pages, slots = max(0, int(pages)), max(1, int(chunk_pages)), max(1, int(slots))
     n = max(1, -(-pages // chunk_pages))
-    filled = -(-n // slots) * slots
-    if filled != n and pages >= filled * min(MIN_SLOT_CHUNK_PAGES, chunk_pages):
-        n = filled
+    if n % slots:
+        fewer = n // slots * slots
+        more = fewer + slots
+        if fewer and pages <= fewer * chunk_pages * 3 // 2:
+            n = fewer
+        elif pages >= more * min(MIN_SLOT_CHUNK_PAGES, chunk_pages):
+            n = more
     if pages < n:
         return [(0, None)]
     bounds = [i * pages // n for i in range(n)]
