@@ -63,6 +63,7 @@ def test_a_snapshot_task_loads_no_pandas(pg_db, tmp_path):
     """A snapshot task (a block range read under the exported snapshot, written as the micro-batch's Arrow file)
     converts no Python value through `pa.array`, which would load pandas (about 50 MB, and 0.2-0.3 s of the first
     task's time) into each of Spark's Python workers; its file holds the range's rows and the truncate row."""
+    import os
     import pickle
     import subprocess
     import sys
@@ -100,11 +101,15 @@ def test_a_snapshot_task_loads_no_pandas(pg_db, tmp_path):
             manifest = pa.Table.from_batches(list(write_files({str(tmp_path)!r}, "chunk", read_chunk(
                 spec, chunk, ["id", "v", "ts"]), schema, False)))
             rows = read_files(manifest.column("path").to_pylist())
+            import spockwire
+            assert spockwire.__impl__ == "c", spockwire.__impl__
             print("pandas" in sys.modules)
             print(rows.column("_change_type").value_counts().to_pylist())
             print(rows.column("id").to_pylist()[1:4], rows.column("_xid").null_count == rows.num_rows)
         """)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        # the C implementation, as Spark's workers run it (the pure-Python twin builds its columns with pa.array)
+        env = {**os.environ, "SPOCKWIRE_IMPL": "c"}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr
         loaded, counts, head = out.stdout.splitlines()
     finally:
