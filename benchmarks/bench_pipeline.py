@@ -9,8 +9,9 @@ throwaway PostgreSQL 15 holds the table ``t`` (a bigint key and 6 typed columns:
 timestamptz, bool, float8; SPOCKWIRE_BENCH_PIPELINE_ROWS rows written with generate_series), an empty table ``e``
 of the same shape (the empty source), and ``t_other`` (in t's publication, not in the job's tables: a change to it
 makes a micro-batch that holds no row of ``t``). Every net time is that of ``_net``: the median time from a job's
-``{"started": true}`` line to its exit minus the same of the empty source (the start before that line is the same
-work with or without rows and varies by seconds here); the wall times and their difference are kept beside it. The
+query's start (its ``{"started": true}`` line less the ``query_started_s_ago`` it reports) to its exit minus the
+same of the empty source (the start before the query's is the same work with or without rows and varies by seconds
+here); the wall times and their difference are kept beside it. The
 tests run in this order, each building on the last:
 
 * ``test_snapshot``: the job with ``--starting-position snapshot --until-caught-up`` on ``t`` (SCD 1), gross wall
@@ -210,7 +211,7 @@ class Job:
         self.lines: list[tuple[float, dict]] = []
         self.peak_rss = self.peak_pss = 0
         self.wall = 0.0
-        self.started_s: float | None = None     # from the launch to the job's {"started": true} line
+        self.started_s: float | None = None     # from the launch to the job's query's start
         self._cond = threading.Condition()
         self.proc: subprocess.Popen | None = None
 
@@ -252,7 +253,8 @@ class Job:
             except ValueError:
                 continue
             if rec.get("started") and self.started_s is None:
-                self.started_s = time.perf_counter() - self._t0
+                # the line comes once the worker check passed; the query started query_started_s_ago before it
+                self.started_s = time.perf_counter() - self._t0 - float(rec.get("query_started_s_ago") or 0.0)
             with self._cond:
                 self.lines.append((now, rec))
                 self._cond.notify_all()
@@ -304,7 +306,7 @@ class Job:
         return self.start().wait()
 
     def timing(self) -> tuple[float, float]:
-        """(wall, the part of it before the job's "started" line) of its last run."""
+        """(wall, the part of it before the job's query started) of its last run."""
         return self.wall, self.started_s if self.started_s is not None else 0.0
 
     def interrupt(self, timeout: float = 120) -> "Job":
@@ -423,10 +425,11 @@ def _rate(n: int, net: float) -> float | None:
 
 def _net(loaded: list[tuple[float, float]], empty: list[tuple[float, float]]) -> dict:
     """Net seconds of the loaded runs over the empty-source runs (each a Job.timing()): the median time from a
-    job's "started" line to its exit, minus the same of the empty source. The part before that line (the JVM, the
-    Spark session, the worker check, the query's start) is the same work with or without rows, and varies by
+    job's query's start to its exit, minus the same of the empty source. The part before it (the JVM, the Spark
+    session, registering the sources, starting the query) is the same work with or without rows, and varies by
     seconds from run to run here (a page cache the machine emptied, another process's burst); the wall times
-    and their net are kept beside it."""
+    and their net are kept beside it. The worker check runs beside the query (its first micro-batch may be under
+    way before the job prints "started"), so the time is taken from the query's start, not from that line."""
     med = statistics.median
     gross, empty_wall = med(w for w, _ in loaded), med(w for w, _ in empty)
     net = med(w - s for w, s in loaded) - med(w - s for w, s in empty)

@@ -330,12 +330,13 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
              "its JVM and Spark's Python workers), from a throwaway PostgreSQL 15 into Delta tables through "
              "`deltalake` (benchmarks/bench_pipeline.py). One pass of each phase, in this order, each building on "
              "the last; after every phase the Delta table equals the source table (checked, or the benchmark "
-             "fails). `net` is the job's time from its `started` line to its exit minus the same of the same command "
-             "on an empty source (a table of 0 rows; a restart from the checkpoint with no change of the table to "
-             "read), medians of their runs in the same run: what comes before that line (the JVM, the Spark "
-             "session, the worker check, the query's start) is the same work with or without rows and varies by "
-             "seconds from run to run on this machine, so it is left out of both; the wall times and their "
-             "difference are in the second table. "
+             "fails). `net` is the job's time from its streaming query's start to its exit minus the same of the same "
+             "command on an empty source (a table of 0 rows; a restart from the checkpoint with no change of the "
+             "table to read), medians of their runs in the same run: what comes before the query's start (the JVM, "
+             "the Spark session, registering the sources) is the same work with or without rows and varies by "
+             "seconds from run to run on this machine, so it is left out of both (the check of Spark's Python "
+             "workers runs beside the query and is counted); the wall times and their difference are in the second "
+             "table. "
              "`ratio` is "
              "measured / anchor: for a rate the fraction of the anchor's rate, for a time the multiple of the "
              "anchor's time." + (_own_run_note(own_run) if own_run else ""), "",
@@ -352,8 +353,8 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
         lines.append(f"| {i['label']} | {i.get('target', '')} | {measured} "
                      f"| {anchor_cell} | {ratio_cell} | {'met' if met else 'not met' if met is not None else ''} |")
     lines += [f"| {name} | | no result: the benchmark failed | | | |" for name in failed]
-    lines += ["", "| measurement | gross (s) | empty source (s) | net of the walls (s) | before `started`: job, "
-              "empty (s) | net (s) | micro-batches | their own seconds | peak RSS of the job (GB) | peak PSS (GB) |",
+    lines += ["", "| measurement | gross (s) | empty source (s) | net of the walls (s) | before the query's start: "
+              "job, empty (s) | net (s) | micro-batches | their own seconds | peak RSS of the job (GB) | peak PSS (GB) |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i in infos:
         job = i.get("job") or {}

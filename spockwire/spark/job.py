@@ -666,6 +666,7 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
             if own_session:
                 spark.stop()
         raise
+    query_started = time.monotonic()
     if checking is not None:
         try:
             _worker_error(checking)
@@ -673,7 +674,9 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
             query.stop()
             spark.stop()
             raise
-    print(json.dumps({"started": True, "pid": os.getpid()}), file=out, flush=True)
+    # the query runs while the job waits for the worker check: its first micro-batch may be under way already
+    print(json.dumps({"started": True, "pid": os.getpid(),
+                      "query_started_s_ago": round(time.monotonic() - query_started, 3)}), file=out, flush=True)
 
     def tick() -> None:
         if monitor is not None:
