@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "Column", "Relation", "ChangeBatch", "Truncate", "LogicalMessage", "CHANGE_TYPES", "PG_EPOCH_OFFSET_US",
-    "pg_timestamp_to_datetime", "Event", "SNAPSHOT_SEQ_BASE",
+    "pg_timestamp_to_datetime", "epoch_micros", "Event", "SNAPSHOT_SEQ_BASE",
 ]
 
 #: `_change_type` values, indexed by the code the decoders store per row (Delta change-data-feed names).
@@ -36,6 +36,11 @@ _UNIX_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 def pg_timestamp_to_datetime(pg_us: int) -> _dt.datetime:
     """A wire timestamp (signed µs since 2000-01-01 UTC) as an aware UTC datetime."""
     return _UNIX_EPOCH + _dt.timedelta(microseconds=pg_us + PG_EPOCH_OFFSET_US)
+
+
+def epoch_micros(ts: _dt.datetime) -> int:
+    """An aware datetime as whole µs since 1970-01-01 UTC (the value of an Arrow ``timestamp("us", tz)``)."""
+    return (ts - _UNIX_EPOCH) // _dt.timedelta(microseconds=1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,11 +116,11 @@ def test_python_column_equals_pa_array_for_strings_and_integers_with_nulls():
         python_column([2**63], pa.int64())
 
 
-def test_repeated_equals_pa_array_of_the_value_n_times():
+def test_repeated_and_int64_sequence_equal_pa_array():
     import pyarrow as pa
     import pytest
 
-    from spockwire.export.arrow import repeated
+    from spockwire.export.arrow import int64_sequence, repeated
 
     ts = pa.timestamp("us", tz="UTC")
     cases = [("insert", pa.string()), ("", pa.string()), ("ééé", pa.string()), (2**64 - 1, pa.uint64()),
@@ -131,6 +131,10 @@ def test_repeated_equals_pa_array_of_the_value_n_times():
             got = repeated(value, n, type_)
             got.validate(full=True)
             assert got.equals(pa.array([value] * n, type_)), (value, type_, n, got)
+    for start, n in ((-2**63, 3), (0, 0), (10, 5)):
+        got = int64_sequence(start, n)
+        got.validate(full=True)
+        assert got.equals(pa.array(list(range(start, start + n)), pa.int64()))
     with pytest.raises(TypeError, match="string, integer and timestamp"):
         repeated(1.5, 2, pa.float64())
     with pytest.raises(OverflowError):

@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from ..model import CHANGE_TYPES, Relation
 
-__all__ = ["CHANGE_COLUMNS", "change_fields", "change_type_scalar", "python_column", "repeated", "schema_metadata",
-           "finish_batch"]
+__all__ = ["CHANGE_COLUMNS", "change_fields", "change_type_scalar", "python_column", "repeated", "int64_sequence",
+           "schema_metadata", "finish_batch"]
 
 CHANGE_COLUMNS = ("_change_type", "_commit_lsn", "_commit_ts", "_xid", "_seq", "_origin", "_unchanged_toast")
 _TS = pa.timestamp("us", tz="UTC")
@@ -55,12 +55,18 @@ def repeated(value: Any, n: int, type: pa.DataType) -> pa.Array:
         item = value.encode()
         offsets = np.arange(n + 1, dtype=np.int32) * len(item)
         return pa.Array.from_buffers(type, n, [None, pa.py_buffer(offsets), pa.py_buffer(item * n)])
-    width = {8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}.get(getattr(type, "bit_width", 0))
-    if width is None or not (pa.types.is_integer(type) or pa.types.is_timestamp(type)):
+    if not (pa.types.is_integer(type) or pa.types.is_timestamp(type)):
         raise TypeError(f"repeated builds string, integer and timestamp arrays, not {type}")
-    if pa.types.is_unsigned_integer(type):
-        width = np.dtype(width).str.replace("i", "u")
-    return pa.Array.from_buffers(type, n, [None, pa.py_buffer(np.full(n, value, dtype=width))])
+    dtype = np.dtype(("u" if pa.types.is_unsigned_integer(type) else "i") + str(type.bit_width // 8))
+    return pa.Array.from_buffers(type, n, [None, pa.py_buffer(np.full(n, value, dtype=dtype))])
+
+
+def int64_sequence(start: int, n: int) -> pa.Array:
+    """``start, start + 1, ...`` (`n` values) as an int64 array, built from its buffer (`pa.array` of a numpy array
+    also imports pandas)."""
+    import numpy as np
+
+    return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(np.arange(start, start + n, dtype=np.int64))])
 
 
 _CHANGE_TYPE_NAMES = python_column(CHANGE_TYPES, pa.string())

@@ -19,13 +19,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-import numpy as np
 import pyarrow as pa
 
 from ..connection.session import pinned_kwargs
 from ..connection.slots import SLOT_PLUGIN, format_lsn, parse_lsn
 from ..errors import SpockwireError
-from ..model import SNAPSHOT_SEQ_BASE, ChangeBatch, Column, Relation
+from ..model import SNAPSHOT_SEQ_BASE, ChangeBatch, Column, Relation, epoch_micros
 from .reader import iter_table_batches
 
 __all__ = ["ExportedSnapshot", "SnapshotError", "SnapshotTable", "SnapshotProgress", "SNAPSHOT_SEQ_BASE",
@@ -329,29 +328,18 @@ def replicated_tables(dsn_or_conn: Any, plugin: str, *, publication: Any = None,
 
 # ---------------------------------------------------------------------------------------------------- snapshot rows
 
-def _inserts(n: int) -> pa.Array:
-    """A string array of `n` times "insert", built from its buffers (no Python object per row)."""
-    offsets = np.arange(0, 6 * (n + 1), 6, dtype=np.int32)
-    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b"insert" * n)])
-
-
-def _micros(ts: _dt.datetime) -> int:
-    delta = ts - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
-    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
 def snapshot_batch(relation: Relation, values: pa.RecordBatch, first_row: int, commit_lsn: int,
                    commit_ts: _dt.datetime) -> pa.RecordBatch:
     """A reader batch of `relation`'s columns as a change batch of snapshot rows (change columns first)."""
-    from ..export.arrow import change_fields
+    from ..export.arrow import change_fields, int64_sequence, repeated
     n = values.num_rows
+    # each column from its buffers: no Python object per row
     change = [
-        _inserts(n),
-        pa.array(np.full(n, commit_lsn, dtype=np.uint64), pa.uint64()),
-        pa.array(np.full(n, _micros(commit_ts), dtype=np.int64), pa.int64()).cast(_TS),
+        repeated("insert", n, pa.string()),
+        repeated(commit_lsn, n, pa.uint64()),
+        repeated(epoch_micros(commit_ts), n, _TS),
         pa.nulls(n, pa.uint32()),
-        pa.array(np.arange(SNAPSHOT_SEQ_BASE + first_row, SNAPSHOT_SEQ_BASE + first_row + n, dtype=np.int64),
-                 pa.int64()),
+        int64_sequence(SNAPSHOT_SEQ_BASE + first_row, n),
         pa.nulls(n, pa.string()),
         pa.nulls(n, pa.list_(pa.string())),
     ]

@@ -11,7 +11,6 @@ This module needs no Spark: the Spark data source calls it on the driver (planni
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -24,14 +23,13 @@ from ..connection.options import native_options, pgoutput_options, plugin_protoc
 from ..connection.slots import SLOT_PLUGIN, format_lsn, parse_lsn
 from ..connection.stream import load_pump
 from ..errors import SpockwireError
-from ..model import ChangeBatch, Truncate
+from ..model import ChangeBatch, Truncate, epoch_micros
 
 __all__ = ["SlotSpec", "SlotAheadError", "make_decoder", "read_range", "advance_slot", "slot_position",
            "plan_end", "Plan", "ReusedConnection", "pooled_connection", "decoder_types_supported",
            "IDLE_ADVANCE_BYTES", "PLAN_WINDOW_BYTES", "SPLIT_WAL_BYTES", "split_range", "drop_stale_range_copies",
            "with_password", "refuse_password_in_dsn"]
 
-_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 #: rows fetched from the server per round trip while reading a range (kept for the signature; the read is a COPY)
 FETCH_ROWS = 2000
 #: frame records handed to the decoder at a time while reading a range
@@ -504,8 +502,7 @@ def _truncate_batch(event: Truncate, table: str) -> pa.RecordBatch:
     from ..export.arrow import change_fields, repeated
 
     fields = change_fields()
-    ts = event.commit_ts
-    micros = None if ts is None else (ts - _EPOCH) // _dt.timedelta(microseconds=1)
+    micros = None if event.commit_ts is None else epoch_micros(event.commit_ts)
     # from buffers: a Python list through pa.array would import pandas into the worker (export.arrow.repeated)
     arrays = [repeated("truncate", 1, pa.string()), repeated(event.commit_lsn, 1, pa.uint64()),
               repeated(micros, 1, pa.timestamp("us", tz="UTC")), repeated(event.xid, 1, pa.uint32()),

@@ -23,14 +23,13 @@ This module needs Spark only for the InputPartition class.
 """
 from __future__ import annotations
 
-import datetime as _dt
 from typing import Any, Iterator, Sequence
 
-import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from ..connection.slots import format_lsn, parse_lsn
+from ..model import epoch_micros
 from .slot import SlotSpec, _connect, _wait_released
 
 __all__ = ["SnapshotChunk", "SnapshotDriver", "is_snapshot_offset", "read_chunk", "page_ranges", "SNAPSHOT_SEQ_BASE",
@@ -103,7 +102,7 @@ def _truncate_batch(table: str, lsn: int, ts_us: int) -> pa.RecordBatch:
 def read_chunk(spec: SlotSpec, chunk: SnapshotChunk, columns: Sequence[str]) -> Iterator[tuple[str, pa.RecordBatch]]:
     """(table, change batch) of the chunk's rows, read under its snapshot; the truncate rows first, if any."""
     import spockwire
-    from ..export.arrow import change_fields
+    from ..export.arrow import change_fields, int64_sequence
 
     for table in chunk.truncate_tables:
         yield table, _truncate_batch(table, chunk.lsn, chunk.ts_us)
@@ -117,8 +116,7 @@ def read_chunk(spec: SlotSpec, chunk: SnapshotChunk, columns: Sequence[str]) -> 
         n = values.num_rows
         if not n:
             continue
-        seq = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(np.arange(base + row, base + row + n,
-                                                                                    dtype=np.int64))])
+        seq = int64_sequence(base + row, n)
         fields = change_fields() + list(values.schema)
         arrays = _change_columns(n, chunk.lsn, chunk.ts_us, "insert", seq) + list(values.columns)
         yield chunk.table, pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
@@ -145,11 +143,6 @@ def page_ranges(pages: int, chunk_pages: int, slots: int = 1) -> list[tuple[int,
         return [(0, None)]
     bounds = [i * pages // n for i in range(n)]
     return [(first, stop) for first, stop in zip(bounds, bounds[1:])] + [(bounds[-1], None)]
-
-
-def _micros(ts: _dt.datetime) -> int:
-    delta = ts - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
-    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 class SnapshotDriver:
@@ -203,7 +196,7 @@ class SnapshotDriver:
                 cur.execute("SELECT pg_drop_replication_slot(%s)", (self.spec.slot,))
         self.exported = create_slot_with_snapshot(self.spec.conninfo, self.spec.slot, self.spec.plugin)
         name = self.exported.name
-        ts = _micros(snapshot_time(self.spec.conninfo, name))
+        ts = epoch_micros(snapshot_time(self.spec.conninfo, name))
         found = {t.name: t for t in replicated_tables(
             self.spec.conninfo, self.spec.plugin, publication=list(self.spec.publication) or None,
             replication_sets=list(self.spec.replication_sets) or None, snapshot=name)}
