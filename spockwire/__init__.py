@@ -10,23 +10,46 @@
 """
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from .errors import FrameError, ProtocolError, SpockwireError, TruncatedMessage
-from .python_objects import INFINITY, NEG_INFINITY, PgInfinity
-from .model import ChangeBatch, Column, LogicalMessage, Relation, Truncate
-from .wire import load_implementation as _load_implementation
-from .wire.spock_messages import SpockRepairMode, SpockSyncEvent, spock_message
-from .connection.stream import connect  # noqa: E402 - pure Python; psycopg2 is imported at the first call
-from .snapshot.reader import ReadProgress, iter_table_batches, read_table
 
-_impl = _load_implementation()
-
-
-Decoder = _impl.Decoder
-CopyBinaryDecoder = _impl.CopyBinaryDecoder
-set_buffer_pool_bytes = _impl.set_buffer_pool_bytes
-buffer_pool_stats = _impl.buffer_pool_stats
-__impl__: str = _impl.IMPLEMENTATION
 __version__ = "0.1.0"
+
+# Everything else loads at first use (PEP 562): importing a submodule (``spockwire.spark.datasource`` in Spark's
+# planning processes, ``spockwire.spark.job`` before it sets up the allocators) does not load pyarrow and numpy.
+_FROM_MODULE = {
+    "INFINITY": ".python_objects", "NEG_INFINITY": ".python_objects", "PgInfinity": ".python_objects",
+    "ChangeBatch": ".model", "Column": ".model", "LogicalMessage": ".model", "Relation": ".model",
+    "Truncate": ".model",
+    "SpockRepairMode": ".wire.spock_messages", "SpockSyncEvent": ".wire.spock_messages",
+    "spock_message": ".wire.spock_messages",
+    "connect": ".connection.stream",
+    "ReadProgress": ".snapshot.reader", "iter_table_batches": ".snapshot.reader", "read_table": ".snapshot.reader",
+}
+#: names of the decoder implementation (spockwire.wire.load_implementation: the Cython hot path or its twin)
+_FROM_IMPLEMENTATION = {"Decoder": "Decoder", "CopyBinaryDecoder": "CopyBinaryDecoder",
+                        "set_buffer_pool_bytes": "set_buffer_pool_bytes", "buffer_pool_stats": "buffer_pool_stats",
+                        "__impl__": "IMPLEMENTATION"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_MODULE:
+        value = getattr(importlib.import_module(_FROM_MODULE[name], __name__), name)
+    elif name in _FROM_IMPLEMENTATION:
+        from .wire import load_implementation
+
+        value = getattr(load_implementation(), _FROM_IMPLEMENTATION[name])
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "Decoder", "connect", "ChangeBatch", "Truncate", "LogicalMessage", "Relation", "Column",

@@ -37,8 +37,8 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 
 def test_spark_modules_import_one_way():
-    """data source -> readers (slot, staging, frame files, snapshot, batch files) -> conform (schema) ; apply ->
-    targets (Delta, Arrow, the Delta read-ahead) -> resolve, and apply -> schema. No cycle, the data source is
+    """data source -> its readers (source_reader) -> readers (slot, staging, frame files, snapshot, batch files) ->
+    conform (schema) ; apply -> targets (Delta, Arrow, the Delta read-ahead) -> resolve, and apply -> schema. No cycle, the data source is
     imported by nobody, and the conform layer and the resolution import no module of the package."""
     graph: dict[str, set[str]] = {}
     for p in SPARK_DIR.glob("*.py"):
@@ -51,8 +51,13 @@ def test_spark_modules_import_one_way():
     assert graph["delta_target"] <= {"resolve", "arrow_target", "delta_rewrite"}
     assert graph["read_ahead"] <= {"delta_rewrite", "delta_target"}
     assert graph["apply"] <= {"schema", "resolve", "arrow_target", "delta_target", "read_ahead", "environment"}
-    assert graph["batch_files"] <= {"schema"}
+    assert graph["batch_files"] <= {"schema", "manifest"}
     assert all("datasource" not in deps for name, deps in graph.items())
+    # the data source itself loads no reader until Spark asks for one (its planning processes stay small)
+    assert graph["datasource"] <= {"manifest", "source_options", "source_reader", "slot"}   # slot: in annotations
+    assert graph["manifest"] == set()
+    assert graph["source_options"] <= {"slot"}
+    assert graph["source_reader"] <= {"slot", "snapshot", "batch_files", "schema", "source_options"}
     readers = {"slot", "staging", "distributed", "snapshot"} & set(graph)
     for reader in readers:
         assert graph[reader] <= readers | {"schema"}, (reader, graph[reader])

@@ -584,7 +584,7 @@ def test_a_range_cut_short_of_the_flush_is_followed_by_an_empty_one(pg_db):
     makes no range, as before."""
     import dataclasses
 
-    from spockwire.spark.datasource import SpockwireStreamReader
+    from spockwire.spark.source_reader import SpockwireStreamReader
 
     opts, spec, start, cut = _cut_short_of_the_flush(pg_db, extra_slots=("restart",))
     options = {**opts, "maxChangesPerBatch": "40"}

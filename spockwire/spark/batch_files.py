@@ -29,14 +29,14 @@ from pyarrow import fs as pafs
 from ..errors import SpockwireError
 from ..export.arrow import change_type_scalar, python_column
 from . import schema as S
+from .manifest import MANIFEST_SCHEMA
 
 __all__ = ["MANIFEST_SCHEMA", "MANIFEST_ARROW", "BatchFileError", "write_files", "read_files", "check_files",
            "delete_files", "clear", "table_schema", "partition_name"]
 
 _INSERT = change_type_scalar("insert")
 
-#: the DataFrame of a micro-batch in ``stagingPath`` mode: one row per Arrow file (`host`: where its task ran)
-MANIFEST_SCHEMA = "_table string, path string, rows long, snapshot_rows long, last_lsn long, host string"
+#: the DataFrame of a micro-batch in ``stagingPath`` mode (MANIFEST_SCHEMA, in Arrow): one row per Arrow file
 MANIFEST_ARROW = pa.schema([("_table", pa.string()), ("path", pa.string()), ("rows", pa.int64()),
                             ("snapshot_rows", pa.int64()), ("last_lsn", pa.int64()), ("host", pa.string())])
 

@@ -42,171 +42,21 @@ Options (all strings, as Spark passes them):
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource
 
-from ..connection.slots import format_lsn, parse_lsn
-from ..export.arrow import repeated
-from ..model import Relation
-from . import schema as S
-from ..values.catalog import parse_column_types
-from .snapshot import is_snapshot_offset
-from .slot import IDLE_ADVANCE_BYTES, SPLIT_WAL_BYTES, ReusedConnection, SlotSpec, _catalog, _connect, \
-    current_flush_lsn, decoder_types_supported, drop_stale_range_copies, ensure_slot, plan_end, read_range, \
-    refuse_password_in_dsn, slot_position, split_range, advance_slot
+from .manifest import MANIFEST_SCHEMA
+from .source_options import STARTING_POSITIONS, options_to_spec, staging_path
 
-try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python streaming sources
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
-except ImportError:  # pragma: no cover - Spark 4.0 / 4.1
-    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
+if TYPE_CHECKING:
+    from .slot import SlotSpec
+    from .source_reader import SpockwireBatchReader, SpockwireStreamReader
 
-    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
-        pass
+# Spark's planning processes import this module to create the source and read its schema: it loads neither pyarrow
+# nor the decoder (source_reader.py does, which the readers come from)
 
-__all__ = ["SpockwireDataSource", "LsnRange", "options_to_spec", "STARTING_POSITIONS"]
-
-#: values of the streaming option startingPosition
-STARTING_POSITIONS = ("slot", "snapshot")
-
-
-def _flag(value: Any, default: bool = False) -> bool:
-    if value is None:
-        return default
-    return str(value).strip().lower() in ("1", "true", "t", "yes", "on")
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    if not value:
-        return ()
-    return tuple(v.strip() for v in str(value).split(",") if v.strip())
-
-
-def options_to_spec(options: Any) -> SlotSpec:
-    """The SlotSpec a set of data source options describes (option names are case-insensitive)."""
-    opts = {str(k).lower(): v for k, v in dict(options).items()}
-    dsn = opts.get("dsn")
-    slot = opts.get("slot")
-    if not dsn or not slot:
-        raise ValueError("the spockwire data source needs the options dsn and slot")
-    refuse_password_in_dsn(str(dsn))
-    extra = {str(k)[len("pluginOption."):]: v for k, v in dict(options).items()
-             if str(k).lower().startswith("pluginoption.")}
-    proto = opts.get("protoversion")
-    return SlotSpec(dsn=dsn, slot=slot, plugin=opts.get("plugin", "pgoutput"),
-                    publication=_names(opts.get("publication")),
-                    replication_sets=_names(opts.get("replicationsets")),
-                    binary=_flag(opts.get("binary")), proto_version=int(proto) if proto else None,
-                    types=str(opts.get("types", "auto")).lower(), extra_options=extra,
-                    column_types=parse_column_types(opts.get("columntypes") or ""),
-                    on_unrepresentable=str(opts.get("onunrepresentable", "text")).lower(),
-                    password=opts.get("password") or None)
-
-
-def _tables(options: Any) -> tuple[tuple[str, ...], bool]:
-    opts = {str(k).lower(): v for k, v in dict(options).items()}
-    if opts.get("table") and opts.get("tables"):
-        raise ValueError("give either table or tables, not both")
-    if opts.get("table"):
-        return (_qualify(opts["table"]),), False
-    tables = tuple(_qualify(t) for t in _names(opts.get("tables")))
-    if not tables:
-        raise ValueError("the spockwire data source needs the option table (or tables)")
-    return tables, True
-
-
-def _qualify(name: str) -> str:
-    nsp, rel = S.split_table_name(name)
-    return f"{nsp}.{rel}"
-
-
-class LsnRange(InputPartition):
-    """One read: the transactions committed in ``[start, end)`` (`from_copy`: over a copy of the slot advanced to
-    `start`, the second half of a split range)."""
-
-    def __init__(self, start: int, end: int, from_copy: bool = False) -> None:
-        super().__init__((start, end, from_copy))
-        self.start = start
-        self.end = end
-        self.from_copy = from_copy
-
-    def __repr__(self) -> str:
-        copy = ", from a copy" if self.from_copy else ""
-        return f"LsnRange({format_lsn(self.start)}, {format_lsn(self.end)}{copy})"
-
-
-def _ranges(start: int, end: int, split_bytes: int) -> list[LsnRange]:
-    return [LsnRange(lo, hi, copy) for lo, hi, copy in split_range(start, end, split_bytes)]
-
-
-def _split_bytes(opts: dict) -> int:
-    value = opts.get("splitwalbytes")
-    return SPLIT_WAL_BYTES if value in (None, "") else int(value)
-
-
-class _Layout:
-    """Turns (table, decoder batch) into batches of the query's Arrow schema."""
-
-    def __init__(self, spark_schema: Any, tables: Sequence[str], multi: bool) -> None:
-        self.target = S.target_arrow_schema(spark_schema)
-        self.tables = tuple(tables)
-        self.multi = multi
-        if multi:
-            self.struct_types = {t: self.target.field(S.table_struct_name(t)).type for t in tables}
-
-    def convert(self, table: str, batch: pa.RecordBatch) -> pa.RecordBatch:
-        if not self.multi:
-            return S.conform_batch(batch, self.target)
-        extra = {S.TABLE_COLUMN: lambda n: repeated(table, n, pa.string())}
-        for t in self.tables:
-            col = S.table_struct_name(t)
-            stype = self.struct_types[t]
-            if t == table:
-                extra[col] = lambda n, b=batch, st=stype: self._struct(b, st)
-            else:
-                extra[col] = lambda n, st=stype: pa.nulls(n, st)
-        return S.conform_batch(batch, self.target, extra=extra)
-
-    @staticmethod
-    def _struct(batch: pa.RecordBatch, stype: pa.StructType) -> pa.Array:
-        n = batch.num_rows
-        names = batch.schema.names
-        children = []
-        for f in stype:
-            if f.name in names:
-                children.append(S.conform_array(batch.column(names.index(f.name)), f.type, f.name))
-            else:
-                children.append(pa.nulls(n, f.type))
-        is_truncate = pc.equal(batch.column(0), "truncate")
-        return pa.StructArray.from_arrays(children, fields=list(stype), mask=is_truncate)
-
-
-def _staging(options: Any) -> str | None:
-    opts = {str(k).lower(): v for k, v in dict(options).items()}
-    return opts.get("stagingpath") or None
-
-
-def _deliver(staging: str | None, layout_args: tuple, partition: Any, pairs: Iterator[tuple[str, pa.RecordBatch]]
-             ) -> Iterator[pa.RecordBatch]:
-    """The task's output: its changes in the query's layout, or (stagingPath) written as Arrow files, one manifest
-    row per file."""
-    layout = _Layout(*layout_args)
-    if staging:
-        from .batch_files import partition_name, write_files
-
-        yield from write_files(staging, partition_name(partition), pairs, layout.target, layout.multi)
-        return
-    for table, batch in pairs:
-        yield layout.convert(table, batch)
-
-
-def _table_columns(layout: _Layout, table: str) -> list[str]:
-    """The table's columns in the query's schema (what a snapshot task reads)."""
-    if layout.multi:
-        return [f.name for f in layout.struct_types[table]]
-    return [f.name for f in layout.target if f.name not in S.CHANGE_COLUMNS]
+__all__ = ["SpockwireDataSource", "options_to_spec", "STARTING_POSITIONS"]
 
 
 class SpockwireDataSource(DataSource):
@@ -220,208 +70,22 @@ class SpockwireDataSource(DataSource):
         return options_to_spec(self.options)
 
     def schema(self) -> Any:
-        if _staging(self.options):
-            from .batch_files import MANIFEST_SCHEMA
-
+        if staging_path(self.options):
             return MANIFEST_SCHEMA
-        return self._data_schema()
+        from .source_reader import data_schema
 
-    def _data_schema(self) -> Any:
-        """The schema of the change rows (what the DataFrame holds unless stagingPath is set)."""
-        spec = self._spec()
-        tables, multi = _tables(self.options)
-        catalog = _catalog(spec.conninfo) if spec.types != "raw" else None
-        # typed values as the readers' decoder will have them (a pglogical/spock stream names no types: without
-        # a catalog its columns stay raw)
-        typed = spec.types != "raw" and decoder_types_supported() and \
-            (spec.protocol == "pgoutput" or catalog is not None)
-        found: list[tuple[Relation, pa.Schema]] = []
-        with _connect(spec.conninfo) as conn, conn.cursor() as cur:
-            for table in tables:
-                relation = S.read_table_relation(cur, table, spec.protocol)
-                arrow = S.table_arrow_schema(relation, catalog, typed=typed, binary=spec.binary,
-                                             column_types=spec.column_types)
-                found.append((relation, arrow))
-        return S.spark_schema(found, multi_table=multi)
+        return data_schema(self._spec(), self.options)
 
     def reader(self, schema: Any) -> "SpockwireBatchReader":
-        return SpockwireBatchReader(self._spec(), self._data_schema() if _staging(self.options) else schema,
+        from .source_reader import SpockwireBatchReader, data_schema
+
+        spec = self._spec()
+        return SpockwireBatchReader(spec, data_schema(spec, self.options) if staging_path(self.options) else schema,
                                     self.options)
 
     def streamReader(self, schema: Any) -> "SpockwireStreamReader":
-        return SpockwireStreamReader(self._spec(), self._data_schema() if _staging(self.options) else schema,
+        from .source_reader import SpockwireStreamReader, data_schema
+
+        spec = self._spec()
+        return SpockwireStreamReader(spec, data_schema(spec, self.options) if staging_path(self.options) else schema,
                                      self.options)
-
-
-class SpockwireBatchReader(DataSourceReader):
-    """A batch read of ``[startingLsn, endingLsn)`` (default: from the slot's position to the flush LSN)."""
-
-    def __init__(self, spec: SlotSpec, schema: Any, options: Any) -> None:
-        self.spec = spec
-        tables, multi = _tables(options)
-        self.layout_args = (schema, tables, multi)
-        self.staging = _staging(options)
-        opts = {str(k).lower(): v for k, v in dict(options).items()}
-        with _connect(spec.conninfo) as conn, conn.cursor() as cur:
-            pos = slot_position(cur, spec.slot)
-            if pos is None:
-                raise ValueError(f"replication slot {spec.slot!r} does not exist")
-            self.start = parse_lsn(opts["startinglsn"]) if opts.get("startinglsn") else pos[0]
-            self.end = parse_lsn(opts["endinglsn"]) if opts.get("endinglsn") else current_flush_lsn(cur)
-            drop_stale_range_copies(cur, spec.slot)
-        self.split_bytes = _split_bytes(opts)
-
-    def partitions(self) -> Sequence[InputPartition]:
-        return _ranges(self.start, self.end, self.split_bytes)
-
-    def read(self, partition: LsnRange) -> Iterator[pa.RecordBatch]:
-        pairs = read_range(self.spec, partition.start, partition.end, self.layout_args[1],
-                           from_copy=partition.from_copy)
-        yield from _deliver(self.staging, self.layout_args, partition, pairs)
-
-
-class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches of committed transactions; the slot moves only after Spark committed a batch."""
-
-    def __init__(self, spec: SlotSpec, schema: Any, options: Any) -> None:
-        self.spec = spec
-        tables, multi = _tables(options)
-        self.layout_args = (schema, tables, multi)
-        opts = {str(k).lower(): v for k, v in dict(options).items()}
-        self.staging = _staging(options)
-        self.create_slot = _flag(opts.get("createslot"))
-        self.max_messages = int(opts["maxchangesperbatch"]) if opts.get("maxchangesperbatch") else None
-        self.max_wal_bytes = int(opts["maxwalbytesperbatch"]) if opts.get("maxwalbytesperbatch") else None
-        idle = opts.get("idleadvancebytes")
-        self.idle_advance = int(idle) if idle not in (None, "") else IDLE_ADVANCE_BYTES
-        self.split_bytes = _split_bytes(opts)
-        self.starting = parse_lsn(opts["startinglsn"]) if opts.get("startinglsn") else None
-        position = str(opts.get("startingposition") or "slot").lower()
-        if position not in STARTING_POSITIONS:
-            raise ValueError(f"startingPosition must be one of {', '.join(STARTING_POSITIONS)}, not {position!r}")
-        self.snapshot = None
-        if position == "snapshot":
-            from .snapshot import CHUNK_PAGES, CHUNKS_PER_BATCH, SnapshotDriver
-
-            self.snapshot = SnapshotDriver(spec, tables, int(opts.get("snapshotchunkpages") or CHUNK_PAGES),
-                                           int(opts.get("snapshotchunksperbatch") or CHUNKS_PER_BATCH),
-                                           int(opts.get("snapshottaskslots") or 1))
-        self._until: int | None = None
-        self._known_start: int | None = None
-        # planning and committing on the driver: one connection for the query's life (opened again if it broke)
-        self._conn = ReusedConnection(spec.conninfo)
-        # ranges whose planning saw them whole without output: no task reads them
-        self._empty: set[tuple[int, int]] = set()
-        # the end of the last range that reached the flush LSN its planning read (None: none yet in this process)
-        self._settled: int | None = None
-
-    # offsets ---------------------------------------------------------------------------------------------------
-    @staticmethod
-    def _offset(lsn: int) -> dict:
-        return {"lsn": format_lsn(lsn)}
-
-    def initialOffset(self) -> dict:
-        if self.snapshot is not None:
-            from .snapshot import initial_offset
-
-            return initial_offset()
-        if self.create_slot:
-            confirmed = ensure_slot(self.spec)
-        else:
-            pos = self._slot_position()
-            if pos is None:
-                raise ValueError(f"replication slot {self.spec.slot!r} does not exist (create it first, or set "
-                                 "createSlot=true)")
-            confirmed = pos[0]
-        start = max(confirmed, self.starting or 0)
-        self._known_start = start
-        return self._offset(start)
-
-    def _slot_position(self) -> tuple[int, str] | None:
-        def position(conn: Any) -> tuple[int, str] | None:
-            with conn.cursor() as cur:
-                return slot_position(cur, self.spec.slot)
-
-        return self._conn.run(position)
-
-    def getDefaultReadLimit(self) -> Any:
-        if self.max_messages and ReadMaxRows is not None:
-            return ReadMaxRows(self.max_messages)
-        return ReadAllAvailable() if ReadAllAvailable is not None else None
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        def flush(conn: Any) -> int:
-            with conn.cursor() as cur:
-                return current_flush_lsn(cur)
-
-        self._until = self._conn.run(flush)
-
-    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
-        """The end of the next micro-batch.
-
-        Spark calls this only once every earlier batch is committed in the checkpoint, so the slot may move to
-        `start` first. Without `start` (Spark before 4.2) the slot's own position is used.
-        """
-        if self.snapshot is not None and start is not None and is_snapshot_offset(start):
-            if not self.snapshot.complete(start):
-                return self.snapshot.next_offset(start)
-            self.snapshot.close()        # read: the slot's changes follow from its consistent point
-        if start is not None:
-            begin = parse_lsn(start["lsn"])
-        elif self._known_start is not None:
-            begin = self._known_start
-        else:
-            pos = self._slot_position()
-            begin = pos[0] if pos else 0
-        # the options bound every micro-batch whatever the trigger; a ReadMaxRows limit from Spark (the default
-        # read limit, or a smaller one) bounds the messages too
-        max_messages = self.max_messages
-        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
-            max_messages = min(max_messages or limit.max_rows, limit.max_rows)
-        # A range may end short of the flush LSN its planning read (maxChangesPerBatch's estimate or the transaction
-        # that reached it, maxWalBytesPerBatch, an empty range before the next output) with nothing but WAL
-        # without output for the stream after it. Below idleAdvanceBytes the planning makes no range over such
-        # WAL, so the query would stay short of the flush (and the slot hold that WAL) until more WAL came: from
-        # such a start, and from one this process did not plan (a checkpoint's), any WAL without output up to the
-        # bound becomes one empty range. From a start that reached the flush the idle rule holds as before.
-        idle_advance = self.idle_advance if begin == self._settled else 0
-        plan = plan_end(self.spec, begin, max_messages=max_messages, max_wal_bytes=self.max_wal_bytes,
-                        until=self._until, idle_advance_bytes=idle_advance, connection=self._conn)
-        if plan.end >= plan.flush:
-            self._settled = plan.end
-        if plan.empty and plan.end > begin:
-            self._empty.add((begin, plan.end))
-        self._known_start = plan.end
-        return self._offset(plan.end)
-
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        if is_snapshot_offset(end):
-            if self.snapshot is None:
-                raise ValueError("this checkpoint holds a snapshot: run the query with startingPosition=snapshot")
-            return self.snapshot.partitions(end)
-        lo, hi = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
-        if hi <= lo or (lo, hi) in self._empty:
-            return []
-        return _ranges(lo, hi, self.split_bytes)
-
-    def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, LsnRange):
-            pairs = read_range(self.spec, partition.start, partition.end, self.layout_args[1],
-                               from_copy=partition.from_copy)
-        else:
-            from .snapshot import read_chunk
-
-            pairs = read_chunk(self.spec, partition, _table_columns(_Layout(*self.layout_args), partition.table))
-        yield from _deliver(self.staging, self.layout_args, partition, pairs)
-
-    def commit(self, end: dict) -> None:
-        if is_snapshot_offset(end):
-            return           # the slot stays at its consistent point until the snapshot is read
-        lsn = parse_lsn(end["lsn"])
-        advance_slot(self.spec, lsn, connection=self._conn)
-        self._empty = {r for r in self._empty if r[1] > lsn}
-
-    def stop(self) -> None:
-        if self.snapshot is not None:
-            self.snapshot.close()
-        self._conn.close()
