@@ -109,15 +109,18 @@ def rewrite_files(dt: Any, stored: StoredFiles, match: pa.Table, match_by: Seque
     frag = rows.column(FILE_COLUMN).to_numpy()
     replaced = np.unique(frag[hit])
     in_replaced = np.isin(frag, replaced)
-    kept = rows.filter(pa.array(in_replaced & ~hit)).drop_columns([FILE_COLUMN])
-    copied, replaced_rows, old_rows = kept.num_rows, int(hit.sum()), int(in_replaced.sum())
-    stored.rows = rows = None            # the files' rows are not needed any more: their memory goes first
-    new = pa.concat_tables([unify(kept, schema), unify(written, schema)])
-    del kept
+    kept = np.flatnonzero(in_replaced & ~hit)
+    copied, replaced_rows, old_rows = kept.size, int(hit.sum()), int(in_replaced.sum())
+    stored.rows = None
+    # the new files' rows: the kept rows of the files read and the batch's rows, gathered file by file as they are
+    # written (no copy of the kept rows as a whole)
+    source = pa.concat_tables([unify(rows.drop_columns([FILE_COLUMN]), schema), unify(written, schema)])
+    picked = np.concatenate([kept, np.arange(rows.num_rows, source.num_rows, dtype=np.int64)])
+    del rows
     removed = [stored.names[i] for i in replaced]
     sizes = [stored.sizes[i] for i in replaced]
-    rows_per_file = _rows_per_file(sum(sizes), old_rows, new, target_file_size)
-    adds = _write(_local_root(dt), new, rows_per_file, _key_order(new, keys))
+    rows_per_file = _rows_per_file(sum(sizes), old_rows, written, target_file_size)
+    adds = _write(_local_root(dt), source, rows_per_file, _key_order(source, keys, picked))
     now = int(time.time() * 1000)
     from deltalake.transaction import RemoveAction
 
@@ -127,7 +130,7 @@ def rewrite_files(dt: Any, stored: StoredFiles, match: pa.Table, match_by: Seque
         dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=commit)
     return {"num_target_files_removed": len(removed), "num_target_files_added": len(adds),
             "num_target_rows_copied": copied, "num_target_rows_replaced": replaced_rows,
-            "num_output_rows": new.num_rows, "execution_time_ms": int((time.perf_counter() - started) * 1000),
+            "num_output_rows": int(picked.size), "execution_time_ms": int((time.perf_counter() - started) * 1000),
             "rewritten": True}
 
 
@@ -180,25 +183,33 @@ def plain_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _key_order(table: pa.Table, keys: Sequence[str]) -> pa.Array | None:
-    """The row order that sorts `table` by its key (one column of a sortable type); None: keep the order it has
-    (already sorted, or not sortable so)."""
-    if len(keys) != 1 or table.num_rows < 2:
-        return None
-    col = table.column(keys[0])
-    t = col.type
-    if pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t):
-        if col.null_count == 0:
-            values = col.to_numpy()
-            if (values[1:] >= values[:-1]).all():
-                return None
-    elif not (pa.types.is_string(t) or pa.types.is_large_string(t)):
-        return None
-    return pc.sort_indices(col)
+def _key_order(table: pa.Table, keys: Sequence[str], rows: np.ndarray | None = None) -> pa.Array | None:
+    """The row order (indices into `table`) that sorts `rows` (row indices; None: all of `table`) by the key (one
+    column of a sortable type); None: all rows in the order they have (already sorted, or not sortable so)."""
+    col = table.column(keys[0]) if len(keys) == 1 else None
+    if rows is not None and rows.size == table.num_rows and (rows[1:] > rows[:-1]).all():
+        rows = None                                        # every row, in order
+    if col is None or not _sortable(col.type) or (rows.size if rows is not None else table.num_rows) < 2:
+        return None if rows is None else pa.array(rows)
+    if rows is not None:
+        col = col.take(pa.array(rows))
+    if (pa.types.is_integer(col.type) or pa.types.is_date(col.type) or pa.types.is_timestamp(col.type)) \
+            and col.null_count == 0:
+        values = col.to_numpy()
+        if (values[1:] >= values[:-1]).all():
+            return None if rows is None else pa.array(rows)
+    order = pc.sort_indices(col)
+    return order if rows is None else pa.array(rows[order.to_numpy()])
+
+
+def _sortable(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_string(t) \
+        or pa.types.is_large_string(t)
 
 
 def _rows_per_file(old_bytes: int, old_rows: int, new: pa.Table, target: int) -> int:
-    """Rows per new file for files of about `target` bytes: the replaced files' bytes per row, else Arrow's."""
+    """Rows per new file for files of about `target` bytes: the replaced files' bytes per row, else those of the
+    rows of `new` in Arrow."""
     if old_rows > 0 and old_bytes > 0:
         per_row = old_bytes / old_rows
     else:
@@ -207,15 +218,16 @@ def _rows_per_file(old_bytes: int, old_rows: int, new: pa.Table, target: int) ->
 
 
 def _write(root: str, table: pa.Table, rows_per_file: int, order: pa.Array | None) -> list:
-    """`table`, in `order` (row indices; None: as it is), as new Parquet files in the table's folder (rows_per_file
+    """The rows of `table` in `order` (row indices; None: all, as they are), as new Parquet files in the table's folder (rows_per_file
     rows each); their add actions. Each file's rows are gathered as it is written: the whole table is never copied
     in order."""
     from deltalake.transaction import AddAction
 
-    if table.num_rows == 0:
+    total = table.num_rows if order is None else len(order)
+    if total == 0:
         return []
-    n = math.ceil(table.num_rows / rows_per_file)
-    step = math.ceil(table.num_rows / n)
+    n = math.ceil(total / rows_per_file)
+    step = math.ceil(total / n)
     run = uuid.uuid4()
     # dictionaries only where values repeat as a rule (strings): for numbers they cost more than they save
     dictionary = [f.name for f in table.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
