@@ -1,6 +1,6 @@
 """The pipeline's memory settings (spockwire/spark/memory.py): delta-rs's allocator options set by default unless
-the user set them, pyarrow's allocator in the driver, the pages freed by a micro-batch given back to the system; and Spark's
-Python processes that plan the source or write its files load no more than they need.
+the user set them, the pages freed by a micro-batch given back to the system; and Spark's Python processes that
+plan the source or write its files load no more than they need.
 
 Each case runs in a fresh interpreter: the allocator reads its options once, when ``deltalake`` is loaded."""
 from __future__ import annotations
@@ -10,19 +10,14 @@ import subprocess
 import sys
 import textwrap
 
-from spockwire.spark.memory import ARROW_ALLOCATOR_CONF, ARROW_ALLOCATOR_ENV, DELTA_ALLOCATOR_CONF, \
-    DELTA_ALLOCATOR_ENV, WORKER_ARROW_ALLOCATOR_CONF
+from spockwire.spark.memory import DELTA_ALLOCATOR_CONF, DELTA_ALLOCATOR_ENV
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(code: str, env: dict[str, str | None]) -> list[str]:
     full = {k: v for k, v in os.environ.items() if k != DELTA_ALLOCATOR_ENV}
-    for k, v in env.items():          # None: unset
-        if v is None:
-            full.pop(k, None)
-        else:
-            full[k] = v
+    full.update({k: v for k, v in env.items() if v is not None})
     full["PYTHONPATH"] = os.pathsep.join([ROOT, *[p for p in full.get("PYTHONPATH", "").split(os.pathsep) if p]])
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True,
                          timeout=120)
@@ -68,72 +63,6 @@ def test_release_memory_gives_freed_pool_pages_back_and_keeps_live_data():
     # about 180 MB were freed inside pyarrow's pool; without the release the process keeps them resident
     assert returned > 100 << 20, returned
     assert values == f"{3 * 999_999} {3 * 999_999 * 1_000_000 // 2}"
-
-
-def test_arrow_allocator_default_applies_only_when_unset_and_before_pyarrow_loads():
-    lines = _run(f"""
-        import os, sys
-        from spockwire.spark import memory
-        assert "pyarrow" not in sys.modules
-        print(memory.configure_arrow_allocator(), os.environ.get({ARROW_ALLOCATOR_ENV!r}), memory.worker_environment())
-        os.environ[{ARROW_ALLOCATOR_ENV!r}] = "250"                         # the user's setting wins
-        print(memory.configure_arrow_allocator(), memory.worker_environment())
-        del os.environ[{ARROW_ALLOCATOR_ENV!r}]
-        import pyarrow
-        # its allocator has read its options already
-        print(memory.configure_arrow_allocator(), os.environ.get({ARROW_ALLOCATOR_ENV!r}))
-    """, {ARROW_ALLOCATOR_ENV: None})
-    assert lines[:3] == [f"True {ARROW_ALLOCATOR_CONF} {{{ARROW_ALLOCATOR_ENV!r}: {WORKER_ARROW_ALLOCATOR_CONF!r}}}",
-                         "False {}", "False None"]
-
-
-def test_the_job_module_sets_the_drivers_allocator_before_pyarrow_loads():
-    """`python -m spockwire.spark.job` imports the package and the module first: they leave pyarrow unloaded, so the
-    setting reaches its allocator; the workers' stays mimalloc's default."""
-    lines = _run("""
-        import os, sys
-        import spockwire.spark.job
-        from spockwire.spark.memory import worker_environment
-        import pyarrow as pa
-        print(os.environ.get("MIMALLOC_PURGE_DELAY"), worker_environment(), pa.default_memory_pool().backend_name)
-    """, {ARROW_ALLOCATOR_ENV: None})
-    assert lines[0] == f"{ARROW_ALLOCATOR_CONF} {{{ARROW_ALLOCATOR_ENV!r}: {WORKER_ARROW_ALLOCATOR_CONF!r}}} mimalloc"
-
-
-def test_freed_pages_of_threads_that_stay_alive_go_back_with_the_drivers_allocator_setting():
-    """The driver's batches free most of their memory in threads that live on (Arrow's own, the Parquet writers,
-    the targets side by side): with the driver's setting those pages go back to the system; the live data stays."""
-    code = """
-        import time
-        from spockwire.spark.memory import configure_arrow_allocator
-        configure_arrow_allocator()
-        from concurrent.futures import ThreadPoolExecutor
-        import numpy as np, pyarrow as pa, pyarrow.compute as pc
-
-        def rss():
-            return int(open("/proc/self/statm").read().split()[1]) * 4096
-
-        keep = pc.multiply(pa.array(np.arange(1_000_000)), 3)
-        base = rss()
-
-        def churn(i):
-            garbage = [pc.multiply(keep, j) for j in range(6)] + [pc.add(keep.slice(0, 50_000), j) for j in range(100)]
-            return sum(g.nbytes for g in garbage)
-
-        threads = ThreadPoolExecutor(2)
-        print(sum(threads.map(churn, range(4))) >> 20)
-        deadline = time.monotonic() + 3
-        while rss() - base > 32 << 20 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        print((rss() - base) >> 20)
-        print(keep[999_999].as_py())
-    """
-    churned, kept, value = _run(code, {ARROW_ALLOCATOR_ENV: None})[:3]
-    assert int(churned) > 300, churned
-    assert int(kept) <= 32, kept
-    assert value == str(3 * 999_999)
-    # without it, mimalloc keeps them in those threads (the reason for the setting)
-    assert int(_run(code, {ARROW_ALLOCATOR_ENV: "10"})[1]) > 64
 
 
 def test_importing_the_source_and_writing_a_batch_file_does_not_load_pandas(tmp_path):

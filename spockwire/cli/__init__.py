@@ -14,13 +14,6 @@ import sys
 from typing import Sequence
 
 from ..errors import ProtocolError, SpockwireError
-from ..spark.memory import configure_arrow_allocator
-
-if sys.argv[1:2] in (["pipeline"], ["demo"]):
-    # the Spark pipeline's driver: pyarrow's freed pages go back at once; only before pyarrow is loaded
-    # (spockwire/spark/memory.py)
-    configure_arrow_allocator()
-
 from . import capture_cmd, decode_cmd, demo_cmd, ingest_cmd, inspect_cmd, main_cmd, pipeline_cmd, snapshot_cmd
 from .common import CliError, format_lsn
 from .config import ConfigError

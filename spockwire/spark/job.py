@@ -32,12 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from ..errors import SparkEnvironmentError, SpockwireError
-from .memory import configure_arrow_allocator, worker_environment
-
-# before pyarrow is loaded (`python -m spockwire.spark.job`): in the driver, pyarrow's freed pages go back at once
-# (spark/memory.py)
-configure_arrow_allocator()
-
 from .apply import target_path
 from .environment import WorkerCheck, check_java
 from .maintenance import (DEFAULT_SMALL_FILES, DEFAULT_VACUUM_RETENTION_HOURS, MIN_VACUUM_RETENTION_HOURS,
@@ -110,8 +104,8 @@ def report_line(b: BatchReport) -> dict:
 #: compiler's threads take CPU from the pipeline's Python, while the JVM's own work per micro-batch is small
 #: (scheduling, checkpoint files). On 2 cores: a 500,000-change micro-batch 2.5 s instead of 2.7-3.1 s, and the job
 #: starts 1-2 s sooner. It collects with the serial collector in a 64 MiB young generation: the JVM's few live
-#: objects need neither G1's structures nor its larger young generation (the JVM at 365-377 MiB instead of
-#: 421-543 MiB at a 5,000,000-change backlog's peak, the job as fast; benchmarks/analysis.md)
+#: objects need neither G1's structures nor its larger young generation (the JVM at 365-382 MiB instead of
+#: 421-543 MiB at a 5,000,000-change backlog's peak, jobs starting about 1 s sooner; benchmarks/analysis.md)
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xmn64m"
 
 
@@ -128,8 +122,7 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
     `remote` (``sc://host:port``): a Spark Connect session on that server instead
     (its workers run the server's Python; `master`, `impl` and `conf` are the server's settings). Unless `remote`, it
     also sets delta-rs's allocator in this process to give freed memory back (``_RJEM_MALLOC_CONF``, unless the
-    environment sets it: spockwire.spark.memory), keeps the Python workers at mimalloc's default where this process
-    set pyarrow's to give freed pages back at once, and on a local master LOCAL_DRIVER_JAVA_OPTIONS as the driver
+    environment sets it: spockwire.spark.memory), and on a local master LOCAL_DRIVER_JAVA_OPTIONS as the driver
     JVM's default options (``spark.driver.defaultJavaOptions``, which Spark puts before
     ``spark.driver.extraJavaOptions``) unless `conf` sets them."""
     from pyspark.sql import SparkSession
@@ -150,8 +143,6 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
     builder = SparkSession.builder
     if master.startswith("local") and "spark.driver.defaultJavaOptions" not in (conf or {}):
         builder = builder.config("spark.driver.defaultJavaOptions", LOCAL_DRIVER_JAVA_OPTIONS)
-    for name, value in worker_environment().items():     # spark/memory.py: the driver's allocator, not theirs
-        builder = builder.config(f"spark.executorEnv.{name}", value)
     spark = (builder.master(master).appName(app)
              .config("spark.executorEnv.SPOCKWIRE_IMPL", impl or spockwire.__impl__)
              .config("spark.ui.enabled", "false")
