@@ -18,7 +18,7 @@ from .errors import FrameError, ProtocolError, SpockwireError, TruncatedMessage
 __version__ = "0.1.0"
 
 # Everything else loads at first use (PEP 562): importing a submodule (``spockwire.spark.datasource`` in Spark's
-# planning processes, ``spockwire.spark.job`` before it sets up the allocators) does not load pyarrow and numpy.
+# planning processes) does not load pyarrow, numpy and the decoder.
 _FROM_MODULE = {
     "INFINITY": ".python_objects", "NEG_INFINITY": ".python_objects", "PgInfinity": ".python_objects",
     "ChangeBatch": ".model", "Column": ".model", "LogicalMessage": ".model", "Relation": ".model",

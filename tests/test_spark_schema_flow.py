@@ -38,8 +38,9 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 def test_spark_modules_import_one_way():
     """data source -> its readers (source_reader) -> readers (slot, staging, frame files, snapshot, batch files) ->
-    conform (schema) ; apply -> targets (Delta, Arrow, the Delta read-ahead) -> resolve, and apply -> schema. No cycle, the data source is
-    imported by nobody, and the conform layer and the resolution import no module of the package."""
+    conform (schema) ; apply -> targets (Delta, Arrow, the Delta read-ahead) -> resolve, and apply -> schema. No
+    cycle, the data source is imported by nobody, and the conform layer and the resolution import no module of the
+    package."""
     graph: dict[str, set[str]] = {}
     for p in SPARK_DIR.glob("*.py"):
         if p.stem != "__init__":

@@ -218,9 +218,9 @@ def _rows_per_file(old_bytes: int, old_rows: int, new: pa.Table, target: int) ->
 
 
 def _write(root: str, table: pa.Table, rows_per_file: int, order: pa.Array | None) -> list:
-    """The rows of `table` in `order` (row indices; None: all, as they are), as new Parquet files in the table's folder (rows_per_file
-    rows each); their add actions. Each file's rows are gathered as it is written: the whole table is never copied
-    in order."""
+    """The rows of `table` in `order` (row indices; None: all, as they are), as new Parquet files in the table's
+    folder (rows_per_file rows each); their add actions. Each file's rows are gathered as it is written: the rows
+    are never copied as a whole."""
     from deltalake.transaction import AddAction
 
     total = table.num_rows if order is None else len(order)

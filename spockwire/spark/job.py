@@ -104,7 +104,7 @@ def report_line(b: BatchReport) -> dict:
 #: compiler's threads take CPU from the pipeline's Python, while the JVM's own work per micro-batch is small
 #: (scheduling, checkpoint files). On 2 cores: a 500,000-change micro-batch 2.5 s instead of 2.7-3.1 s, and the job
 #: starts 1-2 s sooner. It collects with the serial collector in a 64 MiB young generation: the JVM's few live
-#: objects need neither G1's structures nor its larger young generation (the JVM at 365-382 MiB instead of
+#: objects need neither G1's structures nor its larger young generation (the JVM at 357-382 MiB instead of
 #: 421-543 MiB at a 5,000,000-change backlog's peak, jobs starting about 1 s sooner; benchmarks/analysis.md)
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xmn64m"
 

@@ -14,18 +14,20 @@ STARTING_POSITIONS = ("slot", "snapshot")
 
 
 def flag(value: Any, default: bool = False) -> bool:
+    """A boolean option's value (`default` when it is not given)."""
     if value is None:
         return default
     return str(value).strip().lower() in ("1", "true", "t", "yes", "on")
 
 
 def names(value: Any) -> tuple[str, ...]:
+    """A comma-separated option's names."""
     if not value:
         return ()
     return tuple(v.strip() for v in str(value).split(",") if v.strip())
 
 
-def options_to_spec(options: Any) -> "SlotSpec":
+def options_to_spec(options: Any) -> SlotSpec:
     """The SlotSpec a set of data source options describes (option names are case-insensitive)."""
     from ..values.catalog import parse_column_types
     from .slot import SlotSpec, refuse_password_in_dsn
@@ -50,5 +52,6 @@ def options_to_spec(options: Any) -> "SlotSpec":
 
 
 def staging_path(options: Any) -> str | None:
+    """The option stagingPath (None: the rows go through the DataFrame)."""
     opts = {str(k).lower(): v for k, v in dict(options).items()}
     return opts.get("stagingpath") or None
