@@ -120,6 +120,45 @@ def test_a_snapshot_task_loads_no_pandas(pg_db, tmp_path):
     assert head == "[1, 2, 3] True"
 
 
+@pytest.mark.pg_servers("pg15", "pg18")
+def test_wal_without_output_after_a_snapshot_makes_no_empty_micro_batch(pg_db):
+    """Once its snapshot is read, the query that created the slot plans the changes from the consistent point as
+    from a flush it reached: a little WAL without output after it makes no micro-batch (no empty batch right after
+    every snapshot). A restarted query, which did not create the slot and cannot know where the flush was, moves
+    over that WAL in one empty range, as from any checkpoint's offset."""
+    from spockwire.connection.slots import format_lsn, parse_lsn
+    from spockwire.spark.slot import SlotSpec
+    from spockwire.spark.source_reader import SpockwireStreamReader
+
+    pg_db.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text)")
+    pg_db.execute("CREATE TABLE other (id bigint PRIMARY KEY, v text)")
+    pg_db.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 500) g")
+    pg_db.execute("CREATE PUBLICATION pub FOR TABLE t")
+    options = {"dsn": pg_db.dsn, "slot": _slot(pg_db), "publication": "pub", "table": "public.t",
+               "startingPosition": "snapshot"}
+    spec = SlotSpec(dsn=pg_db.dsn, slot=_slot(pg_db), publication=("pub",))
+    reader = SpockwireStreamReader(spec, None, options)
+    restarted = None
+    try:
+        end = reader.latestOffset(reader.initialOffset(), None)
+        assert end["snapshot"] and end["done"] == len(end["chunks"]), end        # one micro-batch reads it all
+        assert reader.partitions(reader.initialOffset(), end)
+        reader.commit(end)
+        point = parse_lsn(end["lsn"])
+        pg_db.execute("INSERT INTO other VALUES (1, 'not in the publication')")
+        assert parse_lsn(pg_db.query("SELECT pg_current_wal_flush_lsn()::text")[0][0]) > point
+        assert reader.latestOffset(end, None) == {"lsn": format_lsn(point)}      # no micro-batch
+        # a restarted query, from the checkpoint's last offset (the snapshot's, complete)
+        restarted = SpockwireStreamReader(spec, None, options)
+        after = parse_lsn(restarted.latestOffset(end, None)["lsn"])
+        assert after > point
+        assert restarted.partitions(end, {"lsn": format_lsn(after)}) == []      # empty: nothing to read
+    finally:
+        reader.stop()
+        if restarted is not None:
+            restarted.stop()
+
+
 def _writes(db, stop: threading.Event) -> None:
     rng = random.Random(11)
     start = 50_000

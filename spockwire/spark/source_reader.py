@@ -260,6 +260,10 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if self.snapshot is not None and start is not None and is_snapshot_offset(start):
             if not self.snapshot.complete(start):
                 return self.snapshot.next_offset(start)
+            if self.snapshot.alive(start["snapshot"]):
+                # this process created the slot: its consistent point was the flush when the query was planning,
+                # so the idle rule holds from there (WAL without output after it makes no empty micro-batch)
+                self._settled = parse_lsn(start["lsn"])
             self.snapshot.close()        # read: the slot's changes follow from its consistent point
         if start is not None:
             begin = parse_lsn(start["lsn"])
