@@ -291,6 +291,8 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if plan.empty and plan.end > begin:
             self._empty.add((begin, plan.end))
         self._known_start = plan.end
+        if plan.end == begin and start is not None:
+            return start     # no new range: the same offset (a read snapshot's too: another form of it is a batch)
         return self._offset(plan.end)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
