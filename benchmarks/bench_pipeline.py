@@ -28,9 +28,12 @@ tests run in this order, each building on the last:
   (``pg_copy_logical_replication_slot``: the same position, so it sees the same WAL), then
   SPOCKWIRE_BENCH_PIPELINE_CHANGES changes written while no job runs, in transactions of 1,000 (600 updates of keys
   spread over the table, 200 deletes of the oldest keys, 200 inserts of new keys; the table keeps its size); the SCD
-  1 job restarted from its checkpoint with ``--until-caught-up``: gross and net. Anchor: ``python -m spockwire
+  1 job restarted from its checkpoint with ``--until-caught-up``: gross and net, medians of
+  SPOCKWIRE_BENCH_PIPELINE_CHANGE_ROUNDS runs (all but the last from copies of the job's slot, checkpoint and
+  tables made before the backlog was written; the last goes on to the later phases). Anchor: ``python -m spockwire
   ingest`` from the twin slot, timed from its start to its last staging commit that wrote files.
-* ``test_changes_history``: the ``--history`` job (SCD 2 beside SCD 1) over the same backlog, gross and net.
+* ``test_changes_history``: the ``--history`` job (SCD 2 beside SCD 1) over the same backlog, gross and net (as many
+  runs, from copies as well).
 * ``test_batch_fixed_cost``: the SCD 1 job left running (no ``--until-caught-up``);
   SPOCKWIRE_BENCH_PIPELINE_FIXED_ROUNDS times (after a round that warms the job up, not counted), a one-row update
   of ``t`` (a micro-batch holding one change) and an insert into ``t_other`` (an empty micro-batch), each waited
@@ -97,6 +100,8 @@ EMPTY_ROUNDS = int(_env("EMPTY_ROUNDS", "5"))
 #: pairs of runs (the empty source, then the table) of the snapshot: its net is a second or less, within the
 #: spread of one job's start and stop
 SNAPSHOT_ROUNDS = int(_env("SNAPSHOT_ROUNDS", "7"))
+#: runs of each backlog job (SCD 1, --history): all but the last from copies of its slot, checkpoint and tables
+CHANGE_ROUNDS = int(_env("CHANGE_ROUNDS", "3"))
 MASTER = _env("MASTER", "local[2]")
 JOB_TIMEOUT = float(_env("JOB_TIMEOUT", "3600"))
 #: per test (pyproject's 900 s is too short for the full-scale phases)
@@ -601,13 +606,17 @@ def test_changes(benchmark, pipeline):
             hist_empties.append(hist.run().timing())
         pl.results["history_empty_runs"] = hist_empties
         pl.pg.query("SELECT pg_copy_logical_replication_slot('s_scd1', 's_twin')", dbname=pl.db)
+        for name in ("scd1", "scd2"):
+            _copy_job(pl, name)
         write_s = pl.changes(CHANGES)
+        runs = _replays(pl, "scd1")
         job.run()
         assert job.rows() == CHANGES, f"the job applied {job.rows():,} changes, {CHANGES:,} were written"
         check_equal(pl.dsn, "t", job.path())
+        runs.append(job.timing())
         ingest = _ingest(pl, "s_twin")
         _drop_slot(pl, "s_twin")
-        pl.results["changes"] = {"runs": [job.timing()], "empty_runs": empties, "write_s": write_s,
+        pl.results["changes"] = {"runs": runs, "empty_runs": empties, "write_s": write_s,
                                  "ingest": ingest,
                                  "job": job.reported(), "peak_rss": job.peak_rss, "peak_pss": job.peak_pss}
 
@@ -622,6 +631,28 @@ def test_changes(benchmark, pipeline):
             **nets, gross_rate=round(CHANGES / nets["gross_s"]), changes=CHANGES,
             backlog_write_s=round(res["write_s"], 3), ingest=res["ingest"], job=res["job"],
             peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"], seconds=nets["net_s"], **_common(pl))
+
+
+def _copy_job(pl: Pipeline, name: str) -> None:
+    """CHANGE_ROUNDS - 1 copies of a job's slot (at its position: the same WAL to read), checkpoint and tables."""
+    for k in range(CHANGE_ROUNDS - 1):
+        pl.pg.query(f"SELECT pg_copy_logical_replication_slot('s_{name}', 's_{name}_rep{k}')", dbname=pl.db)
+        shutil.copytree(os.path.join(pl.work, name), os.path.join(pl.work, f"{name}_rep{k}"))
+
+
+def _replays(pl: Pipeline, name: str, history: bool = False) -> list[tuple[float, float]]:
+    """The backlog job `name` run from each of its copies (each checked, then dropped): their timings."""
+    runs = []
+    for k in range(CHANGE_ROUNDS - 1):
+        rep = Job(pl, f"{name}_rep{k}", "t", slot=f"s_{name}_rep{k}", history=history).run()
+        assert rep.rows() == CHANGES, f"the job applied {rep.rows():,} changes, {CHANGES:,} were written"
+        check_equal(pl.dsn, "t", rep.path())
+        if history:
+            check_equal(pl.dsn, "t", rep.path(history=True), history=True)
+        runs.append(rep.timing())
+        _drop_slot(pl, f"s_{name}_rep{k}")
+        shutil.rmtree(os.path.join(pl.work, f"{name}_rep{k}"), ignore_errors=True)
+    return runs
 
 
 def _ingest(pl: Pipeline, slot: str) -> dict:
@@ -655,11 +686,13 @@ def test_changes_history(benchmark, pipeline):
     hist = pl.jobs["scd2"]
 
     def run() -> None:
+        runs = _replays(pl, "scd2", history=True)
         hist.run()
         assert hist.rows() == CHANGES, f"the job applied {hist.rows():,} changes, {CHANGES:,} were written"
         check_equal(pl.dsn, "t", hist.path())
         check_equal(pl.dsn, "t", hist.path(history=True), history=True)
-        pl.results["history"] = {"runs": [hist.timing()], "job": hist.reported(), "peak_rss": hist.peak_rss,
+        runs.append(hist.timing())
+        pl.results["history"] = {"runs": runs, "job": hist.reported(), "peak_rss": hist.peak_rss,
                                  "peak_pss": hist.peak_pss}
         _drop_slot(pl, "s_scd2")       # not read again
 

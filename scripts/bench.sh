@@ -38,6 +38,7 @@
 #   SPOCKWIRE_BENCH_PIPELINE_ANCHOR_ROUNDS=3      rounds of the read_table and write_deltalake anchors
 #   SPOCKWIRE_BENCH_PIPELINE_EMPTY_ROUNDS=5       runs of each empty-source command (their median is subtracted)
 #   SPOCKWIRE_BENCH_PIPELINE_SNAPSHOT_ROUNDS=7    pairs of runs (empty source, table) of the 1,000,000-row snapshot
+#   SPOCKWIRE_BENCH_PIPELINE_CHANGE_ROUNDS=3      runs of each backlog job (all but the last from copies)
 #   SPOCKWIRE_BENCH_PIPELINE_JOB_TIMEOUT=3600     seconds a job run (or the lag test's catch-up) may take before the
 #                                                 benchmark fails; SPOCKWIRE_BENCH_PIPELINE_KEEP=1 keeps its folders
 #   e.g. a quick look: ROWS=20000 CHANGES=10000 BIG_ROWS=50000 BIG_CHANGES=20000 LAG_SECONDS=10 LAG_RATE=5000

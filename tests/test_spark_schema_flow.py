@@ -58,7 +58,8 @@ def test_spark_modules_import_one_way():
     assert graph["datasource"] <= {"manifest", "source_options", "source_reader", "slot"}   # slot: in annotations
     assert graph["manifest"] == set()
     assert graph["source_options"] <= {"slot"}
-    assert graph["source_reader"] <= {"slot", "snapshot", "batch_files", "schema", "source_options"}
+    assert graph["source_reader"] <= {"slot", "snapshot", "batch_files", "schema", "source_options", "memory"}
+    assert graph["memory"] == set()
     readers = {"slot", "staging", "distributed", "snapshot"} & set(graph)
     for reader in readers:
         assert graph[reader] <= readers | {"schema"}, (reader, graph[reader])

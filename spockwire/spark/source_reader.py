@@ -17,6 +17,7 @@ from . import schema as S
 from .slot import IDLE_ADVANCE_BYTES, SPLIT_WAL_BYTES, ReusedConnection, SlotSpec, _catalog, _connect, \
     advance_slot, current_flush_lsn, decoder_types_supported, drop_stale_range_copies, ensure_slot, plan_end, \
     read_range, slot_position, split_range
+from .memory import release_memory
 from .snapshot import is_snapshot_offset
 from .source_options import STARTING_POSITIONS, flag, names, staging_path
 
@@ -118,9 +119,11 @@ def _deliver(staging: str | None, layout_args: tuple, partition: Any, pairs: Ite
         from .batch_files import partition_name, write_files
 
         yield from write_files(staging, partition_name(partition), pairs, layout.target, layout.multi)
-        return
-    for table, batch in pairs:
-        yield layout.convert(table, batch)
+    else:
+        for table, batch in pairs:
+            yield layout.convert(table, batch)
+    # the worker then waits idle for its next task: what the task freed goes back to the system meanwhile
+    release_memory()
 
 
 def _table_columns(layout: _Layout, table: str) -> list[str]:
