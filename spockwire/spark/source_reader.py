@@ -264,8 +264,8 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             if not self.snapshot.complete(start):
                 return self.snapshot.next_offset(start)
             if self.snapshot.alive(start["snapshot"]):
-                # this process created the slot: its consistent point was the flush when the query was planning,
-                # so the idle rule holds from there (WAL without output after it makes no empty micro-batch)
+                # this process created the slot, whose consistent point was the flush then: the idle rule holds
+                # from there (WAL without output after it makes no empty micro-batch)
                 self._settled = parse_lsn(start["lsn"])
             self.snapshot.close()        # read: the slot's changes follow from its consistent point
         if start is not None:
@@ -295,7 +295,9 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             self._empty.add((begin, plan.end))
         self._known_start = plan.end
         if plan.end == begin and start is not None:
-            return start     # no new range: the same offset (a read snapshot's too: another form of it is a batch)
+            # no new range: the offset as it was (a read snapshot's too: its LSN in the plain form would be a new
+            # offset to Spark, so an empty micro-batch)
+            return start
         return self._offset(plan.end)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
