@@ -16,9 +16,9 @@ tests run in this order, each building on the last:
 
 * ``test_snapshot``: the job with ``--starting-position snapshot --until-caught-up`` on ``t`` (SCD 1), gross wall
   time and net of the same command on ``e`` (the job's own start, snapshot planning and stop; the median of
-  SPOCKWIRE_BENCH_PIPELINE_SNAPSHOT_ROUNDS runs). The snapshot runs as many times, each
-  right after an empty-source run (its own slot and target; the last one's are kept for the later phases), and
-  its gross is their median: one job's start alone varies by a second or two here. Anchors:
+  SPOCKWIRE_BENCH_PIPELINE_SNAPSHOT_ROUNDS runs). The snapshot runs as many times, each right after an empty-source
+  run (its own slot and target; the last one's are kept for the later phases), and its gross is their median: one
+  job's start alone varies by a second or two here. Anchors:
   ``spockwire.read_table(dsn, "t", workers=2)`` and ``deltalake.write_deltalake`` of the rows it read (median of
   SPOCKWIRE_BENCH_PIPELINE_ANCHOR_ROUNDS each). A second job (``--history``, its own slot, checkpoint and target)
   snapshots ``t`` too, for ``test_changes_history``.

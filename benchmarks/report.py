@@ -367,9 +367,10 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
                  (f"{i['measured']:.2f}" if i.get("unit") == "GB" else ""),
                  f"{i['peak_pss_bytes'] / 1e9:.2f}" if i.get("peak_pss_bytes") else ""]
         lines.append(f"| {i['label']} | " + " | ".join(cells) + " |")
-    notes = ["Their own seconds: the sum of the micro-batches' `seconds` (each from reading the micro-batch to its "
-             "Delta commit), a cross-check of `net`. Gross and empty source: medians of the wall times of the runs "
-             "(the snapshot: as many runs of each, alternating).",
+    notes = ["Their own seconds: the sum of the last run's micro-batches' `seconds` (each from reading the "
+             "micro-batch to its Delta commit), a cross-check of `net`. Gross and empty source: medians of the wall times of the runs "
+             "(the snapshot: as many runs of each, alternating; a backlog: its job's runs from copies of its slot, "
+             "checkpoint and tables, then its last run).",
              "Peak RSS: the peak, sampled every 0.2 s, of the sum of the resident set sizes of the job's processes "
              "(its process group and their descendants: the Python driver, the JVM, Spark's Python workers); a page "
              "shared by forked Python workers counts once per worker. Peak PSS counts it once (read at each new peak of "
