@@ -117,20 +117,21 @@ def test_creating_the_source_in_a_planning_process_loads_neither_pyarrow_nor_the
     assert lines[:2] == ["True spockwire", "[]"]
 
 
-def test_python_column_equals_pa_array_for_strings_and_integers_with_nulls():
+def test_python_column_equals_pa_array_for_strings_integers_and_booleans_with_nulls():
     import pyarrow as pa
     import pytest
 
     from spockwire.export.arrow import python_column
 
     cases = [(["a", None, "", "ééé", "z" * 300], pa.string()), ([], pa.string()), ([None, None], pa.string()),
-             ([0, None, -1, 2**63 - 1, -2**63], pa.int64()), ([None], pa.int64()), (list(range(20)), pa.int64())]
+             ([0, None, -1, 2**63 - 1, -2**63], pa.int64()), ([None], pa.int64()), (list(range(20)), pa.int64()),
+             ([True, None, False] * 7, pa.bool_()), ([False] * 9, pa.bool_()), ([], pa.bool_())]
     for values, type_ in cases:
         got = python_column(values, type_)
         got.validate(full=True)
         assert got.equals(pa.array(values, type_)), (values, got)
         assert got.null_count == sum(v is None for v in values)
-    with pytest.raises(TypeError, match="string and int64"):
+    with pytest.raises(TypeError, match="string, int64 and boolean"):
         python_column([1.5], pa.float64())
     with pytest.raises(OverflowError):
         python_column([2**63], pa.int64())

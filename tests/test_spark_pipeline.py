@@ -5,6 +5,7 @@ lag is reported, and each Delta commit carries the batch as a transaction (a rep
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import pytest
@@ -59,6 +60,12 @@ def test_one_spark_job_per_micro_batch_snapshot_then_changes(spark, pg_db, tmp_p
     finally:
         query.stop()
     assert len(reports) > snapshot_batches >= 2
+    # in batch order; the snapshot's micro-batches but its last were written while Spark read the next one
+    assert [r.batch_id for r in reports] == sorted(r.batch_id for r in reports)
+    last_snapshot = max(i for i, r in enumerate(reports) if r.snapshot_rows)
+    assert [r.deferred for r in reports] == [i < last_snapshot and sum(r.rows.values()) > 0
+                                             for i, r in enumerate(reports)]
+    assert sum(r.deferred for r in reports) >= 1
     # one Spark job for every micro-batch that ran (empty ones included), all tables together
     ran = len({p["batchId"] for p in query.recentProgress})
     assert len(batches) <= jobs <= ran, (jobs, ran, batches)
@@ -131,3 +138,42 @@ def test_tables_and_their_state_stay_small_over_16_micro_batches(spark, pg_db, t
     source = pg_db.query(f"SELECT {', '.join(SOAK_COLUMNS)} FROM t")
     assert sorted(tuple(_norm(v) for v in r.values()) for r in got.to_pylist()) == \
         sorted(tuple(_norm(v) for v in r) for r in source)
+
+
+def test_deferred_writes_run_in_order_and_a_failure_fails_the_next_micro_batch():
+    """A snapshot's micro-batches written behind the next one's read run one at a time, in the order given; once
+    one fails, the ones queued after it are not run, and the failure is raised to the next micro-batch (check) and
+    to whatever waits for them (wait: the snapshot's last micro-batch, a stop)."""
+    from spockwire.spark.job import DeferredWrites
+
+    done: list[int] = []
+    gate = threading.Event()
+
+    def write(n: int, fail: bool = False):
+        def run() -> None:
+            gate.wait(10)
+            if fail:
+                raise OSError(f"disk full writing batch {n}")
+            done.append(n)
+        return run
+
+    deferred = DeferredWrites()
+    for n in range(5):
+        deferred.submit(write(n))
+    deferred.check()                          # nothing failed (nothing ran yet: the writes wait on the gate)
+    assert done == []
+    gate.set()
+    deferred.wait()
+    assert done == [0, 1, 2, 3, 4]
+    deferred.wait()                           # nothing pending
+    gate.clear()
+    deferred.submit(write(5, fail=True))
+    deferred.submit(write(6))
+    gate.set()
+    with pytest.raises(OSError, match="disk full writing batch 5"):
+        deferred.wait()
+    assert done == [0, 1, 2, 3, 4]            # 6 came after the failure: not run
+    deferred.submit(write(7))
+    with pytest.raises(OSError, match="disk full writing batch 5"):
+        deferred.check()
+    assert done == [0, 1, 2, 3, 4]

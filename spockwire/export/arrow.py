@@ -20,8 +20,8 @@ _TS = pa.timestamp("us", tz="UTC")
 
 
 def python_column(values: Sequence[Any], type: pa.DataType) -> pa.Array:
-    """A string or 64-bit integer array of Python values (None is null), built from its buffers: `pa.array` of a
-    list imports pandas, about 50 MB in every process that does it (Spark's decoding workers among them)."""
+    """A string, 64-bit integer or boolean array of Python values (None is null), built from its buffers: `pa.array`
+    of a list imports pandas, about 50 MB in every process that does it (Spark's decoding workers among them)."""
     n = len(values)
     valid = bytearray((n + 7) // 8)
     nulls = 0
@@ -34,8 +34,14 @@ def python_column(values: Sequence[Any], type: pa.DataType) -> pa.Array:
     if pa.types.is_int64(type):
         data = array("q", [0 if v is None else v for v in values])
         return pa.Array.from_buffers(type, n, [bitmap, pa.py_buffer(data)], null_count=nulls)
+    if pa.types.is_boolean(type):
+        bits = bytearray((n + 7) // 8)
+        for i, v in enumerate(values):
+            if v:
+                bits[i >> 3] |= 1 << (i & 7)
+        return pa.Array.from_buffers(type, n, [bitmap, pa.py_buffer(bytes(bits))], null_count=nulls)
     if not pa.types.is_string(type):
-        raise TypeError(f"python_column builds string and int64 arrays, not {type}")
+        raise TypeError(f"python_column builds string, int64 and boolean arrays, not {type}")
     encoded = [b"" if v is None else v.encode() for v in values]
     offsets = array("i", [0])
     for item in encoded:

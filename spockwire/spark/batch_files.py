@@ -4,7 +4,8 @@ Moving rows through Spark's JVM costs about 2-3 CPU seconds per million change r
 batches become JVM rows, and become Arrow again on their way to the driver) -- more than decoding them. With
 ``stagingPath`` set, each task of a micro-batch writes the changes it decoded as Arrow IPC files, one per table,
 in that folder, and the micro-batch's DataFrame holds one row per file (:data:`MANIFEST_SCHEMA`): the table, the
-file, its row count, its snapshot rows, its last commit LSN. The reader of the DataFrame (the pipeline job,
+file, its row count, its snapshot rows, its last commit LSN, whether later micro-batches read more of the same
+snapshot. The reader of the DataFrame (the pipeline job,
 :mod:`spockwire.spark.job`) opens the files (memory-mapped) and deletes them once the batch is applied.
 
 A file holds one table's changes in the flat layout of :func:`spockwire.spark.apply.select_table`: the change
@@ -38,7 +39,8 @@ _INSERT = change_type_scalar("insert")
 
 #: the DataFrame of a micro-batch in ``stagingPath`` mode (MANIFEST_SCHEMA, in Arrow): one row per Arrow file
 MANIFEST_ARROW = pa.schema([("_table", pa.string()), ("path", pa.string()), ("rows", pa.int64()),
-                            ("snapshot_rows", pa.int64()), ("last_lsn", pa.int64()), ("host", pa.string())])
+                            ("snapshot_rows", pa.int64()), ("last_lsn", pa.int64()), ("host", pa.string()),
+                            ("snapshot_more", pa.bool_())])
 
 
 class BatchFileError(SpockwireError):
@@ -62,9 +64,10 @@ def table_schema(target: pa.Schema, table: str, multi: bool) -> pa.Schema:
 
 
 def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordBatch]], target: pa.Schema,
-                multi: bool) -> Iterator[pa.RecordBatch]:
+                multi: bool, snapshot_more: bool = False) -> Iterator[pa.RecordBatch]:
     """Write a task's (table, decoder batch) pairs as one Arrow file per table, ``<staging>/<name>.<n>.arrow``;
-    yield the manifest (one row per file)."""
+    yield the manifest (one row per file). `snapshot_more`: the task reads part of a snapshot that later
+    micro-batches go on reading."""
     fs, root = _fs(staging)
     fs.create_dir(root, recursive=True)
     open_: dict[str, tuple[Any, Any, str, str, list[int]]] = {}
@@ -94,7 +97,7 @@ def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordB
     for table, (_sink, _writer, tmp, final, counts) in open_.items():
         fs.move(tmp, final)
         rows.append((table, final if "://" not in staging else f"{staging.split('://', 1)[0]}://{final}",
-                     counts[0], counts[1], counts[2] if counts[2] >= 0 else None, socket.gethostname()))
+                     counts[0], counts[1], counts[2] if counts[2] >= 0 else None, socket.gethostname(), snapshot_more))
     if rows:
         yield pa.RecordBatch.from_arrays([python_column([r[i] for r in rows], f.type)
                                           for i, f in enumerate(MANIFEST_ARROW)], schema=MANIFEST_ARROW)

@@ -83,6 +83,7 @@ class BatchReport:
     lag_p95: float | None = None
     read_seconds: float = 0.0        # reading the micro-batch into the driver (the source's read, Spark's job)
     maintenance: dict[str, dict] = field(default_factory=dict)   # per Delta table: maintenance.Maintenance's report
+    deferred: bool = False           # written while Spark read the next micro-batch (a snapshot's: DeferredWrites)
 
 
 def staging_path(cfg: JobConfig) -> str:
@@ -97,7 +98,7 @@ def report_line(b: BatchReport) -> dict:
 
     return {"batch": b.batch_id, "rows": b.rows, "snapshot_rows": b.snapshot_rows, "seconds": r(b.seconds),
             "read_seconds": r(b.read_seconds), "lag_p50": r(b.lag_p50), "lag_p95": r(b.lag_p95),
-            **({"maintenance": b.maintenance} if b.maintenance else {})}
+            **({"maintenance": b.maintenance} if b.maintenance else {}), **({"deferred": True} if b.deferred else {})}
 
 
 #: the driver JVM of a local session compiles with its quick compiler only (C1): on a few cores the optimizing
@@ -210,14 +211,25 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
 
     targets = [(t, h) for t in cfg.tables for h in ((False, True) if cfg.history else (False,))]
     ahead = ReadAheadPolicy(cfg.checkpoint)
+    deferred = DeferredWrites()
 
     def run(df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
         # a batch spanning much WAL: its targets' files are read while its Spark job decodes (read_ahead.py)
         started = ahead.start(int(batch_id), [target_path(cfg.target, t, h) for t, h in targets])
         batch = _MicroBatch.read(df)
-        timings = {"read": time.monotonic() - t0}
-        token = (f"spockwire-{query_id()}", int(batch_id)) if query_id is not None else None
+        read_s = time.monotonic() - t0
+        deferred.check()
+        if batch.snapshot_more:
+            # a snapshot batch with more of the snapshot to come: written while the next one is read (DeferredWrites)
+            deferred.submit(lambda: write(batch, int(batch_id), t0, read_s, started, True))
+            return
+        deferred.wait()
+        write(batch, int(batch_id), t0, read_s, started, False)
+
+    def write(batch: "_MicroBatch", batch_id: int, t0: float, read_s: float, started: dict, behind: bool) -> None:
+        timings = {"read": read_s}
+        token = (f"spockwire-{query_id()}", batch_id) if query_id is not None else None
         commit_ts: list[Any] = []
         maintained: dict[str, dict] = {}
 
@@ -258,9 +270,54 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
             on_batch(BatchReport(batch_id, {t: int(batch.rows.get(t, 0)) for t in cfg.tables},
                                  time.monotonic() - t0, batch.last_lsn, sum(batch.snapshot.values()),
                                  {t: batch.snapshot.get(t, 0) for t in cfg.tables}, lag[0], lag[1],
-                                 timings["read"], maintained))
+                                 timings["read"], maintained, behind))
 
+    run.drain = deferred.wait  # type: ignore[attr-defined]   # StopGate.finish: the deferred writes end first
     return run
+
+
+class DeferredWrites:
+    """Snapshot micro-batches written to Delta while Spark reads the next one.
+
+    A snapshot's micro-batch with more of the same snapshot to come (its files' ``snapshot_more``) is handed to one
+    background thread, in order, and foreachBatch returns at once: Spark commits it and starts the next micro-batch,
+    whose tasks read from the server while the driver writes this one's rows. This is safe for exactly these
+    batches: an exported snapshot lives only as long as the driver that holds it, so a driver that dies before such
+    a batch reaches Delta takes the snapshot along, and the restarted query reads the whole snapshot again from a
+    new one, truncating the tables first (snapshot.py). The snapshot's last micro-batch, and every other one, waits
+    for the deferred writes before it is applied, so a snapshot is complete in the checkpoint only once all of it is
+    in Delta. A deferred write that fails fails the next micro-batch (the query stops; the next run starts the
+    snapshot again); the ones queued after it are not run."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Any] = []
+        self._failed: BaseException | None = None
+
+    def submit(self, write: Callable[[], None]) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spockwire-snapshot-write")
+        self._pending.append(self._pool.submit(self._guarded, write))
+
+    def _guarded(self, write: Callable[[], None]) -> None:
+        if self._failed is not None:
+            return                       # after a failure: not written (the query fails, the snapshot starts over)
+        try:
+            write()
+        except BaseException as exc:  # noqa: BLE001 - raised to the micro-batch that checks or waits next
+            self._failed = exc
+
+    def check(self) -> None:
+        """Raise the failure of a deferred write, if one failed."""
+        if self._failed is not None:
+            raise self._failed
+
+    def wait(self) -> None:
+        """Wait for every deferred write; raise the failure, if one failed."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+        self.check()
 
 
 class _MicroBatch:
@@ -275,6 +332,7 @@ class _MicroBatch:
         self.snapshot = snapshot
         self.last_lsn = last_lsn
         self.file_rows: dict[str, list[int]] = {}     # each file's row count, as its task wrote it
+        self.snapshot_more = False       # a snapshot's micro-batch, more of the snapshot to come (DeferredWrites)
 
     @classmethod
     def read(cls, df: Any) -> "_MicroBatch":
@@ -297,6 +355,7 @@ class _MicroBatch:
             last = pc.max(table.column("last_lsn")).as_py() if table.num_rows else None
             batch = cls(files, None, rows, snap, last)
             batch.file_rows = file_rows
+            batch.snapshot_more = table.num_rows > 0 and all(table.column("snapshot_more").to_pylist())
             return batch
         s = _summary(table)
         return cls(None, table, s.rows, s.snapshot, s.last_lsn)
@@ -408,9 +467,10 @@ def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | 
     connect = _connect_plumbing(spark, cfg, on_batch)
     if connect is None:
         apply = apply_batch(cfg, on_batch, query_id)
+        drain = apply.drain              # type: ignore[attr-defined]
         if ready is not None:
             apply = _after(ready, apply)
-        function = gate.wrap(apply) if gate is not None else apply
+        function = gate.wrap(apply, drain) if gate is not None else apply
     else:                  # the function runs in the server's Python: no gate (a stop replays the batch in flight)
         function = apply_batch(cfg, *connect[:2])
     writer = (_reader(spark, cfg).writeStream.foreachBatch(function)
@@ -556,15 +616,19 @@ class StopGate:
 
     `wrap` wraps the foreachBatch function. Once `finish` was called, a micro-batch that starts fails before it
     applies anything (Spark has logged its offsets but does not commit it: the next run reads it again); `finish`
-    waits until the micro-batch in flight, if any, is applied and Spark has committed it to the checkpoint."""
+    waits until the micro-batch in flight, if any, is applied (its deferred snapshot writes too: `drain`) and Spark
+    has committed it to the checkpoint."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._closed = False
         self._running = False
         self._applied: int | None = None
+        self._drain: Callable[[], None] | None = None
 
-    def wrap(self, apply: Callable[[Any, int], None]) -> Callable[[Any, int], None]:
+    def wrap(self, apply: Callable[[Any, int], None], drain: Callable[[], None] | None = None
+             ) -> Callable[[Any, int], None]:
+        self._drain = drain
         def run(df: Any, batch_id: int) -> None:
             with self._cond:
                 if self._closed:
@@ -586,6 +650,8 @@ class StopGate:
             self._closed = True
             self._cond.wait_for(lambda: not self._running)
             applied = self._applied
+        if self._drain is not None:
+            self._drain()
         deadline = time.monotonic() + commit_timeout
         # the batch's progress is reported once its commit is in the checkpoint (or the query ended)
         while applied is not None and query.isActive and time.monotonic() < deadline:

@@ -59,7 +59,8 @@ class SnapshotChunk(InputPartition):
     """One task of the snapshot: a block range of one table (or leaf partition), under one exported snapshot."""
 
     def __init__(self, snapshot: str, lsn: int, ts_us: int, index: int, table: str, source: str,
-                 first_page: int | None, stop_page: int | None, truncate_tables: Sequence[str] = ()) -> None:
+                 first_page: int | None, stop_page: int | None, truncate_tables: Sequence[str] = (),
+                 more: bool = False) -> None:
         super().__init__((snapshot, index))
         self.snapshot = snapshot
         self.lsn = lsn
@@ -70,6 +71,7 @@ class SnapshotChunk(InputPartition):
         self.first_page = first_page
         self.stop_page = stop_page
         self.truncate_tables = tuple(truncate_tables)
+        self.more = more            # later micro-batches read more of this snapshot
 
     def where(self) -> str | None:
         conds = []
@@ -229,10 +231,11 @@ class SnapshotDriver:
             self.voided.add(end["snapshot"])
             return []
         lsn = parse_lsn(end["lsn"])
+        more = end["done"] < len(end["chunks"])
         parts = []
         for i in range(end["first"], end["done"]):
             table, source, first, stop = end["chunks"][i]
             truncate = self.tables if i == 0 else ()
             parts.append(SnapshotChunk(end["snapshot"], lsn, int(end["ts"]), i, table, source, first, stop,
-                                       truncate))
+                                       truncate, more))
         return parts

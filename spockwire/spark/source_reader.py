@@ -118,7 +118,8 @@ def _deliver(staging: str | None, layout_args: tuple, partition: Any, pairs: Ite
     if staging:
         from .batch_files import partition_name, write_files
 
-        yield from write_files(staging, partition_name(partition), pairs, layout.target, layout.multi)
+        yield from write_files(staging, partition_name(partition), pairs, layout.target, layout.multi,
+                               snapshot_more=bool(getattr(partition, "more", False)))
     else:
         for table, batch in pairs:
             yield layout.convert(table, batch)
