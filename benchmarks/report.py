@@ -368,7 +368,9 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
                  f"{i['peak_pss_bytes'] / 1e9:.2f}" if i.get("peak_pss_bytes") else ""]
         lines.append(f"| {i['label']} | " + " | ".join(cells) + " |")
     notes = ["Their own seconds: the sum of the last run's micro-batches' `seconds` (each from reading the "
-             "micro-batch to its Delta commit), a cross-check of `net`. Gross and empty source: medians of the wall times of the runs "
+             "micro-batch to its Delta commit), a cross-check of `net`; a snapshot's micro-batches but its last are "
+             "written while Spark reads the next one (`deferred`), so over several micro-batches the sum is more than "
+             "the time they span. Gross and empty source: medians of the wall times of the runs "
              "(the snapshot: as many runs of each, alternating; a backlog: its job's runs from copies of its slot, "
              "checkpoint and tables, then its last run).",
              "Peak RSS: the peak, sampled every 0.2 s, of the sum of the resident set sizes of the job's processes "
