@@ -293,9 +293,14 @@ def _resolve_scd2(fr: _Frame, refs: _Refs) -> None:
     fresh = fr.ev_pos[order][gs] > prior
     if len(fr.batch_tr):
         fresh &= int(fr.batch_tr.min()) > prior
-    # stale: every change of the key is at a position the target already holds for it
+    # stale: every change of the key is at a position the target already holds for it (looked up only for the
+    # keys that are not fresh: a fresh key is not stale)
     width = len(fr.positions) + 1
-    seen = np.isin(fr.ev_key[order] * width + fr.ev_pos[order], _held_positions(fr, width))
+    seen = np.zeros(len(order), dtype=bool)
+    maybe = np.repeat(~fresh, ge - gs)
+    if maybe.any():
+        o = order[maybe]
+        seen[maybe] = np.isin(fr.ev_key[o] * width + fr.ev_pos[o], _held_positions(fr, width))
     stale = np.logical_and.reduceat(seen, gs) & ~fresh
     moved = _moved_keys(fr)
     if len(moved):
