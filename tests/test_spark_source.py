@@ -535,7 +535,9 @@ def test_planning_and_reads_reuse_their_connections_and_reconnect(pg_db):
 def test_planning_moves_over_wal_without_output_in_empty_ranges(pg_db):
     """WAL of tables outside the publication: the planning peeks a 1 MiB window, then looks further for the first
     transaction with output; the WAL before it becomes an empty range (nothing to read), and the next planning
-    starts at that transaction. A little such WAL and nothing else makes no range at all."""
+    starts at that transaction. A little such WAL and nothing else makes no range at all. (The empty range may end
+    past the flush LSN read before the transaction: the server writes WAL of its own in between, autovacuum's
+    ANALYZE of the table just filled among it.)"""
     from spockwire.spark.slot import PLAN_WINDOW_BYTES, read_range
 
     opts = _setup_orders(pg_db)
@@ -551,7 +553,7 @@ def test_planning_moves_over_wal_without_output_in_empty_ranges(pg_db):
     pg_db.execute("INSERT INTO orders (id, qty) VALUES (1, 1)")
     after = _flush_lsn(pg_db)
     skip = plan_end(spec, start)
-    assert skip.empty and start + PLAN_WINDOW_BYTES < skip.end <= before, (skip, before)
+    assert skip.empty and start + PLAN_WINDOW_BYTES < skip.end < after, (skip, before, after)
     assert list(read_range(spec, start, skip.end)) == []                    # indeed nothing in it
     found = plan_end(spec, skip.end)
     assert not found.empty and found.messages > 0 and found.end >= after
