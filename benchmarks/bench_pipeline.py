@@ -101,7 +101,7 @@ EMPTY_ROUNDS = int(_env("EMPTY_ROUNDS", "5"))
 #: spread of one job's start and stop
 SNAPSHOT_ROUNDS = int(_env("SNAPSHOT_ROUNDS", "7"))
 #: runs of each backlog job (SCD 1, --history): all but the last from copies of its slot, checkpoint and tables
-CHANGE_ROUNDS = int(_env("CHANGE_ROUNDS", "3"))
+CHANGE_ROUNDS = int(_env("CHANGE_ROUNDS", "5"))
 MASTER = _env("MASTER", "local[2]")
 JOB_TIMEOUT = float(_env("JOB_TIMEOUT", "3600"))
 #: per test (pyproject's 900 s is too short for the full-scale phases)
