@@ -558,10 +558,10 @@ def end_lsn(progress: Any) -> int | None:
 
 
 def flush_lsn(dsn: str) -> int:
-    from .slot import _connect, current_flush_lsn
+    from .slot import _connect, decodable_wal_end
 
     with _connect(dsn) as conn, conn.cursor() as cur:
-        return current_flush_lsn(cur)
+        return decodable_wal_end(cur)
 
 
 def wait_caught_up(query: Any, target_lsn: int, timeout: float = 600.0,

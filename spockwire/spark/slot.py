@@ -343,7 +343,7 @@ _FLUSH_WAL = ("BEGIN; SET LOCAL synchronous_commit = local; SELECT txid_current(
               "SELECT pg_logical_emit_message(false, 'spockwire', ''); COMMIT")
 
 
-def current_flush_lsn(cur: Any) -> int:
+def decodable_wal_end(cur: Any) -> int:
     """Where the server's WAL ends for a peek: a position every WAL record before which is written out, and at the
     end of a record, so that a peek up to it does not wait.
 
@@ -483,7 +483,7 @@ def _plan(conn: Any, cur: Any, spec: SlotSpec, start: int, max_messages: int | N
           until: int | None, idle_advance_bytes: int) -> Plan:
     drop_stale_range_copies(cur, spec.slot)     # every earlier batch is committed: no read runs
     _advance(cur, spec, start)
-    flush = current_flush_lsn(cur)
+    flush = decodable_wal_end(cur)
     upto = flush
     if until is not None:
         upto = min(upto, until)

@@ -15,7 +15,7 @@ from ..export.arrow import repeated
 from ..model import Relation
 from . import schema as S
 from .slot import IDLE_ADVANCE_BYTES, SPLIT_WAL_BYTES, ReusedConnection, SlotSpec, _catalog, _connect, \
-    advance_slot, current_flush_lsn, decoder_types_supported, drop_stale_range_copies, ensure_slot, plan_end, \
+    advance_slot, decodable_wal_end, decoder_types_supported, drop_stale_range_copies, ensure_slot, plan_end, \
     read_range, slot_position, split_range
 from .memory import release_memory
 from .snapshot import is_snapshot_offset
@@ -166,7 +166,7 @@ class SpockwireBatchReader(DataSourceReader):
             if pos is None:
                 raise ValueError(f"replication slot {spec.slot!r} does not exist")
             self.start = parse_lsn(opts["startinglsn"]) if opts.get("startinglsn") else pos[0]
-            self.end = parse_lsn(opts["endinglsn"]) if opts.get("endinglsn") else current_flush_lsn(cur)
+            self.end = parse_lsn(opts["endinglsn"]) if opts.get("endinglsn") else decodable_wal_end(cur)
             drop_stale_range_copies(cur, spec.slot)
         self.split_bytes = _split_bytes(opts)
 
@@ -251,7 +251,7 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def prepareForTriggerAvailableNow(self) -> None:
         def flush(conn: Any) -> int:
             with conn.cursor() as cur:
-                return current_flush_lsn(cur)
+                return decodable_wal_end(cur)
 
         self._until = self._conn.run(flush)
 
