@@ -1,9 +1,11 @@
 """The pipeline job (spockwire.spark.job) in this process, on the suite's SparkSession, against a live server: the
 snapshot and then changes of two tables land in Delta; every micro-batch is one Spark job (counted from the
 query's job group with Spark's status tracker), its Arrow files are gone once it is applied, its commit-to-Delta
-lag is reported, and each Delta commit carries the batch as a transaction (a replayed batch is skipped)."""
+lag is reported, each Delta commit carries the batch as a transaction (a replayed batch is skipped), and Spark's
+planning processes are stopped once the query has read its first micro-batch."""
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -11,8 +13,9 @@ import time
 import pytest
 
 from spockwire.spark.job import JobConfig, flush_lsn, staging_path, start, table_keys, target_path, wait_caught_up
+from spockwire.spark.memory import PLANNING_WORKER_MODULES, stop_planning_workers
 from tests.spark_session import spark_session
-from tests.test_spark_source import COLUMNS, ORDERS_DDL, _norm, _pg_rows, _slot, _workload
+from tests.test_spark_source import COLUMNS, ORDERS_DDL, _norm, _pg_rows, _setup_orders, _slot, _workload
 
 pytestmark = pytest.mark.pg
 
@@ -86,6 +89,78 @@ def test_one_spark_job_per_micro_batch_snapshot_then_changes(spark, pg_db, tmp_p
     # each table commit carries the batch: the idempotence token of the query
     dt = deltalake.DeltaTable(target_path(cfg.target, "public.orders"))
     assert dt.transaction_version(f"spockwire-{query.id}") == max(r.batch_id for r in reports)
+
+
+def _spark_python_processes() -> list[str]:
+    """The command lines of the Python processes below this one (its JVM's daemons and their workers)."""
+    parent, cmdline = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline[int(pid)] = f.read().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue                    # a process that ended meanwhile
+    mine = os.getpid()
+
+    def below(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == mine:
+                return True
+        return False
+
+    return [c for p, c in cmdline.items() if "python" in c and below(p)]
+
+
+def _planning(processes: list[str]) -> set[str]:
+    return {m for m in PLANNING_WORKER_MODULES for c in processes if c.rstrip().endswith(" " + m)}
+
+
+def _wait_for(condition, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return value
+
+
+def test_the_planning_processes_are_stopped_once_the_query_has_read_its_first_micro_batch(spark, pg_db, tmp_path):
+    """Spark keeps a daemon and an idle worker for each kind of planning of a Python data source (creating it,
+    planning its read, ...) for as long as the session lives; the job stops them once its query has read its first
+    micro-batch, and a later planning starts them again."""
+    create, plan = "pyspark.sql.worker.create_data_source", "pyspark.sql.worker.plan_data_source_read"
+    opts = _setup_orders(pg_db)
+    _workload(pg_db, random.Random(3), 30)
+
+    def read() -> int:
+        return spark.read.format("spockwire").options(**opts).load().count()
+
+    changes = read()
+    assert changes > 30
+    assert _planning(_spark_python_processes()) >= {create, plan}       # idle, beside the session
+    assert set(stop_planning_workers(spark)) >= {create, plan}
+    assert _wait_for(lambda: not _planning(_spark_python_processes()))
+    assert read() == changes                                             # planned again: they start again
+    assert _planning(_spark_python_processes()) >= {create, plan}
+
+    cfg = JobConfig(dsn=pg_db.dsn, slot=_slot(pg_db, "job"), publication=["pub"], tables={"public.orders": None},
+                    target=str(tmp_path / "delta"), checkpoint=str(tmp_path / "ck"), starting_position="snapshot",
+                    trigger_seconds=0.1)
+    reports = []
+    query = start(spark, cfg, reports.append)
+    try:
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        gone = _wait_for(lambda: not _planning(_spark_python_processes()))
+        _workload(pg_db, random.Random(4), 30, start_id=10_000)
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        after = _spark_python_processes()
+    finally:
+        query.stop()
+    assert gone and not _planning(after), after          # not started again by the micro-batches that followed
+    assert any(c.rstrip().endswith("pyspark.daemon pyspark.worker") for c in after)   # the decoding workers' daemon
+    assert len([r for r in reports if sum(r.rows.values())]) >= 2
+    assert _delta_rows(target_path(cfg.target, "public.orders")) == _pg_rows(pg_db)
 
 
 def test_a_table_without_a_key_is_an_error_at_start(pg_db, tmp_path):

@@ -36,7 +36,7 @@ from .apply import target_path
 from .environment import WorkerCheck, check_java
 from .maintenance import (DEFAULT_SMALL_FILES, DEFAULT_VACUUM_RETENTION_HOURS, MIN_VACUUM_RETENTION_HOURS,
                           Maintenance, MaintenanceOptions, count_option, retention_option)
-from .memory import configure_delta_allocator, release_memory
+from .memory import configure_delta_allocator, release_memory, stop_planning_workers
 from .read_ahead import ReadAheadPolicy
 
 __all__ = ["JobConfig", "BatchReport", "JobError", "spark_session", "LOCAL_DRIVER_JAVA_OPTIONS", "target_path", "start",
@@ -213,12 +213,17 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
     ahead = ReadAheadPolicy(cfg.checkpoint)
     deferred = DeferredWrites()
 
+    planned = threading.Event()
+
     def run(df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
         # a batch spanning much WAL: its targets' files are read while its Spark job decodes (read_ahead.py)
         started = ahead.start(int(batch_id), [target_path(cfg.target, t, h) for t, h in targets])
         batch = _MicroBatch.read(df)
         read_s = time.monotonic() - t0
+        if not planned.is_set():         # the query is planned and read once: its planning workers idle from here
+            planned.set()
+            stop_planning_workers(df.sparkSession)       # spark/memory.py
         deferred.check()
         if batch.snapshot_more:
             # a snapshot batch with more of the snapshot to come: written while the next one is read (DeferredWrites)
