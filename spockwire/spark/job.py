@@ -213,7 +213,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
     ahead = ReadAheadPolicy(cfg.checkpoint)
     deferred = DeferredWrites()
 
-    planned = threading.Event()
+    planned: list[bool] = []             # (picklable: over Spark Connect this function runs in the server)
 
     def run(df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
@@ -221,8 +221,8 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
         started = ahead.start(int(batch_id), [target_path(cfg.target, t, h) for t, h in targets])
         batch = _MicroBatch.read(df)
         read_s = time.monotonic() - t0
-        if not planned.is_set():         # the query is planned and read once: its planning workers idle from here
-            planned.set()
+        if not planned:                  # the query is planned and read once: its planning workers idle from here
+            planned.append(True)
             stop_planning_workers(df.sparkSession)       # spark/memory.py
         deferred.check()
         if batch.snapshot_more:
