@@ -163,6 +163,45 @@ def test_the_planning_processes_are_stopped_once_the_query_has_read_its_first_mi
     assert _delta_rows(target_path(cfg.target, "public.orders")) == _pg_rows(pg_db)
 
 
+def _planning_pids(module: str) -> set[int]:
+    """The processes below this one that run Spark's planning `module` (its daemon and the workers it forked)."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().replace(b"\0", b" ").decode().rstrip().endswith(" " + module):
+                    found.add(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_planning_warm_up_leaves_a_planning_worker_that_the_source_plans_in(spark, pg_db):
+    """The job's warm-up (spockwire/spark/warmup.py) plans a read of a source that reads nothing beside the query's
+    start: the worker that plans reads is then started, has pyarrow loaded, and the spockwire source's planning
+    runs in it (no other one is started)."""
+    from spockwire.spark.warmup import start_planning_warm_up
+
+    plan = "pyspark.sql.worker.plan_data_source_read"
+    opts = _setup_orders(pg_db)
+    _workload(pg_db, random.Random(8), 20)
+    stop_planning_workers(spark)
+    assert _wait_for(lambda: not _planning_pids(plan))
+    warm_up = start_planning_warm_up(spark)
+    warm_up.join(120)
+    assert not warm_up.is_alive()
+    warmed = _planning_pids(plan)
+    assert len(warmed) == 2                                    # its daemon and one idle worker
+    maps = []
+    for pid in warmed:
+        with open(f"/proc/{pid}/maps") as f:
+            maps.append("libarrow" in f.read())
+    assert sorted(maps) == [False, True]                       # the worker imported the stream reader's modules
+    changes = spark.read.format("spockwire").options(**opts).load().count()
+    assert changes >= 20
+    assert _planning_pids(plan) == warmed                      # planned in the warmed worker
+
+
 def test_a_table_without_a_key_is_an_error_at_start(pg_db, tmp_path):
     pg_db.execute("CREATE TABLE logs (at timestamptz, line text)")     # no primary key: no replica identity
     cfg = JobConfig(dsn=pg_db.dsn, slot="x", publication=["p"], tables={"public.logs": None},

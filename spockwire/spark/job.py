@@ -713,6 +713,9 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
         # the workers are checked while the query starts (WorkerCheck), their error raised before any batch ends
         spark = spark_session(master, app="spockwire-job", conf=spark_conf, remote=remote, check_workers=False)
         if not remote:
+            from .warmup import start_planning_warm_up
+
+            start_planning_warm_up(spark)            # warmup.py: beside the worker check and the query's start
             checking = WorkerCheck(spark)
     lock = threading.Lock()
 
