@@ -91,8 +91,8 @@ def test_one_spark_job_per_micro_batch_snapshot_then_changes(spark, pg_db, tmp_p
     assert dt.transaction_version(f"spockwire-{query.id}") == max(r.batch_id for r in reports)
 
 
-def _spark_python_processes() -> list[str]:
-    """The command lines of the Python processes below this one (its JVM's daemons and their workers)."""
+def _processes_below() -> dict[int, str]:
+    """The command lines of the processes below this one (its JVM, the JVM's Python daemons and their workers)."""
     parent, cmdline = {}, {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -111,7 +111,11 @@ def _spark_python_processes() -> list[str]:
                 return True
         return False
 
-    return [c for p, c in cmdline.items() if "python" in c and below(p)]
+    return {p: c for p, c in cmdline.items() if below(p)}
+
+
+def _spark_python_processes() -> list[str]:
+    return [c for c in _processes_below().values() if "python" in c]
 
 
 def _planning(processes: list[str]) -> set[str]:
@@ -165,15 +169,7 @@ def test_the_planning_processes_are_stopped_once_the_query_has_read_its_first_mi
 
 def _planning_pids(module: str) -> set[int]:
     """The processes below this one that run Spark's planning `module` (its daemon and the workers it forked)."""
-    found = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if f.read().replace(b"\0", b" ").decode().rstrip().endswith(" " + module):
-                    found.add(int(pid))
-        except OSError:
-            continue
-    return found
+    return {p for p, c in _processes_below().items() if c.rstrip().endswith(" " + module)}
 
 
 def test_the_planning_warm_up_leaves_a_planning_worker_that_the_source_plans_in(spark, pg_db):
