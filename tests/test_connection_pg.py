@@ -766,28 +766,3 @@ def test_a_slot_another_backend_holds_is_waited_for_then_a_clear_error(pg_db, sl
     threading.Timer(1.0, holder.close).start()      # the holder goes while the next one waits
     with connect(pg_db.dsn, slot=slot, publication="pub", transport=transport, reconnect_timeout=30.0) as again:
         assert row_count(read_all(again, 10)) == 10
-
-
-@pytest.mark.parametrize("pump", PUMPS)
-def test_sql_transport_hands_out_what_precedes_a_record_not_yet_written_out(pg_db, pump, slot):
-    """The server writes WAL out as transactions commit, a page at a time: a record that commits nothing (here a
-    non-transactional logical message over several pages) is written out only up to its last full page until
-    something else commits, and the end of the WAL the SQL functions read to falls inside it. The transaction
-    before it still comes, with no other commit on the server (a statement timeout would cut a wait short; a peek
-    bounded by that end waited for the next commit: tests/test_spark_source.py)."""
-    from spockwire.connection.slots import parse_lsn
-
-    setup_pgoutput(pg_db, slot)
-    flush = "SELECT pg_current_wal_flush_lsn()::text"
-    pg_db.execute("INSERT INTO a VALUES (1, 'before the message')")
-    message_end = parse_lsn(pg_db.query(
-        "SELECT pg_logical_emit_message(false, 'spockwire-test', repeat('x', 40000))::text")[0][0])
-    deadline = time.monotonic() + 30
-    while parse_lsn(pg_db.query(flush)[0][0]) <= message_end - 40000:     # its full pages are written out
-        assert time.monotonic() < deadline, "the server did not write out the message's first pages"
-        time.sleep(0.05)
-    assert parse_lsn(pg_db.query(flush)[0][0]) < message_end
-    patient = pg_db.cluster.dsn(pg_db.name, options="-c statement_timeout=20s")
-    with connect(patient, slot=slot, publication="pub", transport="sql", pump=pump, read_timeout=0.2) as stream:
-        events = read_all(stream, 1, timeout=15)
-    assert [r["v"] for ev in events for r in ev.to_arrow().to_pylist()] == ["before the message"]
