@@ -565,9 +565,10 @@ def test_planning_moves_over_wal_without_output_in_empty_ranges(pg_db):
 def test_a_range_never_ends_inside_a_wal_record_not_yet_written_out(pg_db):
     """The server writes WAL out as transactions commit, a page at a time: a record that commits nothing (here a
     non-transactional logical message over several pages) is written out only up to its last full page, and the
-    flush LSN falls inside it. A peek up to that point would wait until something else commits. The planning's
-    bound is past the record instead, with all of it written out (an empty transaction commits for that): the
-    range is read without waiting (a statement timeout would cut a wait short and fail the read) and holds the
+    flush LSN falls inside it. A peek up to that point would wait until the record is written out: at the next
+    commit, or when the WAL writer writes the partial page by itself (up to seconds later). The planning's bound
+    is past the record instead, with all of it written out (an empty transaction commits for that): the range is
+    read without waiting (a statement timeout would cut a wait short and fail the read) and holds the
     transaction before the message."""
     from spockwire.spark.slot import read_range
 
@@ -576,14 +577,17 @@ def test_a_range_never_ends_inside_a_wal_record_not_yet_written_out(pg_db):
     spec = SlotSpec(dsn=patient, slot=opts["slot"], publication=("pub",))
     start = _slot_lsn(pg_db, opts["slot"])
     pg_db.execute("INSERT INTO orders (id, qty) VALUES (1, 1)")
-    message_end = parse_lsn(pg_db.query(
-        "SELECT pg_logical_emit_message(false, 'spockwire-test', repeat('x', 40000))::text")[0][0])
-    deadline = time.monotonic() + 30
-    while _flush_lsn(pg_db) <= message_end - 40000:      # the WAL writer writes the message's full pages out
-        assert time.monotonic() < deadline, "the server did not write out the message's first pages"
-        time.sleep(0.05)
-    inside = _flush_lsn(pg_db)
-    assert inside < message_end
+    for _attempt in range(5):
+        message_end = parse_lsn(pg_db.query(
+            "SELECT pg_logical_emit_message(false, 'spockwire-test', repeat('x', 40000))::text")[0][0])
+        deadline = time.monotonic() + 30
+        while _flush_lsn(pg_db) <= message_end - 40000:      # the WAL writer writes the message's full pages out
+            assert time.monotonic() < deadline, "the server did not write out the message's first pages"
+            time.sleep(0.05)
+        inside = _flush_lsn(pg_db)
+        if inside < message_end:
+            break           # else another test's commit (the cluster is shared) wrote it all out: once more
+    assert inside < message_end, "the message was written out whole five times"
     plan = plan_end(spec, start)
     assert plan.end >= message_end and _flush_lsn(pg_db) >= plan.end, (plan, inside, message_end)
     batches = [b for _t, b in read_range(spec, start, plan.end)]

@@ -349,9 +349,9 @@ def decodable_wal_end(cur: Any) -> int:
 
     The flush LSN alone is not that. The server writes WAL out a page at a time as transactions commit; a record
     that commits nothing (a page's pruning, a snapshot of the running transactions, a non-transactional message)
-    stays in a page not yet written until the next commit, and the flush LSN can fall inside such a record, at the
-    page boundary. A peek up to a point inside a record waits until the record's end is written -- for as long as
-    no other transaction commits: 0.7-3.5 s in 9 of 53 reads of a 500,000-change backlog on a quiet server (the
+    stays in a page not yet written until the next commit (or until the WAL writer writes the page by itself,
+    seconds later), and the flush LSN can fall inside such a record, at the page boundary. A peek up to a point
+    inside a record waits until the record's end is written: 0.7-3.5 s in 9 of 53 reads of a 500,000-change backlog on a quiet server (the
     backlog's pages pruned by a read of the table). So when WAL was inserted beyond the flush LSN, a transaction
     that writes all of it out is committed (`_FLUSH_WAL`), and the insert LSN read before it (the end of the last
     record then) is the answer. `cur`: a cursor of a connection in autocommit mode."""
