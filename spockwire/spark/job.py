@@ -712,6 +712,9 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
     if own_session:
         # the workers are checked while the query starts (WorkerCheck), their error raised before any batch ends
         spark = spark_session(master, app="spockwire-job", conf=spark_conf, remote=remote, check_workers=False)
+        from .signals import reclaim_signals
+
+        reclaim_signals()            # SIGINT stops as SIGTERM does, not as PySpark's own handler (signals.py)
         if not remote:
             from .warmup import start_planning_warm_up
 
