@@ -3,7 +3,7 @@
 Spark plans a query that reads a Python data source in Python processes of its own, one kind per step: finding
 the data sources installed, creating the source (its schema), planning its read. It starts each kind's daemon
 (a fresh interpreter that imports pyspark) when a query first needs it, one after the other, and the read is
-planned only when the first micro-batch with data is: on 2 cores, about 0.6-0.7 s per daemon, and another
+planned only when the first micro-batch is: on 2 cores, about 0.6-0.7 s per daemon, and another
 0.4 s for the planning worker to import the stream reader's modules (pyarrow, the decoder), all of it on the
 first micro-batch's path.
 
