@@ -100,6 +100,16 @@ def _writer(pg_db, stop: threading.Event, written: list[int]) -> None:
         conn.close()
 
 
+
+def _end(stop: threading.Event, writer: threading.Thread, proc: subprocess.Popen) -> None:
+    """Stop the writer (if it started), and kill the job's process group if it is still running."""
+    stop.set()
+    if writer.ident is not None:
+        writer.join(30)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
 def _lines(path: Path) -> list[str]:
     return path.read_text(errors="replace").splitlines()
 
@@ -221,11 +231,7 @@ def test_sigterm_finishes_the_batch_then_restart_exactly_once_and_the_password_i
         first.send_signal(signal.SIGTERM)
         assert first.wait(120) == 0, (run / "first.err").read_text()[-3000:]
     finally:
-        stop.set()
-        writer.join(30)
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait(30)
+        _end(stop, writer, first)
     assert written[0] > 0
     assert metrics["spockwire_pipeline_batches_total"] >= 2
     assert metrics['spockwire_pipeline_rows_total{table="public.orders"}'] > 500
@@ -372,11 +378,7 @@ def test_sigint_stops_the_job_as_sigterm_does(pg_db, tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(120) == 0, err.read_text()[-3000:]
     finally:
-        stop.set()
-        writer.join(30)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+        _end(stop, writer, proc)
     lines = [json.loads(ln) for ln in _lines(out)]
     applied = [ln["batch"] for ln in lines if "batch" in ln]
     assert [ln for ln in lines if "stopped" in ln] == [{"stopped": True, "last_batch": applied[-1]}]

@@ -351,8 +351,8 @@ def decodable_wal_end(cur: Any) -> int:
     that commits nothing (a page's pruning, a snapshot of the running transactions, a non-transactional message)
     stays in a page not yet written until the next commit (or until the WAL writer writes the page by itself,
     seconds later), and the flush LSN can fall inside such a record, at the page boundary. A peek up to a point
-    inside a record waits until the record's end is written: 0.7-3.5 s in 9 of 53 reads of a 500,000-change backlog on a quiet server (the
-    backlog's pages pruned by a read of the table). So when WAL was inserted beyond the flush LSN, a transaction
+    inside a record waits until the record's end is written: 0.7-3.5 s in 9 of 53 reads of a 500,000-change
+    backlog on a quiet server (the backlog's pages pruned by a read of the table). So when WAL was inserted beyond the flush LSN, a transaction
     that writes all of it out is committed (`_FLUSH_WAL`), and the insert LSN read before it (the end of the last
     record then) is the answer. `cur`: a cursor of a connection in autocommit mode."""
     cur.execute("SELECT pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text")

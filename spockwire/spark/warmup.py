@@ -20,7 +20,6 @@ from typing import Any, Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-
 __all__ = ["PlanningWarmUp", "start_planning_warm_up"]
 
 log = logging.getLogger("spockwire.pipeline")
