@@ -63,6 +63,24 @@ def table_schema(target: pa.Schema, table: str, multi: bool) -> pa.Schema:
     return pa.schema(heads + [f for f in target if f.name not in S.CHANGE_COLUMNS])
 
 
+def file_schema(target: pa.Schema, batch: pa.Schema) -> pa.Schema:
+    """The Arrow schema of a file holding decoder batches of schema `batch`: the change columns as in the query's
+    schema `target`, then the batch's own columns in the Arrow types Spark gives their decoder types, with the
+    batch's metadata (its column description). The file follows the table as the stream describes it at that
+    point, so a column added, renamed, dropped or retyped upstream reaches the driver as it is
+    (spockwire.spark.schema_changes), whatever the query's schema said when it started."""
+    from pyspark.sql import types as T
+
+    values = pa.schema([f for f in batch if f.name not in S.CHANGE_COLUMNS])
+    typed = S.target_arrow_schema(T.StructType(S.spark_fields(values))) if len(values) else pa.schema([])
+    heads = [target.field(c) for c in S.CHANGE_COLUMNS]
+    return pa.schema(heads + list(typed), metadata=batch.metadata)
+
+
+def _shape(schema: pa.Schema) -> tuple:
+    return tuple((f.name, str(f.type)) for f in schema), (schema.metadata or {}).get(S.COLUMNS_METADATA)
+
+
 def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordBatch]], target: pa.Schema,
                 multi: bool, snapshot_more: bool = False) -> Iterator[pa.RecordBatch]:
     """Write a task's (table, decoder batch) pairs as one Arrow file per table, ``<staging>/<name>.<n>.arrow``;
@@ -70,18 +88,27 @@ def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordB
     micro-batches go on reading."""
     fs, root = _fs(staging)
     fs.create_dir(root, recursive=True)
-    open_: dict[str, tuple[Any, Any, str, str, list[int]]] = {}
-    schemas: dict[str, pa.Schema] = {}
+    # one file per table and shape: a table described again with other columns (or a column switched to text)
+    # starts a new file, so the driver sees each shape where the stream changed it (a truncate, which has no
+    # columns of the table, goes into the table's open file)
+    open_: dict[tuple, tuple[Any, Any, str, str, list[int]]] = {}
+    schemas: dict[tuple, pa.Schema] = {}
+    current: dict[str, tuple] = {}
     try:
         for table, batch in batches:
-            if table not in open_:
-                schemas[table] = table_schema(target, table, multi)
+            shape = _shape(batch.schema)
+            key = current.get(table)
+            if key is None or (shape != key[1] and batch.num_columns > len(S.CHANGE_COLUMNS)):
+                key = current[table] = (table, shape, len(open_))
+                if (table, shape) not in schemas:     # a truncate's file: the table as the query started
+                    schemas[(table, shape)] = file_schema(target, batch.schema) \
+                        if batch.num_columns > len(S.CHANGE_COLUMNS) else table_schema(target, table, multi)
                 final = f"{root.rstrip('/')}/{name}.{len(open_)}.arrow"
                 tmp = f"{final}.{uuid.uuid4().hex[:8]}.tmp"
                 sink = fs.open_output_stream(tmp)
-                open_[table] = (sink, pa.ipc.new_stream(sink, schemas[table]), tmp, final, [0, 0, -1])
-            _sink, writer, _tmp, _final, counts = open_[table]
-            out = S.conform_batch(batch, schemas[table])
+                open_[key] = (sink, pa.ipc.new_stream(sink, schemas[(table, shape)]), tmp, final, [0, 0, -1])
+            _sink, writer, _tmp, _final, counts = open_[key]
+            out = S.conform_batch(batch, schemas[(key[0], key[1])])
             writer.write_batch(out)
             counts[0] += out.num_rows
             kinds, xids = out.column(0), out.column(3)
@@ -94,7 +121,7 @@ def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordB
             writer.close()
             sink.close()
     rows = []
-    for table, (_sink, _writer, tmp, final, counts) in open_.items():
+    for (table, _shape_, _n), (_sink, _writer, tmp, final, counts) in open_.items():
         fs.move(tmp, final)
         rows.append((table, final if "://" not in staging else f"{staging.split('://', 1)[0]}://{final}",
                      counts[0], counts[1], counts[2] if counts[2] >= 0 else None, socket.gethostname(), snapshot_more))

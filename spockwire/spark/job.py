@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
+from ..connection.slots import format_lsn
 from ..errors import SparkEnvironmentError, SpockwireError
 from .apply import target_path
 from .environment import WorkerCheck, check_java
@@ -84,6 +85,7 @@ class BatchReport:
     read_seconds: float = 0.0        # reading the micro-batch into the driver (the source's read, Spark's job)
     maintenance: dict[str, dict] = field(default_factory=dict)   # per Delta table: maintenance.Maintenance's report
     deferred: bool = False           # written while Spark read the next micro-batch (a snapshot's: DeferredWrites)
+    reread: dict[str, str] = field(default_factory=dict)   # tables read again (schema change) -> at this LSN
 
 
 def staging_path(cfg: JobConfig) -> str:
@@ -98,7 +100,8 @@ def report_line(b: BatchReport) -> dict:
 
     return {"batch": b.batch_id, "rows": b.rows, "snapshot_rows": b.snapshot_rows, "seconds": r(b.seconds),
             "read_seconds": r(b.read_seconds), "lag_p50": r(b.lag_p50), "lag_p95": r(b.lag_p95),
-            **({"maintenance": b.maintenance} if b.maintenance else {}), **({"deferred": True} if b.deferred else {})}
+            **({"maintenance": b.maintenance} if b.maintenance else {}), **({"deferred": True} if b.deferred else {}),
+            **({"reread": b.reread} if b.reread else {})}
 
 
 #: the driver JVM of a local session compiles with its quick compiler only (C1): on a few cores the optimizing
@@ -205,8 +208,11 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
     (and would change nothing anyway: `apply_changes` is idempotent per key)."""
     from .apply import apply_changes
     from .resolve import first_position
+    from .schema_changes import Reread, apply_shaped
+    from .source_options import options_to_spec
 
     keys = table_keys(cfg)
+    spec = options_to_spec({"dsn": cfg.dsn, "slot": cfg.slot, "password": cfg.password, **cfg.extra_options})
     maintenance = Maintenance(cfg.maintenance) if cfg.maintenance is not None else None
 
     targets = [(t, h) for t in cfg.tables for h in ((False, True) if cfg.history else (False,))]
@@ -237,27 +243,41 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
         token = (f"spockwire-{query_id()}", batch_id) if query_id is not None else None
         commit_ts: list[Any] = []
         maintained: dict[str, dict] = {}
+        reread = Reread(spec)            # schema_changes.py: a table described with other columns is read again
+        reread_at: dict[str, str] = {}
 
         def read(table: str) -> Any:
             t1 = time.monotonic()
             changes = batch.changes(table)
             timings[table + ".files"] = time.monotonic() - t1
             if changes is not None:
-                commit_ts.append(_change_times(changes))
+                commit_ts.extend(_change_times(c) for c in changes)
             return changes
 
         def one(table: str, changes: Any, history: bool) -> None:
             path = target_path(cfg.target, table, history)
             t1 = time.monotonic()
-            m = apply_changes(changes, path, format="delta", engine="delta-rs", keys=keys[table],
-                              stored_as_scd_type=2 if history else 1, idempotence=token,
-                              read_ahead=started.get(path))
+
+            def new_keys(k: list[str]) -> None:   # a re-read under another replica identity: the table's new key
+                if not cfg.tables.get(table):
+                    keys[table] = k
+
+            done = apply_shaped(path, changes, keys[table], 2 if history else 1, token, reread, table,
+                                lambda *a, **kw: apply_changes(*a, format="delta", engine="delta-rs", **kw),
+                                new_keys, started.get(path))
             name = table + ("_history" if history else "")
             timings[name] = time.monotonic() - t1
-            timings.update({f"{name}.{k}": v for k, v in m.seconds.items()})
-            if maintenance is not None:   # spark/maintenance.py: every earlier micro-batch is committed
-                maintained[os.path.basename(path)] = maintenance.after_batch(path, keys[table],
-                                                                             first_position(changes))
+            for m in done.metrics:
+                timings.update({f"{name}.{k}": v for k, v in m.seconds.items()})
+            if done.reread_lsn is not None and table not in reread_at:
+                reread_at[table] = format_lsn(done.reread_lsn)
+                print(f"spockwire: {table} was described with other columns upstream: read again at "
+                      f"{reread_at[table]} (its Delta table now has the source's columns and rows)",
+                      file=sys.stderr, flush=True)
+            if maintenance is not None and done.metrics:   # spark/maintenance.py: every earlier micro-batch is committed
+                maintained[os.path.basename(path)] = maintenance.after_batch(
+                    path, keys[table], min((p for p in (first_position(c) for c in changes) if p is not None),
+                                           default=None))
 
         # the targets (each table, and its history table beside it) are independent: their resolution and
         # delta-rs writes run side by side
@@ -275,7 +295,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
             on_batch(BatchReport(batch_id, {t: int(batch.rows.get(t, 0)) for t in cfg.tables},
                                  time.monotonic() - t0, batch.last_lsn, sum(batch.snapshot.values()),
                                  {t: batch.snapshot.get(t, 0) for t in cfg.tables}, lag[0], lag[1],
-                                 timings["read"], maintained, behind))
+                                 timings["read"], maintained, behind, dict(reread_at)))
 
     run.drain = deferred.wait  # type: ignore[attr-defined]   # StopGate.finish: the deferred writes end first
     return run
@@ -365,16 +385,23 @@ class _MicroBatch:
         s = _summary(table)
         return cls(None, table, s.rows, s.snapshot, s.last_lsn)
 
-    def changes(self, table: str) -> Any:
-        """One table's changes (change columns + the table's columns), or None when the batch has none."""
+    def changes(self, table: str) -> list[Any] | None:
+        """One table's changes (change columns + the table's columns) as runs of one shape in stream order
+        (schema_changes.segments: the table described again with other columns starts a run), or None when the
+        batch has none."""
         from .apply import select_table_arrow
         from .batch_files import read_files
+        from .schema_changes import segments
 
         if self.files is not None:
-            return read_files(self.files[table], self.file_rows.get(table)) if table in self.files else None
+            if table not in self.files:
+                return None
+            rows = self.file_rows.get(table) or [None] * len(self.files[table])
+            return segments([read_files([p], [n] if n is not None else None)
+                             for p, n in zip(self.files[table], rows)])
         if not self.rows.get(table):
             return None
-        return select_table_arrow(self.rows_table, table)
+        return [select_table_arrow(self.rows_table, table)]
 
     def done(self) -> None:
         """The batch is applied: its files go."""

@@ -54,6 +54,11 @@ _INTERVAL_FIELDS = (("months", pa.int32()), ("days", pa.int32()), ("nanoseconds"
 # ---------------------------------------------------------------------------------------------------------------
 # Arrow -> Spark
 
+#: the schema metadata key of a batch's column description (spockwire.spark.schema_changes): the relation's
+#: columns as the upstream described them, ``[[name, type oid or null, type modifier or null, is key], ...]``
+COLUMNS_METADATA = b"spockwire.columns"
+
+
 def _is_view(t: pa.DataType, kind: str) -> bool:
     """string_view / binary_view (pyarrow >= 16; the decoder's strings="view")."""
     return hasattr(pa, "string_view") and t == (pa.string_view() if kind == "string" else pa.binary_view())

@@ -24,6 +24,7 @@ from ..connection.slots import SLOT_PLUGIN, format_lsn, parse_lsn
 from ..connection.stream import load_pump
 from ..errors import SpockwireError
 from ..model import ChangeBatch, Truncate, epoch_micros
+from . import schema as S
 
 __all__ = ["SlotSpec", "SlotAheadError", "make_decoder", "read_range", "advance_slot", "slot_position",
            "plan_end", "Plan", "ReusedConnection", "pooled_connection", "decoder_types_supported",
@@ -535,6 +536,22 @@ def _truncate_batch(event: Truncate, table: str) -> pa.RecordBatch:
                                                                                  table.encode()}))
 
 
+def column_description(relation: Any) -> bytes:
+    """The relation's columns as JSON: name, type OID, type modifier and key flag of each (what tells a schema
+    change that the Arrow types alone do not show: a type of the same Arrow type, a new key)."""
+    import json
+
+    return json.dumps([[c.name, c.type_oid, c.type_modifier, bool(c.is_key)] for c in relation.columns],
+                      separators=(",", ":")).encode()
+
+
+def described(batch: pa.RecordBatch, relation: Any) -> pa.RecordBatch:
+    """`batch` with its relation's column description in its schema metadata (no data copied)."""
+    meta = dict(batch.schema.metadata or {})
+    meta[S.COLUMNS_METADATA] = column_description(relation)
+    return batch.replace_schema_metadata(meta)
+
+
 def select_events(events: Sequence[Any], tables: Sequence[str] | None, start: int, end: int | None
                   ) -> Iterator[tuple[str, pa.RecordBatch]]:
     """(table, record batch) for the rows and truncates of `tables` committed in ``[start, end)``.
@@ -560,7 +577,7 @@ def select_events(events: Sequence[Any], tables: Sequence[str] | None, start: in
                 batch = batch.filter(keep)
                 if batch.num_rows == 0:
                     continue
-            yield name, batch
+            yield name, described(batch, event.relation)
         elif isinstance(event, Truncate):
             if event.commit_lsn < start or (end is not None and event.commit_lsn >= end):
                 continue

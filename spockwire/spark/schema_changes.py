@@ -1,0 +1,426 @@
+"""Schema changes on the way into Delta: each table's changes applied in the shape the stream gave them, and a
+table read again from the source when its shape changed.
+
+A Relation message shows a table's new shape but not what happened to it: a rename looks like a drop and an add,
+and a column added with a default (or a volatile one, which rewrites the table) sends no change for the rows that
+existed. Applying the new shape to the rows already in Delta would leave them wrong without a sign. So a table is
+*re-read* whenever the stream describes it with other columns than those its Delta table was written with:
+
+1. The source's tasks write each table's changes in the shape the stream gave them, one Arrow file per shape, with
+   the relation's column description (names, type OIDs, type modifiers, key flags) in the file's metadata
+   (batch_files.py, slot.py ``described``).
+2. On the driver, a target's changes are cut where that description changes (:func:`segments`). Those in the shape
+   the target holds (its description, kept beside the table in ``_spockwire_columns.json``) are applied as usual.
+3. At the first other shape, the table is read again under a new exported snapshot at consistent point P (a
+   temporary slot: the snapshot sees exactly the transactions that committed before P): its rows replace the
+   Delta table's (SCD 1), or close every current version at P and open the rows read (SCD 2), in one commit that
+   also records P (a Delta transaction action of application :data:`REREAD_APP`, version P) and the micro-batch's
+   idempotence token. The table's schema becomes the source's as of P: a dropped column is removed, a renamed one
+   holds every row's value under its new name, a retyped one holds the values the source now has.
+4. From then on the table's changes committed before P are left out (the re-read already holds them); the other
+   tables keep streaming, and nothing waits. A re-read is reported in the job's output and metrics.
+
+A column that the decoder switched to PostgreSQL's text because a value did not fit its Arrow type (same type OID)
+is not a schema change: the text side is kept (the Delta column becomes a string column once, holding the text of
+every stored value) and typed values of that column are written as their text.
+
+The re-read is exact whatever the DDL was; its cost is a read of the table (the parallel binary COPY of
+:func:`spockwire.read_table`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import schema as S
+
+__all__ = ["REREAD_APP", "SHAPE_FILE", "Reread", "TableSnapshot", "segments", "description", "reread_point",
+           "read_shape", "write_shape", "apply_shaped"]
+
+#: the Delta transaction application whose version is the LSN a table was last re-read at
+REREAD_APP = "spockwire-reread"
+#: the file beside a Delta table's log holding the column description the table was written with
+SHAPE_FILE = "_spockwire_columns.json"
+
+_TEXT_TYPES = (pa.string(), pa.large_string())
+
+
+def description(schema: pa.Schema) -> list | None:
+    """The column description a batch's schema carries (None: none, e.g. a snapshot chunk or a truncate)."""
+    raw = (schema.metadata or {}).get(S.COLUMNS_METADATA)
+    return json.loads(raw) if raw else None
+
+
+def _value_fields(schema: pa.Schema) -> list[pa.Field]:
+    return [f for f in schema if f.name not in S.CHANGE_COLUMNS]
+
+
+def segments(tables: Sequence[pa.Table]) -> list[pa.Table]:
+    """A table's files in stream order, merged into runs of one shape (consecutive files of the same column
+    description and columns)."""
+    runs: list[list[pa.Table]] = []
+    shapes: list[tuple] = []
+    for t in tables:
+        shape = ((t.schema.metadata or {}).get(S.COLUMNS_METADATA),
+                 tuple((f.name, str(f.type)) for f in _value_fields(t.schema)))
+        if runs and shape == shapes[-1]:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+            shapes.append(shape)
+    return [pa.concat_tables(run) if len(run) > 1 else run[0] for run in runs]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what a target was written with
+
+def read_shape(path: str) -> list | None:
+    """The column description a Delta table was last written with (None: not recorded)."""
+    try:
+        with open(os.path.join(path, SHAPE_FILE)) as f:
+            return json.load(f)["columns"]
+    except FileNotFoundError:
+        return None
+
+
+def write_shape(path: str, desc: list) -> None:
+    """Record `desc` as the table's shape (after the commit that wrote it: a crash in between costs a re-read)."""
+    final = os.path.join(path, SHAPE_FILE)
+    tmp = f"{final}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"columns": desc}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+
+
+def reread_point(dt: Any) -> int | None:
+    """The LSN the table was last re-read at (its changes committed before it are in the table already)."""
+    if dt is None:
+        return None
+    return dt.transaction_version(REREAD_APP)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reading a table again
+
+@dataclass
+class TableSnapshot:
+    """A table read under an exported snapshot: its rows as change rows at the consistent point."""
+
+    table: str
+    lsn: int                       # the consistent point P: the rows hold every transaction committed before it
+    rows: pa.Table                 # change columns + the table's columns, typed as the stream's files type them
+    columns: list                  # the column description, as the stream describes the table
+
+
+class Reread:
+    """Reads tables again from the source, each at most once per micro-batch (a table and its history table share
+    one read). `spec`: the source's SlotSpec (connection, types, column overrides)."""
+
+    def __init__(self, spec: Any, workers: int = 2) -> None:
+        self.spec = spec
+        self.workers = workers
+        self._lock = threading.Lock()
+        self._done: dict[str, TableSnapshot] = {}
+        self.reread: list[str] = []
+
+    def __call__(self, table: str) -> TableSnapshot:
+        with self._lock:
+            if table not in self._done:
+                self._done[table] = self._read(table)
+                self.reread.append(table)
+            return self._done[table]
+
+    def _read(self, table: str) -> TableSnapshot:
+        import psycopg2
+
+        import spockwire
+        from ..snapshot.initial import create_slot_with_snapshot, snapshot_time
+        from .batch_files import file_schema
+        from .slot import column_description
+        from .snapshot import SNAPSHOT_SEQ_BASE, _change_columns
+
+        spec = self.spec
+        name = f"spockwire_reread_{uuid.uuid4().hex[:12]}"
+        with create_slot_with_snapshot(spec.conninfo, name, "pgoutput", temporary=True) as exported:
+            conn = psycopg2.connect(spec.conninfo)
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                    cur.execute("SET TRANSACTION SNAPSHOT %s", (exported.name,))
+                    relation = S.read_table_relation(cur, table, spec.protocol)
+                    cur.execute("ROLLBACK")
+            finally:
+                conn.close()
+            ts = snapshot_time(spec.conninfo, exported.name)
+            types = "typed" if spec.types == "auto" else spec.types
+            values = spockwire.read_table(spec.conninfo, table, workers=self.workers, snapshot=exported.name,
+                                          columns=[c.name for c in relation.columns], types=types,
+                                          on_unrepresentable=spec.on_unrepresentable,
+                                          column_types=dict(spec.column_types) or None)
+            lsn = exported.consistent_point
+        if spec.protocol != "pgoutput":      # pglogical and spock describe no types in their Relation messages
+            relation = relation.__class__(relation.relid, relation.namespace, relation.name,
+                                          tuple(c.__class__(c.name, None, None, c.is_key) for c in relation.columns),
+                                          relation.replica_identity, relation.version)
+        desc = json.loads(column_description(relation))
+        n = values.num_rows
+        ts_us = int(ts.timestamp() * 1_000_000)
+        seq = pa.array(range(SNAPSHOT_SEQ_BASE + 1, SNAPSHOT_SEQ_BASE + 1 + n), pa.int64())
+        heads = _change_columns(n, lsn, ts_us, "insert", seq)
+        raw = pa.schema(list(S.change_fields()) + list(values.schema),
+                        metadata={S.COLUMNS_METADATA: json.dumps(desc).encode()})
+        change_target = S.target_arrow_schema(S.change_schema())
+        schema = file_schema(change_target, raw)
+        batch = pa.Table.from_arrays(heads + [values.column(i) for i in range(values.num_columns)], schema=raw)
+        rows = pa.Table.from_batches([S.conform_batch(b, schema) for b in batch.to_batches()], schema=schema) \
+            if n else schema.empty_table()
+        return TableSnapshot(table, lsn, rows, desc)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# applying a target's changes shape by shape
+
+def _same_columns(desc: list, stored: list) -> bool:
+    """Same columns, types and keys; a type OID or modifier of None (pglogical, spock) matches any."""
+    if len(desc) != len(stored):
+        return False
+    for a, b in zip(desc, stored):
+        if a[0] != b[0] or bool(a[3]) != bool(b[3]):
+            return False
+        for x, y in ((a[1], b[1]), (a[2], b[2])):
+            if x is not None and y is not None and x != y:
+                return False
+    return True
+
+
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Equal types, whatever their list fields are named or whether they may be null."""
+    if pa.types.is_list(a) and pa.types.is_list(b):
+        return _same_type(a.value_type, b.value_type)
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        return [f.name for f in a] == [f.name for f in b] and all(_same_type(x.type, y.type) for x, y in zip(a, b))
+    return a == b
+
+
+def _fits(seg: pa.Table, held: dict[str, pa.DataType]) -> tuple[bool, list[str], list[str]]:
+    """Whether the run's columns have the types the table holds them in: (fits, the run's columns to write as text,
+    the table's columns to turn into text). A typed column against a string column is a column the decoder switched
+    to text on one side (same type OID: the column descriptions matched)."""
+    to_text, delta_to_text = [], []
+    for f in _value_fields(seg.schema):
+        have = held.get(f.name)
+        if have is None:
+            return False, [], []
+        if _same_type(f.type, have):
+            continue
+        if have in _TEXT_TYPES:
+            to_text.append(f.name)
+        elif f.type in _TEXT_TYPES:
+            delta_to_text.append(f.name)
+        else:
+            return False, [], []
+    return True, to_text, delta_to_text
+
+
+def _as_text(table: pa.Table, names: Sequence[str]) -> pa.Table:
+    for name in names:
+        i = table.schema.get_field_index(name)
+        if i >= 0:
+            table = table.set_column(i, pa.field(name, pa.string()),
+                                     S.conform_array(table.column(i), pa.string(), name))
+    return table
+
+
+@dataclass
+class ShapedResult:
+    """What :func:`apply_shaped` did to one target."""
+
+    metrics: list                  # ApplyMetrics of each apply_changes call
+    reread_lsn: int | None = None  # the table was re-read at this LSN
+    dropped_rows: int = 0          # changes left out: committed before the table's re-read point
+
+
+def _after_reread_point(runs: Sequence[pa.Table], point: int | None, result: ShapedResult) -> list[pa.Table]:
+    out = []
+    for run in runs:
+        if point is not None:
+            lsn = run.column("_commit_lsn")
+            kept = run.filter(pc.greater_equal(lsn, pa.scalar(point, lsn.type)))
+            result.dropped_rows += run.num_rows - kept.num_rows
+            run = kept
+        if run.num_rows:
+            out.append(run)
+    return out
+
+
+def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], scd: int,
+                 token: tuple[str, int] | None, reread: Callable[[str], TableSnapshot], table: str,
+                 apply: Callable[..., Any], keys_changed: Callable[[list[str]], None] | None = None,
+                 read_ahead: Any = None) -> ShapedResult:
+    """Apply one target's changes (the table's runs of one shape, :func:`segments`, in stream order) to the Delta
+    table at `path`: the runs in the shape the table holds through `apply` (``apply_changes``'s signature), and a
+    re-read of `table` (`reread`) at the first run of another shape (see the module docstring). The idempotence
+    `token` goes with the last commit."""
+    from .delta_target import open_delta
+
+    dt = open_delta(path)
+    result = ShapedResult([])
+    runs = _after_reread_point(changes, reread_point(dt), result)
+    shape = read_shape(path) if dt is not None else None
+    recorded = shape is not None
+    pending: list[pa.Table] = []
+    for run in runs:
+        desc = description(run.schema)
+        names = [f.name for f in _value_fields(run.schema)]
+        if desc is None or not names:
+            pending.append(run)
+            continue
+        if dt is None:
+            if shape is None:                 # a new table, created in this shape
+                shape = desc
+            if _same_columns(desc, shape):
+                pending.append(run)
+                continue
+            fits = (False, [], [])
+        elif recorded:
+            fits = _fits(run, _delta_types(dt, names)) if _same_columns(desc, shape) else (False, [], [])
+        else:                                 # a table written before shapes were recorded: its columns must match
+            fits = _fits(run, _delta_types(dt, names)) if names == _table_names(dt, scd) else (False, [], [])
+            if fits[0]:
+                shape = desc
+        if fits[0]:
+            if fits[2]:
+                _turn_to_text(path, dt, fits[2])
+                dt = open_delta(path)
+                pending = [_as_text(p, fits[2]) for p in pending]
+            pending.append(_as_text(run, fits[1]))
+            continue
+        # another shape: what came before it is applied, then the table is read again
+        if pending:
+            result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd, idempotence=None))
+            pending = []
+        snap = reread(table)
+        new_keys = [c[0] for c in snap.columns if c[3]]
+        if keys_changed is not None and new_keys and new_keys != list(keys):
+            keys_changed(new_keys)
+            keys = new_keys
+        _write_reread(path, snap, keys, scd, token)
+        write_shape(path, snap.columns)
+        result.reread_lsn = snap.lsn
+        return result
+    if pending:
+        result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd, idempotence=token,
+                                    read_ahead=read_ahead))
+    if shape is not None and not recorded:
+        write_shape(path, shape)
+    return result
+
+
+def _concat(runs: list[pa.Table]) -> pa.Table:
+    """Runs applied together: a run of truncates only (no value of the table) takes the columns of the others."""
+    if len(runs) == 1:
+        return runs[0]
+    heads = list(S.CHANGE_COLUMNS)
+    runs = [r.select(heads) if _only_truncates(r) else r for r in runs]
+    return pa.concat_tables(runs, promote_options="default")
+
+
+def _only_truncates(run: pa.Table) -> bool:
+    return bool(pc.all(pc.equal(run.column("_change_type"), "truncate")).as_py())
+
+
+def _delta_types(dt: Any, names: Sequence[str]) -> dict[str, pa.DataType]:
+    from .delta_rewrite import arrow_schema
+
+    return {f.name: f.type for f in arrow_schema(dt.schema()) if f.name in names}
+
+
+def _table_names(dt: Any, scd: int) -> list[str]:
+    """The Delta table's columns, its bookkeeping (sequence or validity columns) left out."""
+    from .arrow_target import STATE_KIND
+    from .resolve import DEFAULT_SEQUENCE, scd2_columns
+
+    start, end = scd2_columns(list(DEFAULT_SEQUENCE))
+    book = set(DEFAULT_SEQUENCE if scd == 1 else start + end) | {STATE_KIND}
+    return [f.name for f in pa.schema(dt.schema().to_arrow()) if f.name not in book]
+
+
+def _turn_to_text(path: str, dt: Any, names: Sequence[str]) -> None:
+    """Turn the Delta table's columns `names` into string columns holding PostgreSQL's text of every value."""
+    from .delta_target import deltalake_module
+
+    rows = _as_text(dt.to_pyarrow_table(), names)
+    deltalake_module().write_deltalake(path, rows, mode="overwrite", schema_mode="overwrite")
+
+
+def _write_reread(path: str, snap: TableSnapshot, keys: Sequence[str], scd: int, token: tuple[str, int] | None
+                  ) -> None:
+    """Replace the target's rows by a re-read (SCD 1), or close its current versions at the re-read point and open
+    the rows read (SCD 2), in one commit that records the re-read point and the idempotence token."""
+    import shutil
+
+    from .delta_target import STATE_DIR, deltalake_module, open_delta
+    from .resolve import DEFAULT_SEQUENCE, Stored, make_plan, resolve
+
+    dl = deltalake_module()
+    rows = snap.rows
+    values = [f.name for f in _value_fields(rows.schema)]
+    plan = make_plan(rows.column_names, list(keys), DEFAULT_SEQUENCE, scd, values)
+    table_cols = plan.keys + [v for v in values if v not in plan.keys]
+    res = resolve(rows, plan, Stored(), table_cols, {})
+    cols = table_cols + [c for c in plan.bookkeeping() if c not in table_cols]
+    new = res.rows.select(cols)
+    if scd == 2:
+        new = _with_history(open_delta(path), new, plan, snap)
+    # the tombstones and truncates kept for the old rows are of no use once every later change is after the
+    # re-read point (and may be keyed by columns the table no longer has): they go first, so a crash before the
+    # commit below leaves a table that is re-read again
+    shutil.rmtree(os.path.join(path, STATE_DIR), ignore_errors=True)
+    txns = [dl.Transaction(REREAD_APP, snap.lsn)]
+    if token is not None:
+        txns.append(dl.Transaction(token[0], token[1]))
+    dl.write_deltalake(path, new, mode="overwrite", schema_mode="overwrite",
+                       commit_properties=dl.CommitProperties(app_transactions=txns))
+
+
+def _with_history(dt: Any, new: pa.Table, plan: Any, snap: TableSnapshot) -> pa.Table:
+    """An SCD 2 table after a re-read: its versions (current ones ended at the re-read point), then the rows read.
+    A column the source no longer has is kept for the old versions (NULL in the new ones); a column whose values
+    cannot be cast to its new type keeps the old ones as ``<name>__before_<LSN>``."""
+    from .delta_rewrite import plain_type
+    from .snapshot import SNAPSHOT_SEQ_BASE
+
+    if dt is None:
+        return new
+    old = dt.to_pyarrow_table()
+    old = old.cast(pa.schema([pa.field(f.name, plain_type(f.type)) for f in old.schema]))
+    end_lsn, end_seq, end_ts = plan.end_cols
+    alive = pc.is_null(old.column(end_lsn))
+    ts = new.column(plan.start_cols[-1])[0] if new.num_rows else None
+    for name, value in ((end_lsn, snap.lsn), (end_seq, SNAPSHOT_SEQ_BASE)):
+        i = old.schema.get_field_index(name)
+        col = old.column(i)
+        old = old.set_column(i, old.schema.field(i), pc.if_else(alive, pa.scalar(value, col.type), col))
+    if ts is not None:
+        i = old.schema.get_field_index(end_ts)
+        col = old.column(i)
+        old = old.set_column(i, old.schema.field(i), pc.if_else(alive, ts.cast(col.type), col))
+    for f in new.schema:
+        i = old.schema.get_field_index(f.name)
+        if i < 0 or old.schema.field(i).type == f.type:
+            continue
+        try:
+            old = old.set_column(i, pa.field(f.name, f.type), pc.cast(old.column(i), f.type, safe=True))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            old = old.rename_columns([f"{n}__before_{snap.lsn:X}" if n == f.name else n for n in old.column_names])
+    order = list(new.column_names) + [n for n in old.column_names if n not in new.column_names]
+    return pa.concat_tables([old, new], promote_options="default").select(order)
