@@ -75,7 +75,8 @@ SETTINGS = (CONFIG, IMPL, DSN, PASSWORD, PASSWORD_FILE, SLOT, PUBLICATION, CREAT
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(NAME, help=HELP, description=HELP + ". SIGINT/SIGTERM: finish the micro-batch being "
-                              "applied, then exit 0; run it again to go on from the checkpoint (see docs/spark.md).")
+                              "applied, then exit 0; run it again to go on from the checkpoint "
+                              "(see docs/spark-service.md, \"Stopping\").")
     add_settings(p, SETTINGS)
     p.set_defaults(_run=run)
 

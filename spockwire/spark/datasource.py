@@ -11,7 +11,7 @@ Offsets are LSNs (``{"lsn": "16/B374D848"}``). A micro-batch holds the transacti
 (replayable: nothing moves), decodes on the executor and yields Arrow record batches. Once Spark has committed a
 batch to the checkpoint, the slot is advanced with ``pg_replication_slot_advance``. The planning peeks only a
 small window at the batch's start (`slot.plan_end`), so the server decodes each range about once; see
-docs/spark.md, "How a micro-batch is planned".
+docs/spark-internals.md, "How a micro-batch is planned".
 
 Options (all strings, as Spark passes them):
 
