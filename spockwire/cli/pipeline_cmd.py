@@ -29,9 +29,11 @@ log = logging.getLogger("spockwire.pipeline")
 DSN = Setting("dsn", "libpq connection string of the source database, reachable from the driver and the executors; "
               "without the password (see --password-file)", required=True, metavar="DSN")
 PUBLICATION = Setting("publication", "publication name(s), comma-separated", required=True, metavar="NAMES")
-TABLE = Setting("table", "a source table and its key columns (default: its replica identity); repeat the flag, or "
-                "separate tables with ';'", metavar="SCHEMA.TABLE[=KEY,...]", repeat=True, separator=";",
-                required=True)
+TABLE = Setting("table", "a source table and its key columns (default: its replica identity), or a name pattern "
+                "(public.*); repeat the flag, or separate tables with ';'. None: every table of the publications, "
+                "and those that join them later", metavar="SCHEMA.TABLE[=KEY,...]", repeat=True, separator=";")
+EXCLUDE_TABLE = Setting("exclude_table", "leave out the tables this name pattern matches (audit.*); repeat the flag, "
+                        "or separate patterns with ';'", metavar="PATTERN", repeat=True, separator=";")
 TARGET = Setting("target", "folder of the Delta tables (<target>/<schema>.<table>)", required=True, metavar="DIR")
 CHECKPOINT = Setting("checkpoint", "the streaming query's checkpoint folder", required=True, metavar="DIR")
 PASSWORD = Setting("password", "the database password (environment or config file only, never a flag; or "
@@ -67,8 +69,8 @@ VACUUM_RETENTION_HOURS = Setting("vacuum_retention_hours", "after an OPTIMIZE, V
                                  default=DEFAULT_VACUUM_RETENTION_HOURS, metavar="H")
 MAINTENANCE = Setting("maintenance", "state collection, OPTIMIZE and VACUUM after micro-batches (--no-maintenance: "
                       "none)", is_flag=True, default=True)
-SETTINGS = (CONFIG, IMPL, DSN, PASSWORD, PASSWORD_FILE, SLOT, PUBLICATION, CREATE_SLOT, TABLE, TARGET, CHECKPOINT,
-            STARTING_POSITION, MAX_CHANGES_PER_BATCH, TRIGGER_SECONDS, OPTION, HISTORY, MASTER, SPARK_CONF,
+SETTINGS = (CONFIG, IMPL, DSN, PASSWORD, PASSWORD_FILE, SLOT, PUBLICATION, CREATE_SLOT, TABLE, EXCLUDE_TABLE, TARGET,
+            CHECKPOINT, STARTING_POSITION, MAX_CHANGES_PER_BATCH, TRIGGER_SECONDS, OPTION, HISTORY, MASTER, SPARK_CONF,
             UNTIL_CAUGHT_UP, TIMEOUT, OPTIMIZE_EVERY, OPTIMIZE_SMALL_FILES, OPTIMIZE_MODE, VACUUM_RETENTION_HOURS,
             MAINTENANCE, METRICS_PORT, METRICS_HOST, PROGRESS, LOG_FORMAT)
 
@@ -117,10 +119,10 @@ def job_config(cfg: Any) -> Any:
     if any(k.lower() == "password" for k in options):
         raise ConfigError("--option: give the password as password (environment or config file) or "
                           "--password-file, not as a source option on the command line")
-    tables = dict(_parse_table(t) for t in cfg.table.split(";") if t.strip())
-    if not tables:
-        raise ConfigError("--table: no table given")
+    tables = dict(_parse_table(t) for t in (cfg.table or "").split(";") if t.strip())
+    exclude = [t.strip() for t in (cfg.exclude_table or "").split(";") if t.strip()]
     return JobConfig(dsn=cfg.dsn, slot=cfg.slot, publication=names(cfg.publication) or [], tables=tables,
+                     exclude=exclude,
                      target=cfg.target, checkpoint=cfg.checkpoint,
                      starting_position=None if cfg.starting_position == "slot" else cfg.starting_position,
                      max_changes_per_batch=cfg.max_changes_per_batch, trigger_seconds=cfg.trigger_seconds,

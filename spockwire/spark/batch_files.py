@@ -101,8 +101,9 @@ def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordB
             if key is None or (shape != key[1] and batch.num_columns > len(S.CHANGE_COLUMNS)):
                 key = current[table] = (table, shape, len(open_))
                 if (table, shape) not in schemas:     # a truncate's file: the table as the query started
-                    schemas[(table, shape)] = file_schema(target, batch.schema) \
-                        if batch.num_columns > len(S.CHANGE_COLUMNS) else table_schema(target, table, multi)
+                    known = not multi or S.table_struct_name(table) in target.names
+                    schemas[(table, shape)] = table_schema(target, table, multi) \
+                        if known and batch.num_columns == len(S.CHANGE_COLUMNS) else file_schema(target, batch.schema)
                 final = f"{root.rstrip('/')}/{name}.{len(open_)}.arrow"
                 tmp = f"{final}.{uuid.uuid4().hex[:8]}.tmp"
                 sink = fs.open_output_stream(tmp)

@@ -38,7 +38,8 @@ Options (all strings, as Spark passes them):
 | snapshotChunksPerBatch | snapshot: tasks per micro-batch (default 8) |
 | snapshotTaskSlots | snapshot: the task slots the micro-batches run on (the pipeline job: Spark's default parallelism); a table is cut into a multiple of them, of equal size (default 1) |
 | pluginOption.NAME | any extra output-plugin option, passed as is |
-| stagingPath | a folder: each task writes its changes there as Arrow files, one per table, and the DataFrame holds one row per file (see batch_files.py; the pipeline job reads them), so the rows never pass through the JVM |
+| stagingPath | a folder: each task writes its changes there as Arrow files, one per table and shape (a table described again with other columns starts a new file), and the DataFrame holds one row per file (see batch_files.py; the pipeline job reads them), so the rows never pass through the JVM |
+| allTables | `true` (with stagingPath): every table the stream sends is read, those `tables` names and any other (a table added to the publication later) |
 """
 from __future__ import annotations
 

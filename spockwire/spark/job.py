@@ -68,6 +68,11 @@ class JobConfig:
     password: str | None = field(default=None, repr=False)   # never part of `dsn`: the source's password option
     # after a micro-batch: state collection, OPTIMIZE, VACUUM of the tables it wrote (None: none)
     maintenance: MaintenanceOptions | None = field(default_factory=MaintenanceOptions)
+    # name patterns ("public.*", "sales.order_?") of tables to leave out; with no table named, or a pattern among the
+    # tables, the job takes every table of its publications that matches and follows them (publication_tables)
+    exclude: Sequence[str] = ()
+    follow: bool = False        # set by resolve_tables: tables that join the publications later are landed too
+    patterns: Sequence[str] = ()   # set by resolve_tables: the table patterns a joining table must match
 
 
 @dataclass
@@ -179,6 +184,8 @@ def _reader(spark: Any, cfg: JobConfig) -> Any:
         reader = reader.option("maxChangesPerBatch", str(cfg.max_changes_per_batch))
     if cfg.create_slot:
         reader = reader.option("createSlot", "true")
+    if cfg.follow:
+        reader = reader.option("allTables", "true")     # tables that join the publications later come through
     reader = reader.option("stagingPath", staging_path(cfg))
     slots = _task_slots(spark)
     if slots:
@@ -214,8 +221,12 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
     keys = table_keys(cfg)
     spec = options_to_spec({"dsn": cfg.dsn, "slot": cfg.slot, "password": cfg.password, **cfg.extra_options})
     maintenance = Maintenance(cfg.maintenance) if cfg.maintenance is not None else None
+    kinds = (False, True) if cfg.history else (False,)
+    tables = list(cfg.tables)            # grows as tables join the publications (cfg.follow)
+    publication = PublicationWatch(cfg) if cfg.follow else None
 
-    targets = [(t, h) for t in cfg.tables for h in ((False, True) if cfg.history else (False,))]
+    def targets() -> list[tuple[str, bool]]:
+        return [(t, h) for t in tables for h in kinds]
     ahead = ReadAheadPolicy(cfg.checkpoint)
     deferred = DeferredWrites()
 
@@ -224,7 +235,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
     def run(df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
         # a batch spanning much WAL: its targets' files are read while its Spark job decodes (read_ahead.py)
-        started = ahead.start(int(batch_id), [target_path(cfg.target, t, h) for t, h in targets])
+        started = ahead.start(int(batch_id), [target_path(cfg.target, t, h) for t, h in targets()])
         batch = _MicroBatch.read(df)
         read_s = time.monotonic() - t0
         if not planned:                  # the query is planned and read once: its planning workers idle from here
@@ -258,13 +269,14 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
             path = target_path(cfg.target, table, history)
             t1 = time.monotonic()
 
-            def new_keys(k: list[str]) -> None:   # a re-read under another replica identity: the table's new key
-                if not cfg.tables.get(table):
+            def new_keys(k: list[str]) -> list[str]:   # a re-read's replica identity: the key, unless one was named
+                if not cfg.tables.get(table) and k:
                     keys[table] = k
+                return keys[table]
 
-            done = apply_shaped(path, changes, keys[table], 2 if history else 1, token, reread, table,
+            done = apply_shaped(path, changes or [], keys[table], 2 if history else 1, token, reread, table,
                                 lambda *a, **kw: apply_changes(*a, format="delta", engine="delta-rs", **kw),
-                                new_keys, started.get(path))
+                                new_keys, started.get(path), new_table_reread=cfg.follow)
             name = table + ("_history" if history else "")
             timings[name] = time.monotonic() - t1
             for m in done.metrics:
@@ -281,9 +293,22 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
 
         # the targets (each table, and its history table beside it) are independent: their resolution and
         # delta-rs writes run side by side
-        with ThreadPoolExecutor(max_workers=min(4, len(targets))) as pool:
-            changes = dict(zip(cfg.tables, pool.map(read, cfg.tables)))
-            for done in [pool.submit(one, t, changes[t], h) for t, h in targets if changes[t] is not None]:
+        joined: list[str] = []
+        if publication is not None and not batch.from_snapshot:
+            # tables that joined the publications (read now, as a snapshot would) and those that left them
+            joined, left = publication.check(tables)
+            for table in joined:
+                tables.append(table)
+                keys.setdefault(table, publication.keys(table))
+        for table in (batch.files or {}):
+            if table not in tables and publication is not None and publication.takes(table):
+                tables.append(table)         # its first change came before the check saw it
+                keys.setdefault(table, publication.keys(table))
+                joined.append(table)
+        with ThreadPoolExecutor(max_workers=min(4, len(targets()))) as pool:
+            changes = dict(zip(tables, pool.map(read, tables)))
+            for done in [pool.submit(one, t, changes[t], h) for t, h in targets()
+                         if changes[t] is not None or t in joined]:
                 done.result()
         ahead.finished(started)
         started.clear()
@@ -292,13 +317,60 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
         if os.environ.get("SPOCKWIRE_JOB_TIMINGS"):
             print("timings", {k: round(v, 2) for k, v in timings.items()}, file=sys.stderr, flush=True)
         if on_batch is not None:
-            on_batch(BatchReport(batch_id, {t: int(batch.rows.get(t, 0)) for t in cfg.tables},
+            on_batch(BatchReport(batch_id, {t: int(batch.rows.get(t, 0)) for t in tables},
                                  time.monotonic() - t0, batch.last_lsn, sum(batch.snapshot.values()),
-                                 {t: batch.snapshot.get(t, 0) for t in cfg.tables}, lag[0], lag[1],
+                                 {t: batch.snapshot.get(t, 0) for t in tables}, lag[0], lag[1],
                                  timings["read"], maintained, behind, dict(reread_at)))
 
     run.drain = deferred.wait  # type: ignore[attr-defined]   # StopGate.finish: the deferred writes end first
     return run
+
+
+class PublicationWatch:
+    """The tables of a job that follows its publications (``JobConfig.follow``): which joined them since the last
+    look and which left them (removed from a publication, or dropped). A table that joins is read whole at its
+    next micro-batch (schema_changes.py: a re-read creates its Delta table) and streamed from then on; one that
+    leaves keeps its Delta table as it was, and the job says so once."""
+
+    def __init__(self, cfg: JobConfig) -> None:
+        from .slot import ReusedConnection
+
+        self.cfg = cfg
+        self.conn = ReusedConnection(conninfo(cfg))
+        self.gone: set[str] = set()
+
+    def takes(self, table: str) -> bool:
+        return _matches(table, self.cfg.patterns or ["*"]) and not _matches(table, self.cfg.exclude)
+
+    def check(self, known: Sequence[str]) -> tuple[list[str], list[str]]:
+        def look(conn: Any) -> list[str]:
+            with conn.cursor() as cur:
+                return publication_tables(self.cfg, cur)
+
+        now = self.conn.run(look)
+        joined = [t for t in now if t not in known]
+        left = [t for t in known if t not in now and t not in self.gone]
+        for table in left:
+            self.gone.add(table)
+            print(f"spockwire: {table} is no longer in the publication {','.join(self.cfg.publication)} (removed "
+                  "from it, or dropped): its Delta table keeps the rows it had, and no later change reaches it",
+                  file=sys.stderr, flush=True)
+        self.gone -= set(now)
+        return joined, left
+
+    def keys(self, table: str) -> list[str]:
+        """A joining table's key: the job's named key for it, else its replica identity (none: an empty list)."""
+        from .schema import read_table_relation
+
+        named = self.cfg.tables.get(table)
+        if named:
+            return list(named)
+
+        def look(conn: Any) -> list[str]:
+            with conn.cursor() as cur:
+                return [c.name for c in read_table_relation(cur, table).columns if c.is_key]
+
+        return self.conn.run(look)
 
 
 class DeferredWrites:
@@ -358,6 +430,7 @@ class _MicroBatch:
         self.last_lsn = last_lsn
         self.file_rows: dict[str, list[int]] = {}     # each file's row count, as its task wrote it
         self.snapshot_more = False       # a snapshot's micro-batch, more of the snapshot to come (DeferredWrites)
+        self.from_snapshot = False       # read from the initial snapshot (its files' partitions are snapshot chunks)
 
     @classmethod
     def read(cls, df: Any) -> "_MicroBatch":
@@ -381,6 +454,7 @@ class _MicroBatch:
             batch = cls(files, None, rows, snap, last)
             batch.file_rows = file_rows
             batch.snapshot_more = table.num_rows > 0 and all(table.column("snapshot_more").to_pylist())
+            batch.from_snapshot = any("/snapshot-" in p for p in table.column("path").to_pylist())
             return batch
         s = _summary(table)
         return cls(None, table, s.rows, s.snapshot, s.last_lsn)
@@ -472,6 +546,54 @@ def table_keys(cfg: JobConfig) -> dict[str, list[str]]:
     return out
 
 
+def _is_pattern(name: str) -> bool:
+    return any(ch in name for ch in "*?[")
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    import fnmatch
+
+    return any(fnmatch.fnmatchcase(name, p if "." in p else f"public.{p}") for p in patterns)
+
+
+def publication_tables(cfg: JobConfig, cur: Any = None) -> list[str]:
+    """The tables of the job's publications ("schema.table"; a partitioned table's leaves as the publication
+    publishes them) that its table patterns take and its exclusions leave."""
+    from .slot import _connect
+
+    sql = ("SELECT DISTINCT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = ANY(%s) "
+           "ORDER BY 1")
+    if cur is None:
+        with _connect(conninfo(cfg)) as conn, conn.cursor() as c:
+            c.execute(sql, (list(cfg.publication),))
+            found = [r[0] for r in c.fetchall()]
+    else:
+        cur.execute(sql, (list(cfg.publication),))
+        found = [r[0] for r in cur.fetchall()]
+    patterns = cfg.patterns or ["*"]
+    return [t for t in found if _matches(t, patterns) and not _matches(t, cfg.exclude)]
+
+
+def resolve_tables(cfg: JobConfig) -> JobConfig:
+    """The job's tables made concrete: with no table named or a name pattern among them, every table of the
+    publications that the patterns take (and the exclusions leave), followed as the publications change
+    (``follow``); named tables keep their keys. A configuration resolved already is returned as it is."""
+    import dataclasses
+
+    if cfg.follow or (cfg.tables and not any(_is_pattern(t) for t in cfg.tables)):
+        if cfg.exclude and not cfg.follow:
+            return dataclasses.replace(cfg, tables={t: k for t, k in cfg.tables.items()
+                                                    if not _matches(t, cfg.exclude)})
+        return cfg
+    patterns = [t for t in cfg.tables if _is_pattern(t)] or ["*"]
+    named = {t: k for t, k in cfg.tables.items() if not _is_pattern(t)}
+    follow = dataclasses.replace(cfg, follow=True, patterns=patterns + list(named))
+    tables = dict(named)
+    for t in publication_tables(follow):
+        tables.setdefault(t, None)
+    return dataclasses.replace(follow, tables=tables)
+
+
 def conninfo(cfg: JobConfig) -> str:
     """What the driver connects with: the dsn and the password."""
     from .slot import with_password
@@ -484,6 +606,7 @@ def start(spark: Any, cfg: JobConfig, on_batch: Callable[[BatchReport], None] | 
     """Start the streaming query (from its checkpoint, when there is one). `gate`: lets a stop wait for the
     micro-batch being applied (see `run`); `ready`: called before each micro-batch is applied (it raises to fail
     the query: the worker check)."""
+    cfg = resolve_tables(cfg)
     started = threading.Event()
     holder: dict[str, str] = {}
 
@@ -733,6 +856,7 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
             check_java()                              # no Java 17: one line, before anything started
         except SparkEnvironmentError as exc:
             raise JobError(str(exc)) from None
+    cfg = _resolved(cfg)
     _check(cfg)
     target = flush_lsn(conninfo(cfg)) if until_caught_up else None
     checking = None
@@ -819,6 +943,17 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
     return 0
 
 
+def _resolved(cfg: JobConfig) -> JobConfig:
+    """resolve_tables, its database errors as the job's one line."""
+    import psycopg2
+
+    try:
+        return resolve_tables(cfg)
+    except psycopg2.Error as exc:
+        text = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+        raise JobError(f"cannot read the tables of the publication {','.join(cfg.publication)}: {text}") from None
+
+
 def _worker_error(checking: WorkerCheck) -> None:
     """The worker check's outcome: its SparkEnvironmentError as the job's error (one line, exit status 1)."""
     try:
@@ -880,8 +1015,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dsn", required=True)
     p.add_argument("--slot", required=True)
     p.add_argument("--publication", required=True, help="publication name(s), comma-separated")
-    p.add_argument("--table", action="append", required=True, metavar="SCHEMA.TABLE[=KEY,...]",
-                   help="a source table and its key columns (default: its replica identity); repeatable")
+    p.add_argument("--table", action="append", default=[], metavar="SCHEMA.TABLE[=KEY,...]",
+                   help="a source table and its key columns (default: its replica identity), or a name pattern "
+                        "(public.*); repeatable. None: every table of the publications, and those that join them")
+    p.add_argument("--exclude-table", action="append", default=[], metavar="PATTERN",
+                   help="leave out the tables this name pattern matches (audit.*, public.tmp_?); repeatable")
     p.add_argument("--target", required=True, help="folder of the Delta tables")
     p.add_argument("--checkpoint", required=True, help="the streaming query's checkpoint folder")
     p.add_argument("--starting-position", default=None, help="the source's startingPosition (snapshot)")
@@ -914,7 +1052,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0)
     args = p.parse_args(argv)
     cfg = JobConfig(dsn=args.dsn, slot=args.slot, publication=[s for s in args.publication.split(",") if s],
-                    tables=dict(_parse_table(t) for t in args.table), target=args.target,
+                    tables=dict(_parse_table(t) for t in args.table), exclude=args.exclude_table, target=args.target,
                     checkpoint=args.checkpoint, starting_position=args.starting_position,
                     max_changes_per_batch=args.max_changes_per_batch,
                     extra_options=dict(o.split("=", 1) for o in args.option), history=args.history,

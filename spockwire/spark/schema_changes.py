@@ -264,17 +264,23 @@ def _after_reread_point(runs: Sequence[pa.Table], point: int | None, result: Sha
 
 def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], scd: int,
                  token: tuple[str, int] | None, reread: Callable[[str], TableSnapshot], table: str,
-                 apply: Callable[..., Any], keys_changed: Callable[[list[str]], None] | None = None,
-                 read_ahead: Any = None) -> ShapedResult:
+                 apply: Callable[..., Any], keys_changed: Callable[[list[str]], list[str]] | None = None,
+                 read_ahead: Any = None, new_table_reread: bool = False) -> ShapedResult:
     """Apply one target's changes (the table's runs of one shape, :func:`segments`, in stream order) to the Delta
     table at `path`: the runs in the shape the table holds through `apply` (``apply_changes``'s signature), and a
     re-read of `table` (`reread`) at the first run of another shape (see the module docstring). The idempotence
-    `token` goes with the last commit."""
+    `token` goes with the last commit. `new_table_reread`: a table without a Delta table is read whole first
+    unless its changes come from the initial snapshot (a table that joined a followed publication).
+
+    A re-read's point is past every change of the micro-batch (it is taken after the batch's range was read), so
+    the re-read ends the target's batch: the changes after the run that asked for it are in the rows read."""
     from .delta_target import open_delta
 
     dt = open_delta(path)
     result = ShapedResult([])
     runs = _after_reread_point(changes, reread_point(dt), result)
+    if dt is None and new_table_reread and (not runs or description(runs[0].schema) is not None):
+        return _reread_into(path, reread(table), keys, scd, token, keys_changed, result)
     shape = read_shape(path) if dt is not None else None
     recorded = shape is not None
     pending: list[pa.Table] = []
@@ -308,20 +314,25 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
         if pending:
             result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd, idempotence=None))
             pending = []
-        snap = reread(table)
-        new_keys = [c[0] for c in snap.columns if c[3]]
-        if keys_changed is not None and new_keys and new_keys != list(keys):
-            keys_changed(new_keys)
-            keys = new_keys
-        _write_reread(path, snap, keys, scd, token)
-        write_shape(path, snap.columns)
-        result.reread_lsn = snap.lsn
-        return result
+        return _reread_into(path, reread(table), keys, scd, token, keys_changed, result)
     if pending:
         result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd, idempotence=token,
                                     read_ahead=read_ahead))
     if shape is not None and not recorded:
         write_shape(path, shape)
+    return result
+
+
+def _reread_into(path: str, snap: TableSnapshot, keys: Sequence[str], scd: int, token: tuple[str, int] | None,
+                 keys_changed: Callable[[list[str]], list[str]] | None, result: ShapedResult) -> ShapedResult:
+    """Write a re-read to the target and record its shape; a key the re-read's replica identity names replaces
+    the target's where `keys_changed` (told the new key, answering the key to write with) agrees."""
+    new_keys = [c[0] for c in snap.columns if c[3]]
+    if keys_changed is not None and new_keys != list(keys):
+        keys = keys_changed(new_keys)
+    _write_reread(path, snap, keys, scd, token)
+    write_shape(path, snap.columns)
+    result.reread_lsn = snap.lsn
     return result
 
 

@@ -39,9 +39,25 @@ def _tables(options: Any) -> tuple[tuple[str, ...], bool]:
     if opts.get("table"):
         return (_qualify(opts["table"]),), False
     tables = tuple(_qualify(t) for t in names(opts.get("tables")))
-    if not tables:
-        raise ValueError("the spockwire data source needs the option table (or tables)")
+    if not tables and not _all_tables(opts):
+        raise ValueError("the spockwire data source needs the option table (or tables, or allTables)")
     return tables, True
+
+
+def _all_tables(opts: dict) -> bool:
+    """The option allTables: every table the stream sends is read, those named by `tables` and any other (a table
+    added to the publication later); needs stagingPath, whose files hold each table in its own layout."""
+    if not flag(opts.get("alltables")):
+        return False
+    if not opts.get("stagingpath"):
+        raise ValueError("allTables needs stagingPath: a table the query's schema does not name has no place in "
+                         "its rows")
+    return True
+
+
+def _wanted(options: Any, tables: Sequence[str]) -> Sequence[str] | None:
+    """The tables a range's read keeps (None: every table the stream sends)."""
+    return None if _all_tables({str(k).lower(): v for k, v in dict(options).items()}) else tables
 
 
 def _qualify(name: str) -> str:
@@ -159,6 +175,7 @@ class SpockwireBatchReader(DataSourceReader):
         self.spec = spec
         tables, multi = _tables(options)
         self.layout_args = (schema, tables, multi)
+        self.wanted = _wanted(options, tables)
         self.staging = staging_path(options)
         opts = {str(k).lower(): v for k, v in dict(options).items()}
         with _connect(spec.conninfo) as conn, conn.cursor() as cur:
@@ -174,8 +191,7 @@ class SpockwireBatchReader(DataSourceReader):
         return _ranges(self.start, self.end, self.split_bytes)
 
     def read(self, partition: LsnRange) -> Iterator[pa.RecordBatch]:
-        pairs = read_range(self.spec, partition.start, partition.end, self.layout_args[1],
-                           from_copy=partition.from_copy)
+        pairs = read_range(self.spec, partition.start, partition.end, self.wanted, from_copy=partition.from_copy)
         yield from _deliver(self.staging, self.layout_args, partition, pairs)
 
 
@@ -186,6 +202,7 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.spec = spec
         tables, multi = _tables(options)
         self.layout_args = (schema, tables, multi)
+        self.wanted = _wanted(options, tables)
         opts = {str(k).lower(): v for k, v in dict(options).items()}
         self.staging = staging_path(options)
         self.create_slot = flag(opts.get("createslot"))
@@ -313,7 +330,7 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, LsnRange):
-            pairs = read_range(self.spec, partition.start, partition.end, self.layout_args[1],
+            pairs = read_range(self.spec, partition.start, partition.end, self.wanted,
                                from_copy=partition.from_copy)
         else:
             from .snapshot import read_chunk
