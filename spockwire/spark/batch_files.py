@@ -78,7 +78,8 @@ def file_schema(target: pa.Schema, batch: pa.Schema) -> pa.Schema:
 
 
 def _shape(schema: pa.Schema) -> tuple:
-    return tuple((f.name, str(f.type)) for f in schema), (schema.metadata or {}).get(S.COLUMNS_METADATA)
+    meta = schema.metadata or {}
+    return tuple((f.name, str(f.type)) for f in schema), meta.get(S.COLUMNS_METADATA), meta.get(S.DDL_METADATA)
 
 
 def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordBatch]], target: pa.Schema,
@@ -98,12 +99,15 @@ def write_files(staging: str, name: str, batches: Iterator[tuple[str, pa.RecordB
         for table, batch in batches:
             shape = _shape(batch.schema)
             key = current.get(table)
-            if key is None or (shape != key[1] and batch.num_columns > len(S.CHANGE_COLUMNS)):
+            if key is None or key[1][2] is not None or shape[2] is not None or \
+                    (shape != key[1] and batch.num_columns > len(S.CHANGE_COLUMNS)):
+                # (a captured DDL statement has a file of its own, and the next batch a new one)
                 key = current[table] = (table, shape, len(open_))
                 if (table, shape) not in schemas:     # a truncate's file: the table as the query started
                     known = not multi or S.table_struct_name(table) in target.names
                     schemas[(table, shape)] = table_schema(target, table, multi) \
-                        if known and batch.num_columns == len(S.CHANGE_COLUMNS) else file_schema(target, batch.schema)
+                        if known and batch.num_columns == len(S.CHANGE_COLUMNS) and shape[2] is None \
+                        else file_schema(target, batch.schema)
                 final = f"{root.rstrip('/')}/{name}.{len(open_)}.arrow"
                 tmp = f"{final}.{uuid.uuid4().hex[:8]}.tmp"
                 sink = fs.open_output_stream(tmp)

@@ -73,6 +73,8 @@ class JobConfig:
     exclude: Sequence[str] = ()
     follow: bool = False        # set by resolve_tables: tables that join the publications later are landed too
     patterns: Sequence[str] = ()   # set by resolve_tables: the table patterns a joining table must match
+    # read the DDL capture's messages (connection/ddl_capture.py): None, read them when the database has it installed
+    ddl_capture: bool | None = None
 
 
 @dataclass
@@ -186,6 +188,8 @@ def _reader(spark: Any, cfg: JobConfig) -> Any:
         reader = reader.option("createSlot", "true")
     if cfg.follow:
         reader = reader.option("allTables", "true")     # tables that join the publications later come through
+    if cfg.ddl_capture:
+        reader = reader.option("pluginOption.messages", "true")   # the captured ALTER TABLE statements
     reader = reader.option("stagingPath", staging_path(cfg))
     slots = _task_slots(spark)
     if slots:
@@ -577,9 +581,16 @@ def publication_tables(cfg: JobConfig, cur: Any = None) -> list[str]:
 def resolve_tables(cfg: JobConfig) -> JobConfig:
     """The job's tables made concrete: with no table named or a name pattern among them, every table of the
     publications that the patterns take (and the exclusions leave), followed as the publications change
-    (``follow``); named tables keep their keys. A configuration resolved already is returned as it is."""
+    (``follow``); named tables keep their keys. Also whether the database has the DDL capture (``ddl_capture``).
+    A configuration resolved already is returned as it is."""
     import dataclasses
 
+    if cfg.ddl_capture is None:
+        from ..connection.ddl_capture import installed
+        from .slot import _connect
+
+        with _connect(conninfo(cfg)) as conn, conn.cursor() as cur:
+            cfg = dataclasses.replace(cfg, ddl_capture=installed(cur))
     if cfg.follow or (cfg.tables and not any(_is_pattern(t) for t in cfg.tables)):
         if cfg.exclude and not cfg.follow:
             return dataclasses.replace(cfg, tables={t: k for t, k in cfg.tables.items()

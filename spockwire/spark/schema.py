@@ -57,6 +57,9 @@ _INTERVAL_FIELDS = (("months", pa.int32()), ("days", pa.int32()), ("nanoseconds"
 #: the schema metadata key of a batch's column description (spockwire.spark.schema_changes): the relation's
 #: columns as the upstream described them, ``[[name, type oid or null, type modifier or null, is key], ...]``
 COLUMNS_METADATA = b"spockwire.columns"
+#: the schema metadata key of a captured ALTER TABLE's row (``_change_type`` ``ddl``): the capture's message
+#: (spockwire.connection.ddl_capture)
+DDL_METADATA = b"spockwire.ddl"
 
 
 def _is_view(t: pa.DataType, kind: str) -> bool:

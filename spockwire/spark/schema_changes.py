@@ -33,7 +33,7 @@ import json
 import os
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import pyarrow as pa
@@ -68,9 +68,10 @@ def segments(tables: Sequence[pa.Table]) -> list[pa.Table]:
     runs: list[list[pa.Table]] = []
     shapes: list[tuple] = []
     for t in tables:
-        shape = ((t.schema.metadata or {}).get(S.COLUMNS_METADATA),
-                 tuple((f.name, str(f.type)) for f in _value_fields(t.schema)))
-        if runs and shape == shapes[-1]:
+        meta = t.schema.metadata or {}
+        shape = (meta.get(S.COLUMNS_METADATA), tuple((f.name, str(f.type)) for f in _value_fields(t.schema)))
+        if runs and shape == shapes[-1] and S.DDL_METADATA not in meta and \
+                S.DDL_METADATA not in (runs[-1][0].schema.metadata or {}):
             runs[-1].append(t)
         else:
             runs.append([t])
@@ -138,6 +139,23 @@ class Reread:
                 self._done[table] = self._read(table)
                 self.reread.append(table)
             return self._done[table]
+
+    def column_fields(self, table: str, columns: list) -> list[pa.Field]:
+        """The Arrow fields (as the stream's files type them) of `columns` ([name, type OID, modifier, ...]) of
+        `table`, planned by the values catalog as the decoder plans them."""
+        from pyspark.sql import types as T
+
+        from ..model import Column, Relation
+        from .slot import _catalog
+
+        nsp, name = S.split_table_name(table)
+        relation = Relation(0, nsp, name, tuple(Column(c[0], int(c[1]), int(c[2]), bool(c[3])) for c in columns),
+                            None, 1)
+        spec = self.spec
+        arrow = S.table_arrow_schema(relation, _catalog(spec.conninfo) if spec.types != "raw" else None,
+                                     typed=spec.types != "raw", binary=spec.binary, column_types=spec.column_types)
+        values = pa.schema(_value_fields(arrow))
+        return list(S.target_arrow_schema(T.StructType(S.spark_fields(values))))
 
     def _read(self, table: str) -> TableSnapshot:
         import psycopg2
@@ -246,6 +264,7 @@ class ShapedResult:
 
     metrics: list                  # ApplyMetrics of each apply_changes call
     reread_lsn: int | None = None  # the table was re-read at this LSN
+    added: list = field(default_factory=list)   # columns added in place (a captured ADD COLUMN without a default)
     dropped_rows: int = 0          # changes left out: committed before the table's re-read point
 
 
@@ -279,12 +298,32 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
     dt = open_delta(path)
     result = ShapedResult([])
     runs = _after_reread_point(changes, reread_point(dt), result)
-    if dt is None and new_table_reread and (not runs or description(runs[0].schema) is not None):
+    if dt is None and new_table_reread and not (runs and _from_snapshot(runs[0])):
         return _reread_into(path, reread(table), keys, scd, token, keys_changed, result)
     shape = read_shape(path) if dt is not None else None
     recorded = shape is not None
+    changed = False
     pending: list[pa.Table] = []
     for run in runs:
+        ddl = (run.schema.metadata or {}).get(S.DDL_METADATA)
+        if ddl is not None:                   # a captured ALTER TABLE (connection/ddl_capture.py)
+            if dt is None or not recorded:
+                continue                      # the next change's shape decides
+            after = json.loads(ddl)
+            columns = [c[:4] for c in after["columns"]]
+            if _same_columns(columns, shape):
+                continue
+            added = _added_in_place(shape, after)
+            if added is None:
+                if pending:
+                    result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd,
+                                                idempotence=None))
+                return _reread_into(path, reread(table), keys, scd, token, keys_changed, result)
+            _add_columns(dt, reread.column_fields(table, added))
+            dt = open_delta(path)
+            shape, changed = columns, True
+            result.added.extend(c[0] for c in added)
+            continue
         desc = description(run.schema)
         names = [f.name for f in _value_fields(run.schema)]
         if desc is None or not names:
@@ -302,7 +341,7 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
         else:                                 # a table written before shapes were recorded: its columns must match
             fits = _fits(run, _delta_types(dt, names)) if names == _table_names(dt, scd) else (False, [], [])
             if fits[0]:
-                shape = desc
+                shape, changed = desc, True
         if fits[0]:
             if fits[2]:
                 _turn_to_text(path, dt, fits[2])
@@ -318,9 +357,40 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
     if pending:
         result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd, idempotence=token,
                                     read_ahead=read_ahead))
-    if shape is not None and not recorded:
+    if shape is not None and (changed or not recorded):
         write_shape(path, shape)
     return result
+
+
+def _from_snapshot(run: pa.Table) -> bool:
+    """A run of the initial snapshot (its rows and truncates: no description, no transaction id)."""
+    meta = run.schema.metadata or {}
+    return S.COLUMNS_METADATA not in meta and S.DDL_METADATA not in meta and run.column("_xid").null_count == \
+        run.num_rows
+
+
+def _added_in_place(shape: list, after: dict) -> list | None:
+    """The columns a captured ALTER TABLE added that every existing row holds as NULL -- no default, no missing
+    value, not generated or an identity, the table not rewritten -- when that is all it did to the columns `shape`
+    describes; None when it did anything else (the table is read again)."""
+    cols = after["columns"]
+    if after.get("rewritten") or len(cols) <= len(shape) or not _same_columns([c[:4] for c in cols[:len(shape)]],
+                                                                              shape):
+        return None
+    added = cols[len(shape):]
+    if any(c[3] or c[4] or c[5] or c[6] for c in added):
+        return None
+    return [c[:4] for c in added]
+
+
+def _add_columns(dt: Any, fields: list[pa.Field]) -> None:
+    """Add nullable columns to the Delta table (a metadata commit: no file is written); those it has are kept."""
+    import deltalake
+
+    have = set(pa.schema(dt.schema().to_arrow()).names)
+    new = [f for f in fields if f.name not in have]
+    if new:
+        dt.alter.add_columns(list(deltalake.Schema.from_arrow(pa.schema(new)).fields))
 
 
 def _reread_into(path: str, snap: TableSnapshot, keys: Sequence[str], scd: int, token: tuple[str, int] | None,

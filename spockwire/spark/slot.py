@@ -18,12 +18,13 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..connection.ddl_capture import PREFIX as DDL_PREFIX, parse_message
 from ..connection.errors import ConnectionLost
 from ..connection.options import native_options, pgoutput_options, plugin_protocol
 from ..connection.slots import SLOT_PLUGIN, format_lsn, parse_lsn
 from ..connection.stream import load_pump
 from ..errors import SpockwireError
-from ..model import ChangeBatch, Truncate, epoch_micros
+from ..model import ChangeBatch, LogicalMessage, Truncate, epoch_micros
 from . import schema as S
 
 __all__ = ["SlotSpec", "SlotAheadError", "make_decoder", "read_range", "advance_slot", "slot_position",
@@ -536,6 +537,26 @@ def _truncate_batch(event: Truncate, table: str) -> pa.RecordBatch:
                                                                                  table.encode()}))
 
 
+def _ddl_table(content: bytes) -> str | None:
+    try:
+        return str(parse_message(content)["table"])
+    except (ValueError, KeyError, TypeError):
+        return None          # not a message of the capture's format: nothing of it reaches a table
+
+
+def _ddl_batch(event: LogicalMessage, table: str) -> pa.RecordBatch:
+    """A captured ALTER TABLE (connection/ddl_capture.py) as one row of change columns, ``_change_type`` ``ddl``,
+    at its place in the table's changes; the statement's outcome (the table's columns after it) in the schema
+    metadata (:data:`spockwire.spark.schema.DDL_METADATA`). No transaction id: it is no change of a row."""
+    from ..export.arrow import change_fields, repeated
+
+    arrays = [repeated("ddl", 1, pa.string()), repeated(event.commit_lsn, 1, pa.uint64()),
+              repeated(0, 1, pa.timestamp("us", tz="UTC")), pa.nulls(1, pa.uint32()),
+              repeated(event.seq, 1, pa.int64()), pa.nulls(1, pa.string()), pa.nulls(1, pa.list_(pa.string()))]
+    meta = {b"spockwire.relation": table.encode(), S.DDL_METADATA: bytes(event.content)}
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(change_fields(), metadata=meta))
+
+
 def column_description(relation: Any) -> bytes:
     """The relation's columns as JSON: name, type OID, type modifier and key flag of each (what tells a schema
     change that the Arrow types alone do not show: a type of the same Arrow type, a new key)."""
@@ -584,6 +605,12 @@ def select_events(events: Sequence[Any], tables: Sequence[str] | None, start: in
             for rel in event.relations:
                 if wanted is None or rel.qualified_name in wanted:
                     yield rel.qualified_name, _truncate_batch(event, rel.qualified_name)
+        elif isinstance(event, LogicalMessage) and event.prefix == DDL_PREFIX and event.commit_lsn is not None:
+            if event.commit_lsn < start or (end is not None and event.commit_lsn >= end):
+                continue
+            table = _ddl_table(event.content)
+            if table is not None and (wanted is None or table in wanted):
+                yield table, _ddl_batch(event, table)
 
 
 def read_range(spec: SlotSpec, start: int, end: int, tables: Sequence[str] | None = None, *,
