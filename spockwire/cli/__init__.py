@@ -14,13 +14,15 @@ import sys
 from typing import Sequence
 
 from ..errors import ProtocolError, SpockwireError
-from . import capture_cmd, decode_cmd, demo_cmd, ingest_cmd, inspect_cmd, main_cmd, pipeline_cmd, snapshot_cmd
+from . import capture_cmd, ddl_capture_cmd, decode_cmd, demo_cmd, ingest_cmd, inspect_cmd, main_cmd, pipeline_cmd, \
+    snapshot_cmd
 from .common import CliError, format_lsn
 from .config import ConfigError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
-COMMANDS = (main_cmd, demo_cmd, ingest_cmd, pipeline_cmd, snapshot_cmd, capture_cmd, inspect_cmd, decode_cmd)
+COMMANDS = (main_cmd, demo_cmd, ingest_cmd, pipeline_cmd, snapshot_cmd, capture_cmd, inspect_cmd, decode_cmd,
+            ddl_capture_cmd)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
