@@ -962,7 +962,7 @@ def _resolved(cfg: JobConfig) -> JobConfig:
         return resolve_tables(cfg)
     except psycopg2.Error as exc:
         text = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
-        raise JobError(f"cannot read the tables of the publication {','.join(cfg.publication)}: {text}") from None
+        raise JobError(f"cannot connect to the source database: {text}") from None
 
 
 def _worker_error(checking: WorkerCheck) -> None:
