@@ -67,10 +67,18 @@ def test_the_job_takes_the_whole_publication_and_follows_it(spark, pg_db, tmp_pa
         _equal(pg_db, cfg, "d")
         pg_db.execute("ALTER PUBLICATION pub DROP TABLE b")
         pg_db.execute("UPDATE b SET v = 'not landed'")
+        pg_db.execute("CREATE TABLE nokey (v text)")
+        pg_db.execute("ALTER PUBLICATION pub ADD TABLE nokey")
+        pg_db.execute("INSERT INTO nokey VALUES ('x')")
         pg_db.execute("UPDATE a SET v = 'y' WHERE id = 2")
         wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
-        _wait_until(lambda: "public.b is no longer in the publication" in capfd.readouterr().err)
+        said = []
+        _wait_until(lambda: said.append(capfd.readouterr().err) or
+                    ("public.b is no longer in the publication" in "".join(said) and
+                     "public.nokey joined the publication pub but has no key" in "".join(said)))
+        assert "".join(said).count("public.nokey joined") == 1     # said once
         _equal(pg_db, cfg, "a")
+        assert not (tmp_path / "delta" / "public.nokey").exists()
     finally:
         query.stop()
     assert {t for r in reports for t in r.reread} == {"public.c", "public.d"}

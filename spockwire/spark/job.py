@@ -298,17 +298,21 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
         # the targets (each table, and its history table beside it) are independent: their resolution and
         # delta-rs writes run side by side
         joined: list[str] = []
-        if publication is not None and not batch.from_snapshot:
-            # tables that joined the publications (read now, as a snapshot would) and those that left them
-            joined, left = publication.check(tables)
-            for table in joined:
-                tables.append(table)
-                keys.setdefault(table, publication.keys(table))
-        for table in (batch.files or {}):
-            if table not in tables and publication is not None and publication.takes(table):
-                tables.append(table)         # its first change came before the check saw it
-                keys.setdefault(table, publication.keys(table))
-                joined.append(table)
+        if publication is not None:
+            # tables that joined the publications (read now, as a snapshot would; a table whose first change came
+            # before the check saw it too) and those that left them
+            seen = publication.check(tables)[0] if not batch.from_snapshot else []
+            seen += [t for t in (batch.files or {}) if t not in tables and t not in seen and publication.takes(t)]
+            for table in seen:
+                if table in publication.refused:
+                    continue
+                key = publication.keys(table)
+                if key:
+                    tables.append(table)
+                    keys[table] = key
+                    joined.append(table)
+                else:
+                    publication.keyless(table)
         with ThreadPoolExecutor(max_workers=min(4, len(targets()))) as pool:
             changes = dict(zip(tables, pool.map(read, tables)))
             for done in [pool.submit(one, t, changes[t], h) for t, h in targets()
@@ -342,6 +346,7 @@ class PublicationWatch:
         self.cfg = cfg
         self.conn = ReusedConnection(conninfo(cfg))
         self.gone: set[str] = set()
+        self.refused: set[str] = set()
 
     def takes(self, table: str) -> bool:
         return _matches(table, self.cfg.patterns or ["*"]) and not _matches(table, self.cfg.exclude)
@@ -361,6 +366,14 @@ class PublicationWatch:
                   file=sys.stderr, flush=True)
         self.gone -= set(now)
         return joined, left
+
+    def keyless(self, table: str) -> None:
+        """A joining table without a key is not landed; the job says so once."""
+        if table not in self.refused:
+            self.refused.add(table)
+            print(f"spockwire: {table} joined the publication {','.join(self.cfg.publication)} but has no key (no "
+                  f"primary key or replica identity index): it is not landed; give one with --table {table}=COLUMN",
+                  file=sys.stderr, flush=True)
 
     def keys(self, table: str) -> list[str]:
         """A joining table's key: the job's named key for it, else its replica identity (none: an empty list)."""
