@@ -210,3 +210,62 @@ def test_a_run_of_another_shape_rereads_and_earlier_changes_are_left_out(tmp_pat
     got = open_delta(path).to_pyarrow_table()
     assert sorted(zip(got.column("id").to_pylist(), got.column("w").to_pylist())) == [(1, "one"), (2, "new")]
     assert (tmp_path / "t" / SHAPE_FILE).exists()
+
+
+@pytest.mark.parametrize("crash", ["before-the-commit", "before-the-shape-is-recorded"])
+def test_a_crash_inside_a_reread_leaves_the_table_before_or_after_it(tmp_path, monkeypatch, crash):
+    """The re-read's steps fail one at a time (what kill -9 leaves is on disk alone), then the micro-batch is
+    replayed and the next one applied: the table ends as the source, with nothing lost or doubled."""
+    import deltalake
+
+    from spockwire.spark import schema_changes as sc
+    from spockwire.spark.apply import apply_changes
+    from spockwire.spark.delta_target import open_delta
+
+    path = str(tmp_path / "t")
+    a = [["id", 23, -1, True], ["v", 23, -1, False]]
+    b = [["id", 23, -1, True], ["w", 25, -1, False]]
+    reads = []
+    source = {1: "one", 2: "two", 3: "three"}     # the source table as of now
+
+    def reread(table):                             # each read at a later point, of the source as it is then
+        lsn = 500 + 200 * len(reads)
+        reads.append(lsn)
+        return sc.TableSnapshot(table, lsn, _run(b, lsn, id=list(source), w=list(source.values())), b)
+
+    def apply(*args, **kw):
+        return apply_changes(*args, format="delta", engine="delta-rs", **kw)
+
+    sc.apply_shaped(path, [_run(a, 10, id=[1, 2], v=pa.array([1, 2], pa.int32()))], ["id"], 1, ("app", 1), reread,
+                    "public.t", apply)
+    batch2 = [_run(a, 20, id=[3], v=pa.array([3], pa.int32())), _run(b, 30, id=[2], w=["x"])]
+
+    class Crash(Exception):
+        pass
+
+    if crash == "before-the-commit":
+        real = deltalake.write_deltalake
+
+        def failing(*args, **kw):
+            if kw.get("mode") == "overwrite":
+                raise Crash()
+            return real(*args, **kw)
+
+        monkeypatch.setattr(deltalake, "write_deltalake", failing)
+    else:
+        monkeypatch.setattr(sc, "write_shape", lambda *a: (_ for _ in ()).throw(Crash()))
+    with pytest.raises(Crash):
+        sc.apply_shaped(path, batch2, ["id"], 1, ("app", 2), reread, "public.t", apply)
+    monkeypatch.undo()
+    # the batch is replayed, then the next one comes
+    sc.apply_shaped(path, batch2, ["id"], 1, ("app", 2), reread, "public.t", apply)
+    source[3] = "three!"
+    sc.apply_shaped(path, [_run(b, 1000, id=[3], w=["three!"])], ["id"], 1, ("app", 3), reread, "public.t", apply)
+    got = open_delta(path).to_pyarrow_table()
+    assert sorted(c for c in got.column_names if c not in BOOKKEEPING) == ["id", "w"]
+    assert sorted(zip(got.column("id").to_pylist(), got.column("w").to_pylist())) == \
+        [(1, "one"), (2, "two"), (3, "three!")]
+    assert read_shape(path) == b
+    # before the commit: the replay reads again; after it, the recorded point drops the replay, and the next
+    # batch's shape, unrecorded, costs one more read
+    assert len(reads) == 2 and sc.reread_point(open_delta(path)) == 700
