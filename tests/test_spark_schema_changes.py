@@ -94,8 +94,9 @@ MIGRATIONS = [
 
 @pytest.mark.parametrize("capture", [False, True], ids=["relation-messages", "ddl-capture"])
 def test_schema_changes_flow_through_the_running_job(spark, pg_db, tmp_path, capture):
-    """Without the DDL capture every change of the columns is a re-read; with it, a column added without a default
-    is added in place (no re-read, and the Delta table has it before any change of the table arrives)."""
+    """Without the DDL capture every change of the columns is a re-read; with it, a column added without a default,
+    a rename, a drop and the widenings are applied in place (no re-read; a column added to a table reaches its
+    Delta table before any change of the table does)."""
     if capture:
         from spockwire.connection.ddl_capture import install
 
@@ -141,8 +142,9 @@ def test_schema_changes_flow_through_the_running_job(spark, pg_db, tmp_path, cap
     rereads = [r.reread for r in reports if r.reread]
     assert all(set(r) == {"public.t"} for r in rereads)      # the other table never needed one
     # TRUNCATE changes no column; with the capture, a column added without a default is added in place
-    assert in_place == ["add column without a default", "truncate and refill"] if capture else \
-        ["truncate and refill"]
+    assert in_place == ["add column without a default", "rename column", "drop column", "widen int to bigint",
+                        "widen numeric(10,2) to numeric(14,4)", "varchar(10) to text", "truncate and refill"] \
+        if capture else ["truncate and refill"]
     assert read_shape(target_path(cfg.target, "public.t"))[0][:1] == ["id"]
 
 
@@ -269,3 +271,36 @@ def test_a_crash_inside_a_reread_leaves_the_table_before_or_after_it(tmp_path, m
     # before the commit: the replay reads again; after it, the recorded point drops the replay, and the next
     # batch's shape, unrecorded, costs one more read
     assert len(reads) == 2 and sc.reread_point(open_delta(path)) == 700
+
+
+def test_what_a_captured_statement_changes_in_place():
+    from spockwire.spark.schema_changes import in_place
+
+    def num(p, s):
+        return ((p << 16) | s) + 4
+
+    shape = [["id", 23, -1, True], ["v", 23, -1, False], ["amount", 1700, num(10, 2), False], ["s", 1043, 14, False]]
+
+    def after(cols, rewritten=False, statement="ALTER TABLE t ..."):
+        return {"columns": [c + [False, False, False] for c in cols], "rewritten": rewritten, "statement": statement}
+
+    def change(i, col):
+        return [col if j == i else c for j, c in enumerate(shape)]
+
+    assert in_place(shape, after(shape + [["n", 25, -1, False]])) == ("add", [["n", 25, -1, False]])
+    with_default = after(shape + [["n", 25, -1, False]])
+    with_default["columns"][-1][4] = True                                # a missing value: the rows hold 'x'
+    assert in_place(shape, with_default) is None
+    assert in_place(shape, after(shape + [["n", 25, -1, False]], rewritten=True)) is None   # a volatile default
+    assert in_place(shape, after(change(1, ["w", 23, -1, False]))) == ("rename", {"v": "w"})
+    assert in_place(shape, after(shape[:1] + shape[2:])) == ("drop", ["v"])
+    assert in_place(shape, after(change(1, ["v", 20, -1, False]), True)) == ("widen", [["v", 20, -1, False]])
+    assert in_place(shape, after(change(1, ["v", 20, -1, False]), True, "ALTER TABLE t ALTER v TYPE bigint "
+                                                                        "USING v * 2")) is None
+    assert in_place(shape, after(change(2, ["amount", 1700, num(14, 4), False]), True))[0] == "widen"
+    assert in_place(shape, after(change(2, ["amount", 1700, num(10, 1), False]), True)) is None   # rounds
+    assert in_place(shape, after(change(2, ["amount", 1700, num(9, 2), False]), True)) is None    # fewer digits
+    assert in_place(shape, after(change(3, ["s", 25, -1, False])))[0] == "widen"                  # varchar -> text
+    assert in_place(shape, after(change(3, ["s", 1043, 10, False]), True)) is None                # shorter
+    assert in_place(shape, after(change(1, ["v", 25, -1, False]), True)) is None                  # int -> text
+    assert in_place(shape, after(change(1, ["v", 23, -1, True]))) is None                         # a new key

@@ -7,14 +7,15 @@ writes a transactional logical message (``pg_logical_emit_message``, prefix :dat
 transaction, so the stream carries it at the exact place the change happened (pgoutput sends it with its
 ``messages`` option). Its content is JSON:
 
-``{"table": "schema.name", "relid": oid, "rewritten": bool, "columns": [[name, type oid, type modifier, is key,
-has missing value, has default, generated or identity], ...]}``
+``{"table": "schema.name", "relid": oid, "rewritten": bool, "statement": the client's statement text,
+"columns": [[name, type oid, type modifier, is key, has missing value, has default, generated or identity], ...]}``
 
 `columns` lists the table's columns after the statement, in order (dropped ones left out), the key flags as pgoutput
 sets them (the replica identity's columns, all of them under REPLICA IDENTITY FULL); `rewritten` says whether the
 statement rewrote the table (a volatile default, a type change, ...; PostgreSQL's ``table_rewrite`` event).
-The pipeline job reads them (spockwire.spark.schema_changes): a column added without a default to a table that
-was not rewritten is added in place, whatever else is read again.
+The pipeline job reads them (spockwire.spark.schema_changes): a column added without a default, a column renamed
+or dropped, and a column widened without ``USING`` are applied to the Delta table in place; whatever else is read
+again.
 """
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ BEGIN
                        WHERE c.oid = r.objid),
             'relid', r.objid::bigint,
             'rewritten', (',' || rewritten || ',') LIKE ('%,' || r.objid::text || ',%'),
+            'statement', current_query(),
             'columns', {_SCHEMA}.table_columns(r.objid))::text);
     END LOOP;
     PERFORM set_config('spockwire_ddl.rewritten', '', true);

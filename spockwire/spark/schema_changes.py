@@ -264,7 +264,7 @@ class ShapedResult:
 
     metrics: list                  # ApplyMetrics of each apply_changes call
     reread_lsn: int | None = None  # the table was re-read at this LSN
-    added: list = field(default_factory=list)   # columns added in place (a captured ADD COLUMN without a default)
+    evolved: list = field(default_factory=list)   # in-place steps from captured ALTER TABLEs (add, rename, ...)
     dropped_rows: int = 0          # changes left out: committed before the table's re-read point
 
 
@@ -313,16 +313,21 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
             columns = [c[:4] for c in after["columns"]]
             if _same_columns(columns, shape):
                 continue
-            added = _added_in_place(shape, after)
-            if added is None:
+            step = in_place(shape, after)
+            if step is not None and step[0] != "add" and pending:
+                # the rows before the statement, in the shape before it
+                result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd,
+                                            idempotence=None))
+                pending = []
+            if step is None:
                 if pending:
                     result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd,
                                                 idempotence=None))
                 return _reread_into(path, reread(table), keys, scd, token, keys_changed, result)
-            _add_columns(dt, reread.column_fields(table, added))
+            _evolve(path, dt, step, scd, lambda cols: reread.column_fields(table, cols))
             dt = open_delta(path)
             shape, changed = columns, True
-            result.added.extend(c[0] for c in added)
+            result.evolved.append(step[0])
             continue
         desc = description(run.schema)
         names = [f.name for f in _value_fields(run.schema)]
@@ -369,18 +374,94 @@ def _from_snapshot(run: pa.Table) -> bool:
         run.num_rows
 
 
-def _added_in_place(shape: list, after: dict) -> list | None:
-    """The columns a captured ALTER TABLE added that every existing row holds as NULL -- no default, no missing
-    value, not generated or an identity, the table not rewritten -- when that is all it did to the columns `shape`
-    describes; None when it did anything else (the table is read again)."""
+#: PostgreSQL types (OIDs) a column may be widened among in place: every value of the first is the same value of
+#: the second (int2 -> int4 -> int8 -> numeric, float4 -> float8, varchar -> text)
+_WIDER = {21: {23, 20, 1700}, 23: {20, 1700}, 20: {1700}, 700: {701}, 1043: {25, 1043}, 1700: {1700}}
+
+
+def _widens(old: list, new: list) -> bool:
+    """Whether column `new` ([name, oid, typmod, ...]) holds every value of `old` unchanged."""
+    (_, a, am), (_, b, bm) = old[:3], new[:3]
+    if b not in _WIDER.get(a, ()):
+        return False
+    if a == b == 1700:          # numeric(p,s) -> numeric(p',s'): no fewer integer digits, no fewer decimals
+        if bm == -1:
+            return True
+        if am == -1:
+            return False
+        p, sc = ((am - 4) >> 16) & 0xFFFF, (am - 4) & 0xFFFF
+        q, t = ((bm - 4) >> 16) & 0xFFFF, (bm - 4) & 0xFFFF
+        return t >= sc and q - t >= p - sc
+    if a == b == 1043:          # varchar(n) -> varchar(m >= n) or unbounded
+        return bm == -1 or (am != -1 and bm >= am)
+    return True
+
+
+def in_place(shape: list, after: dict) -> tuple | None:
+    """What a captured ALTER TABLE did to the columns `shape` describes, when the Delta table can follow it in place
+    exactly; None when the table must be read again.
+
+    * ``("add", columns)``: columns added that every existing row holds as NULL (no default, no missing value, not
+      generated or an identity, the table not rewritten);
+    * ``("rename", {old: new})``: columns renamed, nothing else;
+    * ``("drop", [names])``: columns dropped, nothing else;
+    * ``("widen", [columns])``: columns retyped to a type that holds every old value unchanged, by a statement
+      without ``USING`` (so the values were converted by the types' own cast), nothing else."""
     cols = after["columns"]
-    if after.get("rewritten") or len(cols) <= len(shape) or not _same_columns([c[:4] for c in cols[:len(shape)]],
-                                                                              shape):
+    now = [c[:4] for c in cols]
+    if len(now) > len(shape):
+        added = cols[len(shape):]
+        if after.get("rewritten") or not _same_columns(now[:len(shape)], shape) or \
+                any(c[3] or c[4] or c[5] or c[6] for c in added):
+            return None
+        return "add", [c[:4] for c in added]
+    if len(now) < len(shape):
+        if after.get("rewritten"):
+            return None
+        names = [c[0] for c in now]
+        kept = [c for c in shape if c[0] in names]
+        if [c[0] for c in kept] != names or not _same_columns(now, kept):
+            return None
+        return "drop", [c[0] for c in shape if c[0] not in names]
+    renamed = {a[0]: b[0] for a, b in zip(shape, now) if a[0] != b[0]}
+    if renamed:
+        if after.get("rewritten") or not _same_columns([[renamed.get(c[0], c[0])] + c[1:] for c in shape], now):
+            return None
+        return "rename", renamed
+    retyped = [(a, b) for a, b in zip(shape, now) if (a[1], a[2]) != (b[1], b[2])]
+    if not retyped or "using" in str(after.get("statement") or "").lower() or \
+            any(bool(a[3]) != bool(b[3]) for a, b in zip(shape, now)) or \
+            not all(a[1] is not None and _widens(a, b) for a, b in retyped):
         return None
-    added = cols[len(shape):]
-    if any(c[3] or c[4] or c[5] or c[6] for c in added):
-        return None
-    return [c[:4] for c in added]
+    return "widen", [b for _, b in retyped]
+
+
+def _evolve(path: str, dt: Any, step: tuple, scd: int, fields: Callable[[list], list[pa.Field]]) -> None:
+    """Apply an in-place step (:func:`in_place`) to the Delta table; each is idempotent (a replay after a crash finds
+    it done). Adding columns writes no file; a rename, a widening and (SCD 1) a drop rewrite the table's files in
+    one commit; a dropped column stays in an SCD 2 table for the versions that had it."""
+    kind, what = step
+    if kind == "add":
+        _add_columns(dt, fields(what))
+        return
+    if kind == "drop" and scd == 2:
+        return
+    table = dt.to_pyarrow_table()
+    if kind == "rename":
+        if not any(old in table.column_names for old in what):
+            return
+        table = table.rename_columns([what.get(n, n) for n in table.column_names])
+    elif kind == "drop":
+        if not any(n in table.column_names for n in what):
+            return
+        table = table.drop_columns([n for n in what if n in table.column_names])
+    else:
+        for f in fields(what):
+            i = table.schema.get_field_index(f.name)
+            table = table.set_column(i, f, pc.cast(table.column(i), f.type, safe=True))
+    from .delta_target import deltalake_module
+
+    deltalake_module().write_deltalake(path, table, mode="overwrite", schema_mode="overwrite")
 
 
 def _add_columns(dt: Any, fields: list[pa.Field]) -> None:
