@@ -25,7 +25,10 @@ is not a schema change: the text side is kept (the Delta column becomes a string
 every stored value) and typed values of that column are written as their text.
 
 The re-read is exact whatever the DDL was; its cost is a read of the table (the parallel binary COPY of
-:func:`spockwire.read_table`).
+:func:`spockwire.read_table`). With the DDL capture installed upstream (spockwire.connection.ddl_capture), each
+ALTER TABLE also reaches the table's runs, at its place, as a run of one ``ddl`` row: what it did is known, and
+:func:`in_place` tells the changes the Delta table follows without a re-read (a column added without a default, a
+rename, a drop, a widening without ``USING``).
 """
 from __future__ import annotations
 
