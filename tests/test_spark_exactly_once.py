@@ -112,14 +112,14 @@ def _alive(pids: set[int], pgid: int) -> list[int]:
 class Job:
     """The pipeline as a child process in its own process group; its output lines are collected."""
 
-    def __init__(self, db, work: Path, extra: list[str], history: bool = True) -> None:
+    def __init__(self, db, work: Path, extra: list[str], history: bool = True, tables: dict | None = None) -> None:
         cmd = [sys.executable, "-m", "spockwire.spark.job", "--dsn", db.dsn, "--slot", f"{db.name}_s"[:63],
                "--publication", "pub", "--target", str(work / "delta"), "--checkpoint", str(work / "ck"),
                "--master", "local[1]", "--max-changes-per-batch", "400", "--starting-position", "snapshot",
                "--option", "snapshotChunkPages=4", "--option", "snapshotChunksPerBatch=1",
                "--optimize-every", "5"] + \
             (["--history"] if history else [])      # maintenance (state collection, Z-order) often: some kills land in it
-        for table, keys in TABLES.items():
+        for table, keys in (TABLES if tables is None else tables).items():   # {}: the whole publication
             cmd += ["--table", f"{table}={','.join(keys)}"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         self.log = open(work / "job.log", "ab")

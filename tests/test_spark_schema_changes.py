@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import time
 import uuid
 
 import pyarrow as pa
@@ -304,3 +305,34 @@ def test_what_a_captured_statement_changes_in_place():
     assert in_place(shape, after(change(3, ["s", 1043, 10, False]), True)) is None                # shorter
     assert in_place(shape, after(change(1, ["v", 25, -1, False]), True)) is None                  # int -> text
     assert in_place(shape, after(change(1, ["v", 23, -1, True]))) is None                         # a new key
+
+
+@pytest.mark.timeout(900)
+def test_kill_9_around_rereads_then_delta_equals_source(pg_db, tmp_path):
+    """The job (a child process, the whole publication) killed with SIGKILL at random moments while migrations are
+    re-read, restarted each time, then run until caught up: the table and its history equal the source."""
+    import random
+
+    from tests.test_spark_exactly_once import Job
+
+    rng = random.Random(40)
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v int, s text)")
+    pg_db.execute("INSERT INTO t SELECT g, g, 's' || g FROM generate_series(1, 20000) g")
+    pg_db.execute("CREATE PUBLICATION pub FOR TABLE t")
+    migrations = ["ALTER TABLE t ADD COLUMN extra text DEFAULT 'x'", "ALTER TABLE t RENAME COLUMN s TO label",
+                  "ALTER TABLE t ALTER COLUMN v TYPE bigint"]
+    for i, sql in enumerate(migrations):
+        job = Job(pg_db, tmp_path, [], tables={})
+        assert job.wait_for("batch", 300), (tmp_path / "job.log").read_text()[-3000:]
+        pg_db.execute(sql)
+        pg_db.execute(f"UPDATE t SET v = v + 1 WHERE id % 97 = {i}")
+        pg_db.execute(f"INSERT INTO t (id, v) VALUES ({100000 + i}, {i})")
+        time.sleep(rng.uniform(0.5, 3.0))      # before, during or after the re-read
+        job.kill_group()
+    pg_db.execute("UPDATE t SET v = 0 WHERE id = 1")
+    final = Job(pg_db, tmp_path, ["--until-caught-up", "--timeout", "600"], tables={})
+    assert final.proc.wait(700) == 0, (tmp_path / "job.log").read_text()[-3000:]
+    final.reader.join(10)
+    cfg = JobConfig(dsn=pg_db.dsn, slot="", publication=["pub"], tables={}, target=str(tmp_path / "delta"),
+                    checkpoint="")
+    _assert_equal(pg_db, cfg, "t", "after the kills")

@@ -303,6 +303,8 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
     runs = _after_reread_point(changes, reread_point(dt), result)
     if dt is None and new_table_reread and not (runs and _from_snapshot(runs[0])):
         return _reread_into(path, reread(table), keys, scd, token, keys_changed, result)
+    if dt is not None and runs and _opens_snapshot(runs[0]):
+        dt = _snapshot_starts(path, dt, runs[0], scd)
     shape = read_shape(path) if dt is not None else None
     recorded = shape is not None
     changed = False
@@ -368,6 +370,44 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
     if shape is not None and (changed or not recorded):
         write_shape(path, shape)
     return result
+
+
+def _opens_snapshot(run: pa.Table) -> bool:
+    """A run holding the initial snapshot's opening truncate (a snapshot started again, after the driver died)."""
+    from .snapshot import SNAPSHOT_SEQ_BASE
+
+    if not _from_snapshot(run):
+        return False
+    first = run.slice(0, 1)
+    return first.column("_change_type")[0].as_py() == "truncate" and first.column("_seq")[0].as_py() == \
+        SNAPSHOT_SEQ_BASE
+
+
+def _snapshot_starts(path: str, dt: Any, run: pa.Table, scd: int) -> Any:
+    """An initial snapshot starting again over a table written before (the driver died during the snapshot, and the
+    table's columns may have changed upstream since): the snapshot replaces every row, so the table takes the
+    snapshot's columns (SCD 1; an SCD 2 table keeps its columns for the versions it ends), and the shape it was
+    written with is forgotten (the next change's shape is compared by names and types)."""
+    from .delta_target import deltalake_module, open_delta
+
+    try:
+        os.remove(os.path.join(path, SHAPE_FILE))
+    except FileNotFoundError:
+        pass
+    names = [f.name for f in _value_fields(run.schema)]
+    if scd != 1 or _table_names(dt, scd) == names:
+        return dt
+    schema = arrow_schema_of(dt)
+    book = [f for f in schema if f.name not in _table_names(dt, scd)]
+    empty = pa.schema([f for f in _value_fields(run.schema)] + book).empty_table()
+    deltalake_module().write_deltalake(path, empty, mode="overwrite", schema_mode="overwrite")
+    return open_delta(path)
+
+
+def arrow_schema_of(dt: Any) -> pa.Schema:
+    from .delta_rewrite import arrow_schema
+
+    return arrow_schema(dt.schema())
 
 
 def _from_snapshot(run: pa.Table) -> bool:
