@@ -75,7 +75,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import pytest
 
@@ -395,28 +395,31 @@ class Pipeline:
         return time.perf_counter() - t0
 
 
-def _arrow_source(dsn: str, table: str) -> Any:
+def _arrow_source(dsn: str, table: str, columns: Sequence[str] = COLUMNS, key: Sequence[str] = ("id",)) -> Any:
     import spockwire
 
-    return spockwire.read_table(dsn, table, workers=2).select(COLUMNS).sort_by("id")
+    return spockwire.read_table(dsn, table, workers=2).select(list(columns)).sort_by([(k, "ascending") for k in key])
 
 
-def check_equal(dsn: str, table: str, path: str, history: bool = False) -> int:
-    """The Delta table (the current versions of an SCD 2 table) equals the source table; the row count."""
+def check_equal(dsn: str, table: str, path: str, history: bool = False, columns: Sequence[str] = COLUMNS,
+                key: Sequence[str] = ("id",)) -> int:
+    """The Delta table (the current versions of an SCD 2 table) equals the source table; the row count. `columns`
+    and `key`: a table of another shape than ``t`` (every column compared, the rows in key order)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from deltalake import DeltaTable
 
-    src = _arrow_source(dsn, table)
+    columns = list(columns)
+    src = _arrow_source(dsn, table, columns, key)
     got = DeltaTable(path).to_pyarrow_table()
     if history:
         got = got.filter(pc.is_null(got["_end_commit_lsn"]))
-    got = got.select(COLUMNS).sort_by("id")
-    got = pa.table([got[c].cast(src.schema.field(c).type) for c in COLUMNS], schema=src.schema)
+    got = got.select(columns).sort_by([(k, "ascending") for k in key])
+    got = pa.table([got[c].cast(src.schema.field(c).type) for c in columns], schema=src.schema)
     if got.num_rows != src.num_rows or not got.equals(src):
         detail = f"{got.num_rows:,} rows in {path}, {src.num_rows:,} in {table}"
         if got.num_rows == src.num_rows:
-            for c in COLUMNS:
+            for c in columns:
                 if not got[c].equals(src[c]):
                     diff = pc.not_equal(got[c], src[c])
                     i = next((k for k, v in enumerate(diff.to_pylist()) if v is not False), None)
