@@ -2,12 +2,14 @@
 
     benchmarks/results/bench_run.json       the last full run of scripts/bench.sh (pytest-benchmark JSON)
     benchmarks/results/pipeline_run.json    the last run of benchmarks/bench_pipeline.py (the same format)
+    benchmarks/results/many_tables_run.json the last run of benchmarks/bench_many_tables.py (the same format)
     benchmarks/results/soak.json            the last soak of benchmarks/bench_soak.py (its own format: per batch)
 
 A run saved with ``--benchmark-json`` at the default sizes (no SPOCKWIRE_BENCH_* setting) is kept here by ``keep``
 (called from benchmarks/conftest.py when pytest-benchmark writes its JSON): a run holding the decode peers, the end-to-end streams and the snapshot readers becomes
-bench_run.json; a run holding the pipeline's measurements also becomes pipeline_run.json (only those). ``load``
-gives the main run and the newest pipeline run.
+bench_run.json; a run holding the pipeline's measurements also becomes pipeline_run.json (only those), and one
+holding the many-tables benchmark many_tables_run.json (only it). ``load`` gives the main run and the newest pipeline
+run, ``load_many_tables`` the many-tables run.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ RESULTS = Path(__file__).resolve().with_name("results")
 RUN = RESULTS / "bench_run.json"
 PIPELINE = RESULTS / "pipeline_run.json"
 SOAK = RESULTS / "soak.json"
+MANY_TABLES = RESULTS / "many_tables_run.json"
 
 
 def load_soak(path: str | Path | None = None) -> dict | None:
@@ -45,6 +48,19 @@ def is_pipeline(bench: dict) -> bool:
         "fullname", "")
 
 
+def is_many_tables(bench: dict) -> bool:
+    """benchmarks/bench_many_tables.py: the pipeline job over a 100-table database under pgbench (its figures in
+    ``extra_info["many_tables"]``, apart from the pipeline's)."""
+    return isinstance(bench.get("extra_info", {}).get("many_tables"), dict) or "bench_many_tables.py" in bench.get(
+        "fullname", "")
+
+
+def load_many_tables(path: str | Path | None = None) -> dict | None:
+    """The kept run of benchmarks/bench_many_tables.py, None when there is none."""
+    target = Path(path) if path else MANY_TABLES
+    return json.loads(target.read_text()) if target.is_file() else None
+
+
 def is_full_run(data: dict) -> bool:
     """A run of every part that BENCHMARKS.md leads with (what scripts/bench.sh runs without arguments)."""
     benches = data.get("benchmarks", [])
@@ -59,6 +75,9 @@ def keep(data: dict[str, Any], results: Path = RESULTS) -> list[Path]:
     pipeline = [b for b in data.get("benchmarks", []) if is_pipeline(b)]
     if pipeline and all(isinstance(b.get("extra_info", {}).get("pipeline"), dict) for b in pipeline):
         written.append(_write(results / PIPELINE.name, dict(data, benchmarks=pipeline)))
+    many = [b for b in data.get("benchmarks", []) if is_many_tables(b)]
+    if many and all(isinstance(b.get("extra_info", {}).get("many_tables"), dict) for b in many):
+        written.append(_write(results / MANY_TABLES.name, dict(data, benchmarks=many)))
     return written
 
 

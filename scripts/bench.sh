@@ -5,7 +5,8 @@
 #
 # Builds the extension in place, captures the workloads on first use (cached under out/bench-cache/), runs
 # benchmarks/bench_*.py with pytest-benchmark into out/bench.json and keeps the run in benchmarks/results/
-# (benchmarks/runs.py: a full run as bench_run.json, the pipeline's measurements as pipeline_run.json); then
+# (benchmarks/runs.py: a full run as bench_run.json, the pipeline's measurements as pipeline_run.json, the
+# many-tables benchmark's as many_tables_run.json); then
 # benchmarks/report.py writes BENCHMARKS.md and benchmarks/charts.py the SVG charts in docs/images/, both from the
 # kept runs (a run of some benchmarks only, with PYTEST ARGS, updates only what it holds: the pipeline, e.g.
 # `scripts/bench.sh -k bench_pipeline` -- a path among the ARGS adds to benchmarks/ instead of narrowing it; a run
@@ -42,6 +43,16 @@
 #   SPOCKWIRE_BENCH_PIPELINE_JOB_TIMEOUT=3600     seconds a job run (or the lag test's catch-up) may take before the
 #                                                 benchmark fails; SPOCKWIRE_BENCH_PIPELINE_KEEP=1 keeps its folders
 #   e.g. a quick look: ROWS=20000 CHANGES=10000 BIG_ROWS=50000 BIG_CHANGES=20000 LAG_SECONDS=10 LAG_RATE=5000
+#   Many tables under pgbench (benchmarks/bench_many_tables.py: the job with no --table over a publication of
+#   pgbench's 3 keyed tables and 100 small ones, while `pgbench -c 4 -n -T` and a paced writer run, one migration at
+#   a third of the run; about 5-6 minutes; kept as benchmarks/results/many_tables_run.json, the lag chart
+#   docs/images/bench_many_tables.svg; SPOCKWIRE_BENCH_PIPELINE_JOB_TIMEOUT and _KEEP apply to it too):
+#   SPOCKWIRE_BENCH_MANY_SECONDS=180      how long pgbench and the writer run
+#   SPOCKWIRE_BENCH_MANY_SCALE=10         pgbench -i -s (10: pgbench_accounts holds 1,000,000 rows)
+#   SPOCKWIRE_BENCH_MANY_TABLES=100       small tables small_000 ... (at least 8: small_007 is migrated)
+#   SPOCKWIRE_BENCH_MANY_ROWS=1000        rows of each small table
+#   SPOCKWIRE_BENCH_MANY_WRITER_RATE=200  the writer's pace, transactions/s (1-3 rows of a random small table each)
+#   e.g. a quick look: SECONDS=20 SCALE=1 TABLES=10
 #   SPOCKWIRE_BENCH_OUT=BENCHMARKS.md
 set -euo pipefail
 cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."

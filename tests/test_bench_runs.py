@@ -34,6 +34,8 @@ PEER = _bench("benchmarks/bench_peers.py::test_peers[narrow-c-typed-text]", role
 E2E = _bench("benchmarks/bench_e2e.py::test_stream[pg15-c]", rows=10)
 SNAPSHOT = _bench("benchmarks/bench_snapshot.py::test_read[adbc]", snapshot_reader="adbc")
 PIPELINE = _bench("benchmarks/bench_pipeline.py::test_snapshot", pipeline={"key": "snapshot", "measured": 1.0})
+MANY = _bench("benchmarks/bench_many_tables.py::test_many_tables_under_pgbench",
+              many_tables={"key": "many_tables", "measured": 1.0})
 
 
 def test_a_full_run_is_kept_and_its_pipeline_apart(runs, tmp_path):
@@ -61,3 +63,12 @@ def test_the_newest_pipeline_measurements_are_shown(runs, tmp_path, monkeypatch)
     runs.keep({"datetime": "2026-01-05", "benchmarks": [PIPELINE]}, tmp_path)
     main, pipeline = runs.load()
     assert main["datetime"] == "2026-01-02" and pipeline["datetime"] == "2026-01-05"
+
+
+def test_the_many_tables_run_is_kept_apart_from_the_pipeline(runs, tmp_path):
+    written = runs.keep({"datetime": "2026-01-06", "benchmarks": [MANY]}, tmp_path)
+    assert [p.name for p in written] == ["many_tables_run.json"]
+    assert runs.load_many_tables(tmp_path / "many_tables_run.json")["benchmarks"] == [MANY]
+    written = runs.keep({"datetime": "2026-01-07", "benchmarks": [PIPELINE, MANY]}, tmp_path)
+    assert sorted(p.name for p in written) == ["many_tables_run.json", "pipeline_run.json"]
+    assert json.loads((tmp_path / "pipeline_run.json").read_text())["benchmarks"] == [PIPELINE]
