@@ -11,6 +11,9 @@ them). Needs matplotlib (scripts/setup-machine.sh installs it); drawn with the A
     bench_live.svg       a live slot, PostgreSQL 15 and 18: the streams against pg_recvlogical and the server
     bench_snapshot.svg   a whole table: read_table against ADBC, connectorx and the raw COPY transfer
     bench_pipeline.svg   the Spark pipeline into Delta: measured rates, their targets and anchors
+    bench_soak.svg       the soak's micro-batches: seconds, state rows, table files
+    bench_many_tables.svg  103 tables under pgbench: the lag over the run, each micro-batch's seconds
+                         (benchmarks/results/many_tables_run.json)
 """
 from __future__ import annotations
 
@@ -250,6 +253,59 @@ def soak(record: dict | None, out: Path) -> Path | None:
     return _save(fig, out, "bench_soak.svg")
 
 
+def many_tables(run: dict | None, out: Path) -> Path | None:
+    """bench_many_tables.py: the job's lag_p95 of each micro-batch and the p95 of the commit-to-Delta lag per 5 s
+    of commits over the run, against the target, the migration and the re-read marked; below, each micro-batch's
+    seconds."""
+    info = report.many_tables_info((run or {}).get("benchmarks", []))
+    if not info or not info.get("series"):
+        return None
+    series = info["series"]            # [seconds since pgbench started, lag_p95, seconds, rows, re-read]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 4.8), sharex=True, height_ratios=[3, 2])
+    pts = [(x, lag) for x, lag, _s, _r, _rr in series if lag is not None]
+    top.plot([x for x, _ in pts], [lag for _, lag in pts], color=OURS, linewidth=1.2, marker="o", markersize=2.5,
+             label="the job's lag_p95 of each micro-batch")
+    windows = info.get("window_lag_p95") or []
+    if windows:
+        top.step([x for x, _ in windows], [v for _, v in windows], where="mid", color=PEER, linewidth=1.2,
+                 label="commit-to-Delta lag p95 of the transactions committed in each 5 s")
+    target = info.get("target_value")
+    if target:
+        top.axhline(target, color=TARGET, linewidth=1.2, linestyle="--", label=f"target: p95 <= {target:g} s")
+    migrated = info.get("migrated_at_s")
+    for ax in (top, bottom):
+        if migrated is not None:
+            ax.axvline(migrated, color=ANCHOR, linewidth=1, linestyle=":")
+        ax.axvspan(info.get("run_seconds", 0), max(x for x, *_ in series) + 1, color="#eaeef2", zorder=0)
+    rr = [(x, lag) for x, lag, _s, _r, r in series if r and lag is not None]
+    if rr:
+        top.scatter([x for x, _ in rr], [lag for _, lag in rr], marker="*", s=70, color=TARGET, zorder=5,
+                    label="the micro-batch that read small_007 again")
+    highest = max([lag for _, lag in pts] + [v for _, v in windows] + [target or 0])
+    top.set_ylim(0, highest * 1.45)          # room for the legend above the lines
+    if migrated is not None:
+        bottom.text(migrated, 0.97, " ALTER TABLE small_007 ", color="#7d5d00", fontsize=7, va="top",
+                    transform=matplotlib.transforms.blended_transform_factory(bottom.transData, bottom.transAxes),
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1})
+    top.set_ylabel("lag (s)")
+    top.legend(fontsize=7, frameon=False, loc="upper left", ncol=2)
+    top.set_title(f"{info['tables']} tables under pgbench (-c {info['pgbench_clients']}, "
+                  f"{info['pgbench_tps']:,.0f} tps) and a writer: commit-to-Delta lag", loc="left")
+    # each micro-batch as the span it took: from its start (its line's time less its seconds) to its line
+    bottom.bar([x - sec for x, _l, sec, _r, _rr in series], [sec for _x, _l, sec, _r, _rr in series],
+               width=[sec for _x, _l, sec, _r, _rr in series], align="edge", color=[TARGET if r else OURS_LIGHT
+                                                                                    for *_, r in series],
+               edgecolor="white", linewidth=0.6)
+    bottom.set_ylabel("micro-batch (s)")
+    bottom.set_title("each micro-batch, from its read to its Delta commits (red: the re-read's)", loc="left",
+                     fontsize=8, fontweight="normal")
+    bottom.set_xlabel("seconds since pgbench started (shaded: the writers stopped, the job catching up)")
+    fig.text(0, -0.02, f"One run ({(run or {}).get('datetime', '')[:10]}), python -m spockwire.spark.job on "
+             f"{info.get('master', 'local[2]')}, PostgreSQL and pgbench on the same 2 cores. BENCHMARKS.md",
+             fontsize=7, color="#57606a")
+    return _save(fig, out, "bench_many_tables.svg")
+
+
 def _short(label: str) -> str:
     return label.replace(" into Delta (SCD 1), net", "").replace(" (SCD 1), net", "").replace(", net", "")
 
@@ -271,7 +327,7 @@ def draw(run: dict, pipeline_run: dict | None, out: Path) -> list[Path]:
             snapshot(report.snapshot_rows(snap), out, date, snap_rows),
             pipeline(report.pipeline_infos([b for b in pipe_run.get("benchmarks", []) if runs.is_pipeline(b)]), out,
                      pipe_run.get("datetime", "")),
-            soak(runs.load_soak(), out)]
+            soak(runs.load_soak(), out), many_tables(runs.load_many_tables(), out)]
     return [p for p in made if p is not None]
 
 

@@ -20,6 +20,7 @@ import argparse
 import platform
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 try:
     from . import runs
@@ -32,8 +33,14 @@ CHARTS = (("bench_headline.svg", "Decoding the narrow workload: spockwire agains
           ("bench_live.svg", "Streaming from a live slot: rows/s against pg_recvlogical and the server's own decode"),
           ("bench_snapshot.svg", "Reading a whole table: read_table against ADBC, connectorx and the raw COPY"),
           ("bench_pipeline.svg", "The Spark pipeline into Delta: measured rates against targets and anchors"),
-          ("bench_soak.svg", "500 micro-batches with state collection and OPTIMIZE: seconds, state rows, files"))
+          ("bench_soak.svg", "500 micro-batches with state collection and OPTIMIZE: seconds, state rows, files"),
+          ("bench_many_tables.svg", "Many tables under pgbench: commit-to-Delta lag and micro-batch seconds over the "
+           "run"))
+#: charts shown in their own section, not among the summary's
+SECTION_CHARTS = ("bench_many_tables.svg",)
 IMAGES = "docs/images"
+#: render()'s default for the many-tables run: the one kept in benchmarks/results/ (runs.load_many_tables)
+STORED = object()
 
 
 def _machine(info: dict) -> str:
@@ -43,16 +50,21 @@ def _machine(info: dict) -> str:
             f"{info.get('release', '')}")
 
 
-def render(data: dict, pipeline_run: dict | None = None, soak: dict | None = None) -> str:
+def render(data: dict, pipeline_run: dict | None = None, soak: dict | None = None,
+           many_tables: Any = STORED) -> str:
     """BENCHMARKS.md from a run; the pipeline section from `pipeline_run` when given (a run of its own); the soak
-    section from `soak` (benchmarks/bench_soak.py's record)."""
+    section from `soak` (benchmarks/bench_soak.py's record); the many-tables section from `many_tables` (a run of
+    benchmarks/bench_many_tables.py; by default the kept one, else `data`'s own)."""
+    if many_tables is STORED:
+        many_tables = runs.load_many_tables()
     groups: dict[str, list[dict]] = defaultdict(list)
     peers = [b for b in data["benchmarks"] if runs.is_peer(b)]
     e2e = [b for b in data["benchmarks"] if runs.is_e2e(b)]
     snapshot = [b for b in data["benchmarks"] if runs.is_snapshot(b)]
     pipeline = [b for b in (pipeline_run or data)["benchmarks"] if runs.is_pipeline(b)]
     for bench in data["benchmarks"]:
-        if runs.is_peer(bench) or runs.is_e2e(bench) or runs.is_snapshot(bench) or runs.is_pipeline(bench):
+        if runs.is_peer(bench) or runs.is_e2e(bench) or runs.is_snapshot(bench) or runs.is_pipeline(bench) \
+                or runs.is_many_tables(bench):
             continue
         groups[bench.get("group") or bench["name"]].append(bench)
     lines = ["# Benchmarks", "",
@@ -68,6 +80,8 @@ def render(data: dict, pipeline_run: dict | None = None, soak: dict | None = Non
     lines += _summary(peers, e2e, snapshot, pipeline, pipeline_run)
     lines += _peer_sections(peers) + _e2e_section(e2e) + _snapshot_section(snapshot)
     lines += _pipeline_section(pipeline, pipeline_run)
+    lines += _many_tables_section([b for b in (many_tables or data)["benchmarks"] if runs.is_many_tables(b)],
+                                  many_tables)
     lines += _soak_section(soak)
     if groups:
         lines += ["## Synthetic decode workloads", "",
@@ -407,6 +421,103 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
     return lines + [""]
 
 
+def many_tables_info(benches: list[dict]) -> dict | None:
+    """The figures of benchmarks/bench_many_tables.py (``extra_info["many_tables"]``), None without them."""
+    return next((b["extra_info"]["many_tables"] for b in benches
+                 if isinstance(b.get("extra_info", {}).get("many_tables"), dict)), None)
+
+
+def _many_tables_section(benches: list[dict], own_run: dict | None) -> list[str]:
+    """bench_many_tables.py: the job over a whole publication of 103 tables while pgbench and a writer run, with one
+    migration; its lag against the target, the micro-batches' seconds, memory, and where the time went."""
+    if not benches:
+        return []
+    i = many_tables_info(benches)
+    if i is None:
+        return ["## Many tables under pgbench", "",
+                f"No result: {benches[0]['name']} failed (benchmarks/bench_many_tables.py).", ""]
+    secs = i.get("run_seconds", 0)
+    rr = (i.get("reread") or [{}])[0]
+    met = i.get("met")
+    t = i.get("timings") or {}
+    chart = next(f"![{alt}]({IMAGES}/{name})" for name, alt in CHARTS if name == "bench_many_tables.svg")
+    lines = ["## Many tables under pgbench", "",
+             f"`python -m spockwire.spark.job` on `{i.get('master', 'local[2]')}` with no `--table`: every table of "
+             f"its publication, {i['tables']} of them (benchmarks/bench_many_tables.py; a child process as in the "
+             "pipeline section). A throwaway PostgreSQL 15 on the same 2 cores holds pgbench's tables "
+             f"(`pgbench -i -s {i['pgbench_scale']}`: pgbench_accounts {i['accounts_rows']:,} rows) and "
+             f"{i['small_tables']} small tables small_000, small_001, ... ({i['small_rows']:,} rows each: an int key "
+             "and five typed columns). pgbench_history is not in the publication: it has no key, and the job does not "
+             "land a table without one. After the snapshot and one change of every table (a warm-up), for "
+             f"{secs:g} s: `pgbench -c {i['pgbench_clients']} -n -T {secs:g}` (unthrottled; each transaction updates "
+             "one row of pgbench_accounts, pgbench_tellers and pgbench_branches) beside a writer that updates 1-3 "
+             "random rows of a random small table per transaction, paced to "
+             f"{i['writer_rate_target']:,.0f} transactions/s; at {_num(i.get('migrated_at_s'))} s, "
+             f"`{i['migration']}` (without the DDL capture: the job reads small_007 again). Then the writers stop, "
+             "the job catches up, stops on SIGTERM, and every Delta table equals its source table, every column "
+             "(checked, or the benchmark fails)." + (_own_run_note(own_run) if own_run else ""), "",
+             "| measurement | target | measured | met |", "|---|---|---:|---|",
+             f"| commit-to-Delta lag p95 over every change (pgbench's and the writer's) | {i['target']} | "
+             f"{_num(i.get('measured'))} s | {'met' if met else 'not met' if met is not None else ''} |",
+             f"| commit-to-Delta lag p50, max | | {_num(i.get('lag_p50_s'))} s, {_num(i.get('lag_max_s'))} s | |",
+             f"| the job's own lag_p95 of each micro-batch: median, max | | {_num(i.get('own_lag_p95_median_s'))} s, "
+             f"{_num(i.get('own_lag_p95_max_s'))} s | |",
+             f"| seconds of a micro-batch: median, p95, max ({i['batches']} micro-batches) | | "
+             f"{_num(i.get('batch_seconds_median'))} s, {_num(i.get('batch_seconds_p95'))} s, "
+             f"{_num(i.get('batch_seconds_max'))} s | |",
+             f"| the re-read of small_007: its micro-batch's seconds, lag_p95 | | {_num(rr.get('seconds'))} s, "
+             f"{_num(rr.get('lag_p95'))} s | |",
+             f"| peak RSS of the job's processes (PSS) | | {i['peak_rss_bytes'] / 1e9:.2f} GB "
+             f"({i['peak_pss_bytes'] / 1e9:.2f} GB) | |",
+             f"| pgbench, {i['pgbench_clients']} clients | | {i['pgbench_tps']:,.1f} tps | |",
+             f"| the writer (paced to {i['writer_rate_target']:,.0f}) | | {i['writer_rate_achieved']:,.1f} "
+             "transactions/s | |", "",
+             chart, "",
+             f"- Lag: {i['changes']:,} changes, {i['pgbench_transactions']:,} pgbench transactions (3 changes each) "
+             f"and {i['writer_transactions']:,} of the writer ({i['writer_changes']:,} changes). A transaction's lag "
+             "is the time the job printed the line of the micro-batch holding it (right after its Delta commits) minus "
+             "the time its COMMIT returned to its client (pgbench's per-transaction log, the writer's clock); the "
+             "percentiles count each change. By source: pgbench's p95 "
+             f"{_num(i.get('pgbench_lag_p95_s'))} s, the writer's {_num(i.get('writer_lag_p95_s'))} s. The job's "
+             "own lag_p95 is taken from the changes' commit timestamps to its Delta commits. The chart's lines: that "
+             "lag_p95 per micro-batch, and the p95 of the commit-to-Delta lags of the transactions committed in each "
+             "5 s.",
+             f"- Where the time goes: the {len(i['series'])} micro-batches' own seconds sum to "
+             f"{_num(sum(row[2] for row in i['series']))} s over the {_num(i.get('written_s'))} s of writes and "
+             f"the {_num(i.get('catch_up_s'))} s of catching up; reading a micro-batch (Spark's "
+             f"job: the slot's range decoded into files) {_num(i.get('read_seconds_median'))} s at the median and "
+             f"{_num(t.get('read_s'))} s over the run; the Delta writes of each table (4 at a time, a median of "
+             f"{t.get('tables_per_batch_median', 0):g} tables per micro-batch) summed "
+             f"{_num(t.get('apply_s_pgbench'))} s for pgbench's 3 tables and {_num(t.get('apply_s_small'))} s for "
+             f"the {i['small_tables']} small ones"
+             + (" (by step, every table: " + ", ".join(f"{k} {v:,.1f} s" for k, v in t["apply_s_by_step"].items())
+                + ")" if t.get("apply_s_by_step") else "")
+             + "; the most: "
+             + ", ".join(f"{name.split('.', 1)[-1]} {sec:,.1f} s" for name, sec in t.get("apply_s_by_table_top", []))
+             + (f"; the tables' maintenance after each write (state collection) {_num(t['maintenance_s'])} s"
+                if t.get("maintenance_s") is not None else "") + ".",
+             f"- The snapshot of the {i['tables']} tables took {_num(i.get('snapshot_s'))} s from the job's launch "
+             f"({i['snapshot_batches']} micro-batches; peak RSS by its end {i['snapshot_peak_rss_bytes'] / 1e9:.2f} "
+             f"GB). After the writers stopped, the job caught up in {_num(i.get('catch_up_s'))} s. "
+             + _many_load_note(i), ""]
+    return lines
+
+
+def _many_load_note(i: dict) -> str:
+    samples = [row[1] for row in i.get("loadavg") or [] if row]
+    if not samples:
+        return ""
+    note = f"Load average during the run {min(samples):.1f}-{max(samples):.1f}"
+    other = i.get("other_cpu_s")
+    if other is None:
+        return note + " (PostgreSQL, pgbench, the writer and the job on 2 cores)."
+    cores = 2 * float(i.get("written_s") or i.get("run_seconds") or 0)
+    return (note + f"; processes other than the benchmark's (PostgreSQL, pgbench, the writer, the job) used "
+            f"{other:,.0f} CPU-seconds of the {cores:,.0f} the 2 cores had while the writers ran"
+            + (": next to none." if other < 0.02 * cores else ": the machine was shared with other work, which "
+               "took cycles from the job."))
+
+
 def _soak_section(soak: dict | None) -> list[str]:
     """bench_soak.py: the pipeline job over many micro-batches with its table maintenance on."""
     if not soak:
@@ -555,7 +666,8 @@ def _summary(peers: list[dict], e2e: list[dict], snapshot: list[dict], pipeline:
              "| measurement | spockwire | compared with | ratio |", "|---|---:|---|---:|"]
     lines += [f"| {what} | {ours} | {other} | {ratio} |" for what, ours, other, ratio in rows]
     for name, alt in CHARTS:
-        lines += ["", f"![{alt}]({IMAGES}/{name})"]
+        if name not in SECTION_CHARTS:
+            lines += ["", f"![{alt}]({IMAGES}/{name})"]
     return lines + [""]
     return lines
 
