@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 
 from .resolve import DELETE, OP, Plan, Resolution, Stored, _sk
 
-__all__ = ["ArrowTarget", "STATE_KIND", "COLLECTED", "keys_in", "before", "state_rows", "truncate_positions",
-           "collected_position", "collected_state", "unify"]
+__all__ = ["ArrowTarget", "STATE_KIND", "COLLECTED", "keys_in", "key_values", "before", "state_rows",
+           "truncate_positions", "collected_position", "collected_state", "unify"]
 
 #: state rows: delete (a tombstone) | truncate | collected (the position before which the state was collected)
 STATE_KIND = "_sw_state"
@@ -33,7 +33,7 @@ def keys_in(table: pa.Table, keys: Sequence[str], wanted: pa.Table) -> np.ndarra
         vals = wanted.column(k).cast(col.type)
         if pa.types.is_integer(col.type) and col.null_count == 0 and vals.null_count == 0:
             return _sorted_in(col.to_numpy(), vals.to_numpy())
-        hit = pc.fill_null(pc.is_in(col, value_set=vals.drop_null().unique()), False)
+        hit = pc.fill_null(pc.is_in(col, value_set=key_values(vals)), False)
         out = np.asarray(hit.to_numpy(zero_copy_only=False), dtype=bool)
         if vals.null_count:
             out |= col.is_null().to_numpy(zero_copy_only=False)
@@ -45,6 +45,17 @@ def keys_in(table: pa.Table, keys: Sequence[str], wanted: pa.Table) -> np.ndarra
     out = np.zeros(table.num_rows, dtype=bool)
     out[joined.column(marker).to_numpy()] = True
     return out
+
+
+def key_values(values: Any) -> pa.Array:
+    """The distinct values (NULL left out) of a key column, as the value set keys are looked up by: floats as
+    PostgreSQL compares them, 0 and -0 both for either (Arrow's is_in tells them apart; NaN matches NaN)."""
+    vals = values.drop_null().unique()
+    if pa.types.is_floating(vals.type):
+        zeros = vals.filter(pc.equal(vals, 0))
+        if len(zeros):
+            vals = pc.unique(pa.concat_arrays([vals, pc.negate(zeros)]))
+    return vals
 
 
 def _sorted_in(values: np.ndarray, wanted: np.ndarray) -> np.ndarray:

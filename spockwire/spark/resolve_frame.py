@@ -125,11 +125,13 @@ class Resolution:
 # ranks
 
 def _same_as_previous(col: Any) -> np.ndarray:
-    """Row i equals row i - 1 (NULL equals NULL), for rows 1..n-1."""
+    """Row i equals row i - 1 (NULL equals NULL, NaN equals NaN: one key, as in PostgreSQL), for rows 1..n-1."""
     n = len(col)
     a, b = col.slice(1, n - 1), col.slice(0, n - 1)
     eq = pc.fill_null(pc.equal(a, b), False)
     both = pc.and_(pc.is_null(a), pc.is_null(b))
+    if pa.types.is_floating(col.type):
+        both = pc.or_(both, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
     return np.asarray(pc.or_(eq, both).to_numpy(zero_copy_only=False), dtype=bool)
 
 
