@@ -12,7 +12,10 @@ to date. The others, and a batch adding columns, are merged by delta-rs.
 
 The new files are sorted by the key (one key column of a sortable type), so a later batch's key lookup prunes to
 the few files whose key range holds its keys, and carry the statistics Delta readers use for that (row count,
-null counts; min/max of integer, floating, boolean, string, date and timestamp columns).
+null counts; min/max of integer, floating, boolean, string, date and timestamp columns where JSON holds them
+exactly: a column holding NaN, an infinite float, or a date or timestamp outside years 1 to 9999 gets none). Such
+a column also leaves the table's statistics columns before the value is written (`stats_configuration`,
+`keep_stats_exact`), so that no writer, delta-rs's own included, writes bounds for it.
 """
 from __future__ import annotations
 
@@ -33,8 +36,9 @@ import pyarrow.parquet as pq
 
 from .arrow_target import keys_in, unify
 
-__all__ = ["FILE_COLUMN", "StoredFiles", "append_files", "arrow_schema", "file_sizes", "file_stats", "plain_type",
-           "rewritable", "rewrite_supported", "rewrite_files"]
+__all__ = ["FILE_COLUMN", "STATS_COLUMNS", "StoredFiles", "append_files", "arrow_schema", "exact_values",
+           "file_sizes", "file_stats", "keep_stats_exact", "plain_type", "rewritable", "rewrite_supported",
+           "rewrite_files", "stats_configuration"]
 
 #: the column giving each stored row's data file, by its index among the files read (a pyarrow dataset field)
 FILE_COLUMN = "__fragment_index"
@@ -257,7 +261,7 @@ def _local_root(dt: Any) -> str:
 
 def file_stats(table: pa.Table) -> str:
     """Delta statistics of a data file (JSON): numRecords, nullCount of every top-level column, minValues and
-    maxValues of the columns whose bounds are exact in JSON (timestamps: widened to whole milliseconds)."""
+    maxValues of the columns whose bounds JSON holds as Delta readers read them (see `_bounds`)."""
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
@@ -272,31 +276,213 @@ def file_stats(table: pa.Table) -> str:
         bounds = _bounds(col, t)
         if bounds is not None:
             mins[f.name], maxs[f.name] = bounds
+    # characters as they are: the log's reader decodes a JSON escape of a character beyond U+FFFF (a surrogate
+    # pair) to another character
     return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls},
-                      separators=(",", ":"))
+                      separators=(",", ":"), ensure_ascii=False)
+
+
+#: the first and the last day (since 1970) Delta's statistics can name: years 1 to 9999, as ``yyyy-MM-dd``
+_FIRST_DAY, _LAST_DAY = -719_162, 2_932_896
+_DAY_US = 86_400_000_000
+_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
+#: a string longer than this is bounded by its prefix in the statistics (as delta-rs's writer bounds it)
+STATS_STRING_PREFIX = 64
 
 
 def _bounds(col: Any, t: pa.DataType) -> tuple[Any, Any] | None:
+    """The min and max of a column (not all NULL) as its Delta statistics hold them, or None where they cannot be
+    written exactly: NaN and infinities (no JSON number), dates and timestamps outside years 1 to 9999 (±infinity
+    included), decimals, binary, naive timestamps. Timestamps are widened to whole milliseconds; a string longer
+    than STATS_STRING_PREFIX is bounded by its prefix (below it) and by the prefix with its last character raised
+    (above it, when one can be)."""
     if pa.types.is_floating(t):
-        if not pc.all(pc.is_finite(col)).as_py():     # NaN and infinities have no JSON number
+        if not pc.all(pc.is_finite(col)).as_py():
             return None
-    elif not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-              or pa.types.is_date32(t) or pa.types.is_timestamp(t)):
+    elif pa.types.is_date32(t):
+        lo, hi = _instants(col, t)
+        return (_day(lo), _day(hi)) if _in_years(lo, hi, t) else None
+    elif pa.types.is_timestamp(t):
+        if t.tz is None:
+            return None
+        lo, hi = _instants(col, t)
+        lo, hi = lo // 1000 * 1000, -(-hi // 1000) * 1000
+        return (_ts(lo), _ts(hi)) if _in_years(lo, hi, t) else None
+    elif not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
+              or pa.types.is_large_string(t)):
         return None
     mm = pc.min_max(col)
     lo, hi = mm["min"].as_py(), mm["max"].as_py()
-    if pa.types.is_date32(t):
-        return lo.isoformat(), hi.isoformat()
-    if pa.types.is_timestamp(t):
-        if t.tz is None or t.unit not in ("us", "ms", "s"):
-            return None
-        return _ts(lo, up=False), _ts(hi, up=True)
+    if isinstance(hi, str) and len(hi) > STATS_STRING_PREFIX:
+        hi = _above_prefix(hi[:STATS_STRING_PREFIX]) or hi
+    if isinstance(lo, str):
+        lo = lo[:STATS_STRING_PREFIX]
     return lo, hi
 
 
-def _ts(v: _dt.datetime, up: bool) -> str:
-    v = v.astimezone(_dt.timezone.utc)
-    ms = v.replace(microsecond=v.microsecond // 1000 * 1000)
-    if up and ms != v:
-        ms += _dt.timedelta(milliseconds=1)
-    return ms.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms.microsecond // 1000:03d}Z"
+def exact_values(col: Any) -> bool:
+    """Whether Delta's statistics and Python hold every value of a column exactly: no NaN or infinite float, no
+    date or timestamp outside years 1 to 9999 (±infinity is the largest or smallest day or microsecond count), in
+    the column or in the lists and structs it holds."""
+    t = col.type
+    if pa.types.is_floating(t):
+        return pc.all(pc.is_finite(col)).as_py() is not False
+    if pa.types.is_date32(t) or pa.types.is_timestamp(t):
+        return col.null_count == len(col) or _in_years(*_instants(col, t), t)
+    if not _holds_loose_type(t):
+        return True
+    if pa.types.is_struct(t):
+        return all(exact_values(pc.struct_field(col, [i])) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return exact_values(pc.map_keys(col)) and exact_values(pc.map_values(col))
+    return exact_values(pc.list_flatten(col))
+
+
+def _holds_loose_type(t: pa.DataType) -> bool:
+    """A type of values `exact_values` may refuse, or a list, struct or map holding one."""
+    if pa.types.is_floating(t) or pa.types.is_date(t) or pa.types.is_timestamp(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_holds_loose_type(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _holds_loose_type(t.key_type) or _holds_loose_type(t.item_type)
+    return pa.types.is_nested(t) and _holds_loose_type(t.value_type)
+
+
+def _instants(col: Any, t: pa.DataType) -> tuple[int, int]:
+    """The smallest and largest day (date32) or microsecond (timestamp; nanoseconds widened to whole
+    microseconds) since 1970 of a column that is not all NULL."""
+    mm = pc.min_max(col.cast(pa.int32() if pa.types.is_date32(t) else pa.int64())).as_py()
+    lo, hi = mm["min"], mm["max"]
+    if pa.types.is_timestamp(t):
+        if t.unit == "ns":
+            return lo // 1000, -(-hi // 1000)
+        per_us = {"s": 1_000_000, "ms": 1_000, "us": 1}[t.unit]
+        return lo * per_us, hi * per_us
+    return lo, hi
+
+
+def _in_years(lo: int, hi: int, t: pa.DataType) -> bool:
+    """Whether days (date32) or microseconds (timestamp) since 1970 from `lo` to `hi` lie in years 1 to 9999."""
+    if pa.types.is_date32(t):
+        return _FIRST_DAY <= lo and hi <= _LAST_DAY
+    return _FIRST_DAY * _DAY_US <= lo and hi < (_LAST_DAY + 1) * _DAY_US
+
+
+def _day(days: int) -> str:
+    """A date bound (days since 1970, years 1 to 9999) as Delta's statistics hold it."""
+    return _dt.date.fromordinal(days + _EPOCH_ORDINAL).isoformat()
+
+
+def _ts(micros: int) -> str:
+    """A timestamp bound (microseconds since 1970, years 1 to 9999) as Delta's statistics hold it, to the
+    millisecond."""
+    v = _dt.datetime(1970, 1, 1) + _dt.timedelta(microseconds=micros)
+    return f"{v.year:04d}-{v:%m-%dT%H:%M:%S}.{v.microsecond // 1000:03d}Z"
+
+
+def _above_prefix(prefix: str) -> str | None:
+    """The shortest string above every string starting with `prefix`: its last character that can be raised,
+    raised by one (None when none can)."""
+    for i in range(len(prefix) - 1, -1, -1):
+        code = ord(prefix[i]) + 1
+        if code <= 0x10FFFF:
+            return prefix[:i] + chr(0xE000 if 0xD800 <= code <= 0xDFFF else code)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the statistics columns
+
+#: the table property naming the columns whose statistics Delta writers keep and readers use
+STATS_COLUMNS = "delta.dataSkippingStatsColumns"
+_NUM_INDEXED = "delta.dataSkippingNumIndexedCols"
+
+
+def stats_configuration(rows: pa.Table) -> dict[str, str]:
+    """The statistics columns of a table created with `rows` (a table property): the columns `file_stats` bounds
+    exactly (numbers, booleans, strings, dates, timestamps with a time zone) and whose values in `rows` it can
+    bound. Only these get min/max statistics, from any writer: delta-rs's writers otherwise fail on ±infinity or
+    write bounds its readers reject (years outside 1 to 9999) or that are wrong (NaN left out), and delta-rs's
+    Arrow reader takes a file without a column's min/max as holding no value of it."""
+    return {STATS_COLUMNS: ",".join(_stats_name(f.name) for f in rows.schema
+                                    if _bounded_type(f.type) and exact_values(rows.column(f.name)))}
+
+
+def keep_stats_exact(dt: Any, rows: pa.Table) -> bool:
+    """Before `rows` are added to the table `dt`: its statistics columns holding a value of `rows` that no exact
+    min/max can bound (`exact_values`) leave its statistics (`stats_configuration`), in one commit that changes
+    only the table's properties; the columns whose type `file_stats` does not bound leave with them. True when it
+    committed."""
+    conf = dt.metadata().configuration or {}
+    schema = arrow_schema(dt.schema())
+    entries = _stats_entries(conf.get(STATS_COLUMNS)) if conf.get(STATS_COLUMNS) is not None else None
+    if entries is None:
+        limit = int(conf.get(_NUM_INDEXED) or 32)
+        first, leaves = [], 0
+        for f in schema:
+            if limit < 0 or leaves < limit:
+                first.append(f.name)
+            leaves += _leaves(f.type)
+        entries = [[name] for name in first]
+    drop = {e[0] for e in entries if e[0] in rows.column_names and not exact_values(rows.column(e[0]))}
+    if not drop:
+        return False
+    types = {f.name: f.type for f in schema}
+    kept = [e for e in entries if e[0] not in drop and (len(e) > 1 or _bounded_type(types.get(e[0], pa.null())))]
+    dt.alter.set_table_properties({STATS_COLUMNS: ",".join(".".join(_stats_name(p) for p in e) for e in kept)})
+    return True
+
+
+def _bounded_type(t: pa.DataType) -> bool:
+    """A type whose min/max `file_stats` writes."""
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t) or pa.types.is_date32(t) or pa.types.is_timestamp(t) and t.tz is not None)
+
+
+def _leaves(t: pa.DataType) -> int:
+    """The Parquet leaf columns of a column of type `t` (what delta.dataSkippingNumIndexedCols counts)."""
+    if pa.types.is_struct(t):
+        return sum(_leaves(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _leaves(t.key_type) + _leaves(t.item_type)
+    return _leaves(t.value_type) if pa.types.is_nested(t) else 1
+
+
+def _stats_name(name: str) -> str:
+    """A column name as delta.dataSkippingStatsColumns lists it: quoted with backticks unless a plain identifier."""
+    plain = name[:1].isascii() and (name[:1].isalpha() or name[:1] == "_") and \
+        all(c.isascii() and (c.isalnum() or c == "_") for c in name)
+    return name if plain else "`" + name.replace("`", "``") + "`"
+
+
+def _stats_entries(text: str) -> list[list[str]]:
+    """The entries of a delta.dataSkippingStatsColumns value, each the parts of a column path (backticks
+    unquoted)."""
+    entries: list[list[str]] = []
+    parts: list[str] = []
+    part, quoted, i = "", False, 0
+    while i < len(text):
+        c = text[i]
+        if quoted:
+            if c == "`" and text[i + 1:i + 2] == "`":
+                part += "`"
+                i += 1
+            elif c == "`":
+                quoted = False
+            else:
+                part += c
+        elif c == "`":
+            quoted = True
+        elif c in ".,":
+            parts.append(part.strip())
+            part = ""
+            if c == ",":
+                entries.append(parts)
+                parts = []
+        else:
+            part += c
+        i += 1
+    parts.append(part.strip())
+    entries.append(parts)
+    return [e for e in entries if e != [""]]

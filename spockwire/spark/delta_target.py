@@ -15,6 +15,7 @@ action (``txn``, as Spark's own Delta sink does); a batch whose version the tabl
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import time
 from typing import Any, Sequence
@@ -22,12 +23,14 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrow_target import COLLECTED, STATE_KIND, collected_position, keys_in, state_rows, truncate_positions, unify
-from .delta_rewrite import (FILE_COLUMN, StoredFiles, append_files, arrow_schema, file_sizes, plain_type,
-                            rewritable, rewrite_files, rewrite_supported)
+from .arrow_target import (COLLECTED, STATE_KIND, collected_position, key_values, keys_in, state_rows,
+                           truncate_positions, unify)
+from .delta_rewrite import (FILE_COLUMN, StoredFiles, append_files, arrow_schema, exact_values, file_sizes,
+                            keep_stats_exact, plain_type, rewritable, rewrite_files, rewrite_supported,
+                            stats_configuration)
 from .resolve import DELETE, OP, UPSERT, Plan, Resolution, Stored
 
-__all__ = ["DeltaTarget", "STATE_DIR", "deltalake_module", "open_delta"]
+__all__ = ["DeltaTarget", "STATE_DIR", "delta_dataset", "deltalake_module", "open_delta"]
 
 #: the directory, inside a Parquet or Delta target, holding its tombstones and truncates
 STATE_DIR = "_spockwire_state"
@@ -52,14 +55,47 @@ def open_delta(path: str) -> Any:
         return None
 
 
+def delta_dataset(dt: Any, predicate: Any = None) -> Any:
+    """The data files of `dt` (those its statistics leave for `predicate`: delta-rs's file pruning) as a pyarrow
+    dataset whose files carry their partition values only. deltalake attaches each file's min/max to it as a
+    guarantee that pyarrow simplifies filters with: where the statistics hold no bound for a column, the guarantee
+    (``column >= null``) makes pyarrow skip the file's rows for any filter on that column, and a string column
+    delta-rs wrote as string_view cannot be compared with it at all."""
+    import pyarrow.dataset as pds
+
+    ds = dt.to_pyarrow_dataset(file_pruning_predicate=predicate)
+    parts = _partition_expressions(dt) if dt.metadata().partition_columns else {}
+    frags = [ds.format.make_fragment(f.path, filesystem=ds.filesystem, partition_expression=parts.get(f.path))
+             for f in ds.get_fragments()]
+    return pds.FileSystemDataset(frags, ds.schema, ds.format, ds.filesystem)
+
+
+def _partition_expressions(dt: Any) -> dict[str, Any]:
+    """Each data file's partition values as a dataset expression (what the file's rows hold in those columns)."""
+    adds = pa.table(dt.get_add_actions(flatten=True))
+    types = {f.name: f.type for f in pa.schema(dt.schema().to_arrow())}
+    out: dict[str, Any] = {}
+    for i, path in enumerate(adds.column("path").to_pylist()):
+        expr = None
+        for c in dt.metadata().partition_columns:
+            value = adds.column(f"partition.{c}")[i]
+            e = pc.field(c).is_null() if not value.is_valid else pc.field(c) == value.cast(plain_type(types[c]))
+            expr = e if expr is None else expr & e
+        out[path] = expr
+    return out
+
+
 def _key_pruning(keys: Sequence[str], touched: pa.Table, max_in: int = 512) -> list | None:
     """delta-rs file pruning for the touched keys: per key column its range, and the values themselves when
-    few (files whose min/max statistics cannot hold any of them are not read)."""
+    few (files whose min/max statistics cannot hold any of them are not read). Not by a column holding a value
+    the filters cannot name (`_nameable`)."""
     if touched.num_rows == 0:
         return None
     filters: list = []
     for k in keys:
         col = touched.column(k)
+        if not _nameable(col):
+            continue
         mm = pc.min_max(col).as_py()
         lo, hi = mm["min"], mm["max"]
         if lo is None or not isinstance(lo, _PRUNABLE) or isinstance(lo, bool):
@@ -71,13 +107,29 @@ def _key_pruning(keys: Sequence[str], touched: pa.Table, max_in: int = 512) -> l
     return filters or None
 
 
+def _nameable(col: Any) -> bool:
+    """Whether delta-rs's file pruning names every value of a key column exactly: not NaN, an infinite float, a
+    date or timestamp outside years 1 to 9999 (±infinity included: no Python value; the files holding such values
+    have no bounds for the column anyway), not an empty string (a filter's value is written as a partition value,
+    where an empty string is NULL)."""
+    if not exact_values(col):
+        return False
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return not pc.any(pc.equal(col, "")).as_py()
+    return True
+
+
 def _key_filter(keys: Sequence[str], touched: pa.Table) -> Any:
+    """A dataset filter: the row's key is among the touched keys' values (per column; NaN matching NaN)."""
     expr = None
     for k in keys:
-        vals = touched.column(k).drop_null().unique()
+        vals = key_values(touched.column(k))
         if len(vals) == 0:
             continue
         e = pc.field(k).isin(vals)
+        if pa.types.is_floating(vals.type) and pc.any(pc.is_nan(vals)).as_py():
+            # Parquet's statistics leave NaN out: a value set of NaN alone would skip the row group holding it
+            e = e | pc.is_nan(pc.field(k))
         expr = e if expr is None else expr & e
     return expr
 
@@ -102,7 +154,7 @@ def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table, whole_files: bool
     import pyarrow.dataset as pds
 
     total = len(dt.file_uris())
-    ds = dt.to_pyarrow_dataset(file_pruning_predicate=_key_pruning(keys, touched))
+    ds = delta_dataset(dt, _key_pruning(keys, touched))
     files = len(ds.files)
     sizes = file_sizes(dt) if whole_files else {}
     whole_files = whole_files and set(ds.files) <= set(sizes)
@@ -117,7 +169,7 @@ def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table, whole_files: bool
         return found, files, total, _stored_files(rows, hit, ds.files, sizes) if whole_files else None
     expr = _key_filter(keys, touched)
     key_cols = list(keys) + ([FILE_COLUMN] if whole_files else [])
-    found = ds.to_table(columns=key_cols, filter=expr) if expr is not None else ds.to_table(columns=key_cols)
+    found = _scan(ds, key_cols, expr) if expr is not None else ds.to_table(columns=key_cols)
     if len(keys) > 1 and found.num_rows:
         found = found.join(unify(touched.select(list(keys)), found.select(list(keys)).schema), list(keys),
                            join_type="left semi")
@@ -131,10 +183,20 @@ def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table, whole_files: bool
         return whole.filter(pa.array(hit)).select(cols), files, total, _stored_files(whole, hit, sub.files, sizes)
     if found.num_rows == 0:
         return ds.schema.empty_table(), files, total, None
-    rows = ds.to_table(filter=_key_filter(keys, found))
+    rows = _scan(ds, cols, _key_filter(keys, found))
     if len(keys) > 1:
         rows = rows.join(unify(found, rows.select(list(keys)).schema), list(keys), join_type="left semi")
     return rows, files, total, None
+
+
+def _scan(ds: Any, columns: list[str], expr: Any) -> pa.Table:
+    """The rows of `ds` matching `expr`, in `columns` (which hold the columns `expr` reads). pyarrow cannot test a
+    filter on a string column against the Parquet statistics of a file that delta-rs's MERGE wrote the column in
+    as string_view: then the columns are read whole and filtered in memory."""
+    try:
+        return ds.to_table(columns=columns, filter=expr)
+    except pa.ArrowNotImplementedError:
+        return ds.to_table(columns=columns).filter(expr)
 
 
 def _stored_files(rows: pa.Table, hit: Any, names: Sequence[str], sizes: dict[str, int]) -> StoredFiles:
@@ -157,6 +219,8 @@ def _sql_literal(v: Any) -> str:
 
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, float) and not math.isfinite(v):
+        return f"CAST('{'NaN' if math.isnan(v) else 'Infinity' if v > 0 else '-Infinity'}' AS DOUBLE)"
     if isinstance(v, (int, float, decimal.Decimal)):
         return str(v)
     if isinstance(v, _dt.datetime):
@@ -217,7 +281,7 @@ class DeltaTarget:
         truncates: list = []
         collected = None
         if self.state is not None:
-            ds = self.state.to_pyarrow_dataset()
+            ds = delta_dataset(self.state)
             marks = ds.to_table(filter=pc.field(STATE_KIND).isin(["truncate", COLLECTED]))
             truncates = truncate_positions(marks, plan)
             collected = collected_position(marks, plan)
@@ -255,6 +319,8 @@ class DeltaTarget:
                 self._truncate(pos, ts)
         deletes = pc.equal(rows.column(OP), DELETE)
         written = rows.filter(pc.invert(deletes)) if pc.any(deletes).as_py() else rows
+        if self.dt is not None:
+            keep_stats_exact(self.dt, rows.select([c for c in cols if c in rows.column_names]))
         if self.dt is None or append_only:
             # the target holds none of the keys: their rows are appended, no file read or rewritten
             if written.num_rows and self._append(written.select(cols), commit):
@@ -262,10 +328,11 @@ class DeltaTarget:
                 metrics.appended = written.num_rows
                 return
             if written.num_rows or self.dt is None or commit is not None:
-                created = {"configuration": {"delta.targetFileSize": str(TARGET_FILE_BYTES)}} if self.dt is None else {}
-                dl.write_deltalake(self.dt if self.dt is not None else self.path, written.select(cols),
-                                   mode="append", schema_mode="merge", commit_properties=commit,
-                                   target_file_size=TARGET_FILE_BYTES, **created)
+                new = written.select(cols)
+                created = {"configuration": self._created(new)} if self.dt is None else {}
+                dl.write_deltalake(self.dt if self.dt is not None else self.path, new, mode="append",
+                                   schema_mode="merge", commit_properties=commit, target_file_size=TARGET_FILE_BYTES,
+                                   **created)
                 metrics.commits += 1
                 metrics.appended = written.num_rows
             return
@@ -293,8 +360,13 @@ class DeltaTarget:
         the key; False when delta-rs's writer must add them instead."""
         if not (rewritable(self.dt) if self.dt is not None else rewrite_supported()):
             return False
-        created = {"delta.targetFileSize": str(TARGET_FILE_BYTES)} if self.dt is None else None
+        created = self._created(rows) if self.dt is None else None
         return append_files(self.path, self.dt, rows, self.plan.keys, target_file_size(self.dt), commit, created)
+
+    @staticmethod
+    def _created(rows: pa.Table) -> dict[str, str]:
+        """The properties of a table created with `rows`: its file size, its statistics columns."""
+        return {"delta.targetFileSize": str(TARGET_FILE_BYTES), **stats_configuration(rows)}
 
     def _rewrite(self, res: Resolution, written: pa.Table, cols: list[str], commit: Any, metrics: Any) -> bool:
         """The batch's rows by rewriting the files holding its keys (delta_rewrite.py), when the table allows it
@@ -336,6 +408,9 @@ class DeltaTarget:
             return
         # appended: a key's latest tombstone is the one that counts (resolve takes the latest), so no merge reads
         # or rewrites the state's files
-        dl.write_deltalake(self.state if self.state is not None else self.state_path, rows, mode="append")
         if self.state is None:
+            dl.write_deltalake(self.state_path, rows, mode="append", configuration=stats_configuration(rows))
             self.state = open_delta(self.state_path)
+        else:
+            keep_stats_exact(self.state, rows)
+            dl.write_deltalake(self.state, rows, mode="append")

@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrow_target import COLLECTED, STATE_KIND, collected_position, collected_state, unify
-from .delta_rewrite import plain_type
-from .delta_target import STATE_DIR, TARGET_FILE_BYTES, _q, open_delta, sql_pos_cmp
+from .delta_rewrite import keep_stats_exact, plain_type
+from .delta_target import STATE_DIR, TARGET_FILE_BYTES, _q, delta_dataset, open_delta, sql_pos_cmp
 from .resolve import DEFAULT_SEQUENCE, _sk
 
 __all__ = ["collect_state", "optimize", "vacuum", "file_stats", "FileStats", "Maintenance", "MaintenanceOptions",
@@ -80,7 +80,7 @@ def _collect_delta(target: str, before: tuple, seq: list[str]) -> int:
     state = open_delta(os.path.join(target, STATE_DIR))
     if state is None:
         return 0
-    ds = state.to_pyarrow_dataset()
+    ds = delta_dataset(state)
     forgettable = pc.field(STATE_KIND).isin(_FORGETTABLE)
     count = ds.count_rows(filter=forgettable & _before_expr(seq, before))
     if count == 0:
@@ -93,6 +93,7 @@ def _collect_delta(target: str, before: tuple, seq: list[str]) -> int:
     kinds = ", ".join(f"'{k}'" for k in _FORGETTABLE)
     predicate = (f"{_q(STATE_KIND)} = '{COLLECTED}' OR ({_q(STATE_KIND)} IN ({kinds}) AND "
                  f"{sql_pos_cmp(seq, before, '<')})")
+    keep_stats_exact(state, mark)
     # one commit: the forgotten rows and the earlier mark out, the new mark in
     deltalake_module().write_deltalake(state, mark, mode="overwrite", predicate=predicate)
     return count
