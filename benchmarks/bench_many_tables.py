@@ -41,7 +41,9 @@ of a table is in the first micro-batch after which the job reported at least as 
 transactions 0..i changed (pgbench's by pgbench_accounts, one row each, in the order they ended); p50/p95/max over
 the changes (a pgbench transaction counts 3, a writer's its rows). Also: pgbench's own tps, the writer's achieved
 rate, the peak RSS of the job's processes over the run (and by the end of the snapshot), the re-read's micro-batch,
-where the micro-batches' time went (the job's per-table timings, ``SPOCKWIRE_JOB_TIMINGS``), the load average.
+where the micro-batches' time went (the job's per-table timings, ``SPOCKWIRE_JOB_TIMINGS``, and its maintenance
+seconds), the load average, and the CPU that processes outside the benchmark used meanwhile (other work on a shared
+machine: ``OtherWork``).
 
 Target: commit-to-Delta lag p95 <= 2 s over the run, on this 2-core machine with PostgreSQL and pgbench on it.
 ``extra_info["many_tables"]`` holds it all; benchmarks/runs.py keeps the run as many_tables_run.json,
@@ -258,6 +260,8 @@ class OtherWork:
         self.roots = {os.getpid()} | ({server_pid} if server_pid else set())
         self.last: dict[int, tuple[int, float]] | None = None
         self.seconds = 0.0
+        self.at = 0.0
+        self.series: list[tuple[float, float]] = []      # (time, cores the others used since the last sample)
 
     def sample(self) -> None:
         procs = _processes()
@@ -267,10 +271,13 @@ class OtherWork:
             more = {pid for pid, (pp, _c) in procs.items() if pp in ours} - ours
             ours |= more
             grew = bool(more)
+        now = time.time()
         if self.last is not None:
-            self.seconds += sum(max(0.0, cpu - self.last[pid][1]) for pid, (_pp, cpu) in procs.items()
-                                if pid not in ours and pid in self.last)
-        self.last = procs
+            used = sum(max(0.0, cpu - self.last[pid][1]) for pid, (_pp, cpu) in procs.items()
+                       if pid not in ours and pid in self.last)
+            self.seconds += used
+            self.series.append((now, used / max(now - self.at, 1e-3)))
+        self.last, self.at = procs, now
 
 
 def _source_state() -> dict[str, Any]:
@@ -480,6 +487,7 @@ def test_many_tables_under_pgbench(benchmark, many, monkeypatch):
             "timings": dict(_timings(job.log, sum(1 for _s, r in job.lines[:start_idx] if "batch" in r), len(batches)),
                             maintenance_s=round(maintained, 3)), "loadavg": loads, "job": job.reported(),
             "other_cpu_s": other.seconds,
+            "other_cores": [[round(t - t_start, 1), round(c, 2)] for t, c in other.series],
         })
 
     benchmark.pedantic(run, rounds=1, iterations=1)
@@ -504,7 +512,7 @@ def test_many_tables_under_pgbench(benchmark, many, monkeypatch):
             reread=r["reread"], peak_rss_bytes=r["peak_rss"], peak_pss_bytes=r["peak_pss"],
             snapshot_peak_rss_bytes=r["snapshot_peak_rss"], snapshot_s=round(r["snapshot_s"], 3),
             snapshot_batches=r["snapshot_batches"], timings=r["timings"], loadavg=r["loadavg"], job=r["job"],
-            other_cpu_s=round(r["other_cpu_s"], 1),
+            other_cpu_s=round(r["other_cpu_s"], 1), other_cores=r["other_cores"],
             tables=len(PGBENCH_TABLES) + TABLES, small_tables=TABLES, small_rows=SMALL_ROWS,
             accounts_rows=initial["pgbench_accounts"], server_version=pl.server_version,
             load_s=round(pl.load_s, 3), seconds=r["lag_p95"], source=_source_state())
