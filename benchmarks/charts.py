@@ -297,6 +297,15 @@ def many_tables(run: dict | None, out: Path) -> Path | None:
                                                                                     for *_, r in series],
                edgecolor="white", linewidth=0.6)
     bottom.set_ylabel("micro-batch (s)")
+    others = info.get("other_cores") or []
+    if others:
+        # other work on the machine (processes outside the benchmark): cores it used between samples
+        share = bottom.twinx()
+        share.plot([x for x, _ in others], [c for _, c in others], color="#57606a", linewidth=1.2,
+                   drawstyle="steps-pre")
+        share.set_ylim(0, 2)
+        share.set_ylabel("other processes (cores, line)", color="#57606a")
+        share.spines["right"].set_visible(True)
     bottom.set_title("each micro-batch, from its read to its Delta commits (red: the re-read's)", loc="left",
                      fontsize=8, fontweight="normal")
     bottom.set_xlabel("seconds since pgbench started (shaded: the writers stopped, the job catching up)")
