@@ -336,3 +336,36 @@ def test_kill_9_around_rereads_then_delta_equals_source(pg_db, tmp_path):
     cfg = JobConfig(dsn=pg_db.dsn, slot="", publication=["pub"], tables={}, target=str(tmp_path / "delta"),
                     checkpoint="")
     _assert_equal(pg_db, cfg, "t", "after the kills")
+
+
+@pytest.mark.parametrize("scd", [1, 2])
+def test_a_reread_lands_values_no_statistic_can_bound(tmp_path, scd):
+    """A re-read holding ±infinity dates and NaN replaces a table written before (statistics kept exact: delta-rs
+    would otherwise fail on the infinite date) and reads back exactly."""
+    import math
+
+    from spockwire.spark import schema_changes as sc
+    from spockwire.spark.apply import apply_changes
+    from spockwire.spark.delta_target import open_delta
+
+    path = str(tmp_path / "t")
+    a = [["id", 23, -1, True], ["d", 1082, -1, False]]
+    b = [["id", 23, -1, True], ["d", 1082, -1, False], ["f", 701, -1, False]]
+    days = pa.array([-2147483648, 2147483647, 0], pa.int32()).cast(pa.date32())
+    snap = _run(b, 500, id=[1, 2, 3], d=days, f=pa.array([float("nan"), float("inf"), 1.5]))
+
+    def apply(*args, **kw):
+        return apply_changes(*args, format="delta", engine="delta-rs", **kw)
+
+    sc.apply_shaped(path, [_run(a, 10, id=[1], d=pa.array([5], pa.int32()).cast(pa.date32()))], ["id"], scd,
+                    ("app", 1), lambda t: None, "public.t", apply)
+    done = sc.apply_shaped(path, [_run(b, 20, id=[1], d=days.slice(0, 1), f=[0.5])], ["id"], scd, ("app", 2),
+                           lambda t: sc.TableSnapshot(t, 500, snap, b), "public.t", apply)
+    assert done.reread_lsn == 500
+    got = open_delta(path).to_pyarrow_table()
+    if scd == 2:
+        got = got.filter(pa.compute.is_null(got.column("_end_commit_lsn")))
+    rows = sorted(zip(got.column("id").to_pylist(), got.column("d").cast(pa.int32()).to_pylist(),
+                      got.column("f").to_pylist()))
+    assert [r[:2] for r in rows] == [(1, -2147483648), (2, 2147483647), (3, 0)]
+    assert math.isnan(rows[0][2]) and rows[1][2] == float("inf") and rows[2][2] == 1.5

@@ -400,7 +400,7 @@ def _snapshot_starts(path: str, dt: Any, run: pa.Table, scd: int) -> Any:
     schema = arrow_schema_of(dt)
     book = [f for f in schema if f.name not in _table_names(dt, scd)]
     empty = pa.schema([f for f in _value_fields(run.schema)] + book).empty_table()
-    deltalake_module().write_deltalake(path, empty, mode="overwrite", schema_mode="overwrite")
+    overwrite(path, dt, empty)
     return open_delta(path)
 
 
@@ -408,6 +408,30 @@ def arrow_schema_of(dt: Any) -> pa.Schema:
     from .delta_rewrite import arrow_schema
 
     return arrow_schema(dt.schema())
+
+
+def overwrite(path: str, dt: Any, rows: pa.Table, commit: Any = None) -> None:
+    """Replace the Delta table's rows and schema by `rows` in one commit (`commit`: its properties), keeping its
+    statistics exact (delta_rewrite.stats_configuration): before the commit only the columns the table has and
+    `rows` can bound keep statistics, after it every column of `rows` that can be bounded has them (a table
+    property commit each, when they change)."""
+    from .delta_rewrite import STATS_COLUMNS, stats_configuration
+    from .delta_target import TARGET_FILE_BYTES, deltalake_module, open_delta
+
+    dl = deltalake_module()
+    conf = stats_configuration(rows)
+    if dt is None:
+        dl.write_deltalake(path, rows, mode="overwrite", commit_properties=commit,
+                           configuration={"delta.targetFileSize": str(TARGET_FILE_BYTES), **conf})
+        return
+    have = set(pa.schema(dt.schema().to_arrow()).names)
+    wanted = [c for c in conf[STATS_COLUMNS].split(",") if c]
+    before = ",".join(c for c in wanted if c.strip("`") in have)
+    if (dt.metadata().configuration or {}).get(STATS_COLUMNS) != before:
+        dt.alter.set_table_properties({STATS_COLUMNS: before})
+    dl.write_deltalake(path, rows, mode="overwrite", schema_mode="overwrite", commit_properties=commit)
+    if before != conf[STATS_COLUMNS]:
+        open_delta(path).alter.set_table_properties({STATS_COLUMNS: conf[STATS_COLUMNS]})
 
 
 def _from_snapshot(run: pa.Table) -> bool:
@@ -504,7 +528,7 @@ def _evolve(path: str, dt: Any, step: tuple, scd: int, fields: Callable[[list], 
             table = table.set_column(i, f, pc.cast(table.column(i), f.type, safe=True))
     from .delta_target import deltalake_module
 
-    deltalake_module().write_deltalake(path, table, mode="overwrite", schema_mode="overwrite")
+    overwrite(path, dt, table)
 
 
 def _add_columns(dt: Any, fields: list[pa.Field]) -> None:
@@ -564,7 +588,7 @@ def _turn_to_text(path: str, dt: Any, names: Sequence[str]) -> None:
     from .delta_target import deltalake_module
 
     rows = _as_text(dt.to_pyarrow_table(), names)
-    deltalake_module().write_deltalake(path, rows, mode="overwrite", schema_mode="overwrite")
+    overwrite(path, dt, rows)
 
 
 def _write_reread(path: str, snap: TableSnapshot, keys: Sequence[str], scd: int, token: tuple[str, int] | None
@@ -593,8 +617,7 @@ def _write_reread(path: str, snap: TableSnapshot, keys: Sequence[str], scd: int,
     txns = [dl.Transaction(REREAD_APP, snap.lsn)]
     if token is not None:
         txns.append(dl.Transaction(token[0], token[1]))
-    dl.write_deltalake(path, new, mode="overwrite", schema_mode="overwrite",
-                       commit_properties=dl.CommitProperties(app_transactions=txns))
+    overwrite(path, open_delta(path), new, dl.CommitProperties(app_transactions=txns))
 
 
 def _with_history(dt: Any, new: pa.Table, plan: Any, snap: TableSnapshot) -> pa.Table:
