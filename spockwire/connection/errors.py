@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from ..errors import SpockwireError
 
-__all__ = ["ReplicationError", "StartupRejected", "ConnectionLost", "ServerError", "RETRYABLE_SQLSTATE_CLASSES"]
+__all__ = ["ReplicationError", "StartupRejected", "ConnectionLost", "ServerError", "PluginNotAllowed",
+           "plugin_not_allowed", "RETRYABLE_SQLSTATE_CLASSES"]
 
 #: SQLSTATE classes after which reconnecting makes sense: 08 connection exception, 57 operator intervention
 #: (admin/crash shutdown, cannot connect now), 53 insufficient resources (too many connections).
@@ -49,3 +50,22 @@ def classify(message: str, sqlstate: str | None) -> ReplicationError:
     if sqlstate is None or sqlstate[:2] in RETRYABLE_SQLSTATE_CLASSES:
         return ConnectionLost(message, sqlstate=sqlstate)
     return ServerError(f"{message} (SQLSTATE {sqlstate})", sqlstate=sqlstate)
+
+
+class PluginNotAllowed(ServerError):
+    """The server's ``output_plugin_libraries`` setting (Debian's PostgreSQL 15.19+, PostgreSQL 18.6+) does not list
+    the output plugin a slot needs."""
+
+
+def plugin_not_allowed(exc: BaseException, library: str, allowed: str | None = None) -> PluginNotAllowed | None:
+    """The one-line error for a server that refused `library` as an output plugin (`exc`, the server's error:
+    SQLSTATE 42501 "may not be used as an output plugin"), naming the setting and the line to add; None for any
+    other error. `allowed`: the setting's value, when it could be read."""
+    text = str(exc)
+    if getattr(exc, "pgcode", None) != "42501" or "may not be used as an output plugin" not in text:
+        return None
+    listed = [p.strip() for p in (allowed or "").split(",") if p.strip()]
+    line = ", ".join(listed + [library]) if listed else f"pgoutput, {library}" if library != "pgoutput" else library
+    return PluginNotAllowed(f"the server does not allow the output plugin {library!r}: add it to its "
+                            f"output_plugin_libraries setting (postgresql.conf: output_plugin_libraries = '{line}') "
+                            "and reload the server", sqlstate="42501")

@@ -128,12 +128,39 @@ def create_slot(conn_or_dsn: Any, slot: str, plugin: str = "pgoutput", *, two_ph
                 raise ValueError(f"replication slot {slot!r} exists with plugin {existing.plugin!r}, "
                                  f"not {library!r}")
             return existing
-        with conn.cursor() as cur:
+        with create_slot_errors(conn, library), conn.cursor() as cur:
             cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, %s, %s)",
                         (slot, library, temporary, two_phase))
         info = slot_info(conn, slot)
         assert info is not None
         return info
+
+
+@contextmanager
+def create_slot_errors(conn: Any, library: str) -> Iterator[None]:
+    """Creating a slot over `conn`: a server whose output_plugin_libraries leaves `library` out is a one-line
+    PluginNotAllowed naming the setting and the line to add (errors.plugin_not_allowed)."""
+    from .errors import plugin_not_allowed
+
+    try:
+        yield
+    except Exception as exc:
+        refused = plugin_not_allowed(exc, library, _setting(conn, "output_plugin_libraries"))
+        if refused is None:
+            raise
+        raise refused from None
+
+
+def _setting(conn: Any, name: str) -> str | None:
+    """A server setting's value read after a failed statement (None when it cannot be read)."""
+    try:
+        conn.rollback()
+        with conn.cursor() as cur:
+            cur.execute("SELECT setting FROM pg_settings WHERE name = %s", (name,))
+            row = cur.fetchone()
+        return None if row is None else row[0]
+    except Exception:
+        return None
 
 
 def drop_slot(conn_or_dsn: Any, slot: str, *, if_exists: bool = True) -> bool:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
+from ..connection.errors import plugin_not_allowed
 from ..connection.session import pinned_kwargs
 from ..connection.slots import SLOT_PLUGIN, format_lsn, parse_lsn
 from ..errors import SpockwireError
@@ -129,6 +130,9 @@ def create_slot_with_snapshot(dsn: str, slot: str, plugin: str = "pgoutput", *, 
         taken_at = _dt.datetime.now(_dt.timezone.utc)
     except psycopg2.Error as exc:
         conn.close()
+        refused = plugin_not_allowed(exc, library)
+        if refused is not None:
+            raise refused from None
         raise SnapshotError(f"cannot create slot {slot!r} with an exported snapshot: {str(exc).strip()}") from exc
     except BaseException:
         conn.close()

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from ..connection.ddl_capture import PREFIX as DDL_PREFIX, parse_message
 from ..connection.errors import ConnectionLost
 from ..connection.options import native_options, pgoutput_options, plugin_protocol
-from ..connection.slots import SLOT_PLUGIN, format_lsn, parse_lsn
+from ..connection.slots import SLOT_PLUGIN, create_slot_errors, format_lsn, parse_lsn
 from ..connection.stream import load_pump
 from ..errors import SpockwireError
 from ..model import ChangeBatch, LogicalMessage, Truncate, epoch_micros
@@ -331,9 +331,10 @@ def ensure_slot(spec: SlotSpec) -> int:
     with _connect(spec.conninfo) as conn, conn.cursor() as cur:
         pos = slot_position(cur, spec.slot)
         if pos is None:
-            cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)",
-                        (spec.slot, SLOT_PLUGIN.get(spec.plugin, spec.plugin)))
-            return parse_lsn(cur.fetchone()[0])
+            library = SLOT_PLUGIN.get(spec.plugin, spec.plugin)
+            with create_slot_errors(conn, library):
+                cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)", (spec.slot, library))
+                return parse_lsn(cur.fetchone()[0])
         return _require_slot(cur, spec)
 
 
