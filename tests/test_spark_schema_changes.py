@@ -321,17 +321,32 @@ def test_kill_9_around_rereads_then_delta_equals_source(pg_db, tmp_path):
     pg_db.execute("CREATE PUBLICATION pub FOR TABLE t")
     migrations = ["ALTER TABLE t ADD COLUMN extra text DEFAULT 'x'", "ALTER TABLE t RENAME COLUMN s TO label",
                   "ALTER TABLE t ALTER COLUMN v TYPE bigint"]
+    def log() -> str:
+        return (tmp_path / "job.log").read_text()[-3000:]
+
+    def spark_did_not_start(job) -> bool:
+        # on a loaded machine Spark can fail to start its Python worker in time (the job then exits 1 before its
+        # first micro-batch): starting it again is what a user does, and the point of this test
+        return job.proc.poll() not in (None, 0) and "failed to connect back" in log()
+
     for i, sql in enumerate(migrations):
-        job = Job(pg_db, tmp_path, [], tables={})
-        assert job.wait_for("batch", 300), (tmp_path / "job.log").read_text()[-3000:]
+        for _ in range(3):
+            job = Job(pg_db, tmp_path, [], tables={})
+            if job.wait_for("batch", 300) or not spark_did_not_start(job):
+                break
+        assert job.wait_for("batch", 1), log()
         pg_db.execute(sql)
         pg_db.execute(f"UPDATE t SET v = v + 1 WHERE id % 97 = {i}")
         pg_db.execute(f"INSERT INTO t (id, v) VALUES ({100000 + i}, {i})")
         time.sleep(rng.uniform(0.5, 3.0))      # before, during or after the re-read
         job.kill_group()
     pg_db.execute("UPDATE t SET v = 0 WHERE id = 1")
-    final = Job(pg_db, tmp_path, ["--until-caught-up", "--timeout", "600"], tables={})
-    assert final.proc.wait(700) == 0, (tmp_path / "job.log").read_text()[-3000:]
+    for _ in range(3):
+        final = Job(pg_db, tmp_path, ["--until-caught-up", "--timeout", "600"], tables={})
+        final.proc.wait(700)
+        if not spark_did_not_start(final):
+            break
+    assert final.proc.wait(1) == 0, log()
     final.reader.join(10)
     cfg = JobConfig(dsn=pg_db.dsn, slot="", publication=["pub"], tables={}, target=str(tmp_path / "delta"),
                     checkpoint="")
