@@ -119,6 +119,8 @@ class ApplyMetrics:
     fresh_keys: int = 0            #: keys resolved by the vectorised passes
     sequential_keys: int = 0       #: keys resolved one at a time (late changes, TOAST values across key changes)
     skipped: bool = False          #: the target already held this batch (its idempotence token)
+    unapplied: int = 0             #: a table without a key: updates and deletes that came without the old row
+    unmatched: int = 0             #: a table without a key: old rows that equal no row the table holds
     seconds: dict = field(default_factory=dict)  #: Delta through delta-rs: seconds per step (stored, resolve, write)
 
 
@@ -139,7 +141,9 @@ def apply_changes(changes: "DataFrame | pa.Table", target: "str | DataFrame | No
       `deltalake` package (only the files that may hold the batch's keys are read); ``engine="spark"`` merges
       through delta-spark (needs its jars in the session); ``auto`` picks delta-spark when the session has it.
 
-    `keys`: the key columns (default: the replica-identity columns the ``spockwire`` source marks).
+    `keys`: the key columns (default: the replica-identity columns the ``spockwire`` source marks); an empty list:
+    the table has no key, and its changes are applied as a bag of rows (Delta through delta-rs only; see
+    :mod:`spockwire.spark.keyless`).
     `sequence_by`: the columns ordering changes (default ``("_commit_lsn", "_seq")``).
     `stored_as_scd_type`: 1 -- the latest version per key, plus its sequence columns; 2 -- every version with
     ``_start_*`` / ``_end_*`` validity columns (see :func:`scd2_columns`).
@@ -151,6 +155,8 @@ def apply_changes(changes: "DataFrame | pa.Table", target: "str | DataFrame | No
     Path targets return :class:`ApplyMetrics`.
     """
     spark = None if isinstance(changes, pa.Table) else changes.sparkSession
+    if keys is not None and not list(keys):
+        return _apply_keyless(changes, target, format, engine, sequence_by, stored_as_scd_type, idempotence)
     found_keys = list(keys) if keys else key_columns(changes)
     values = value_columns(changes)
     columns = changes.column_names if isinstance(changes, pa.Table) else changes.columns
@@ -190,6 +196,21 @@ def apply_to_dataframe(changes: "DataFrame", target: "DataFrame | None" = None,
     """The table after `changes`, starting from `target` (None: an empty table): ``apply_changes`` with
     ``format="memory"``."""
     return apply_changes(changes, target, format="memory", keys=keys, **options)  # type: ignore[return-value]
+
+
+def _apply_keyless(changes: "DataFrame | pa.Table", target: Any, format: str, engine: str,
+                   sequence_by: Sequence[str] | str, scd: int, idempotence: tuple[str, int] | None) -> ApplyMetrics:
+    """A table without a key (``keys=[]``): its changes applied to Delta through delta-rs as a bag of rows."""
+    from .keyless import apply_keyless, keyless_plan
+
+    if format != "delta" or engine not in ("auto", "delta-rs", "deltalake") or not isinstance(target, str):
+        raise ValueError("a table without a key (keys=[]) is applied to a Delta table path through delta-rs only "
+                         "(format='delta', engine='delta-rs')")
+    columns = changes.column_names if isinstance(changes, pa.Table) else changes.columns
+    plan = keyless_plan(columns, sequence_by, scd, value_columns(changes))
+    metrics = ApplyMetrics()
+    apply_keyless(_arrow(changes), target, plan, idempotence, metrics)
+    return metrics
 
 
 def _arrow(changes: "DataFrame | pa.Table") -> pa.Table:

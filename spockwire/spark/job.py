@@ -45,8 +45,8 @@ __all__ = ["JobConfig", "BatchReport", "JobError", "spark_session", "LOCAL_DRIVE
 
 
 class JobError(SpockwireError, ValueError):
-    """The job cannot start or go on: a table without a key, a password in the dsn, the database refusing the
-    connection, the streaming query failing."""
+    """The job cannot start or go on: a password in the dsn, the database refusing the connection, the streaming
+    query failing."""
 
 
 @dataclass
@@ -93,6 +93,8 @@ class BatchReport:
     maintenance: dict[str, dict] = field(default_factory=dict)   # per Delta table: maintenance.Maintenance's report
     deferred: bool = False           # written while Spark read the next micro-batch (a snapshot's: DeferredWrites)
     reread: dict[str, str] = field(default_factory=dict)   # tables read again (schema change) -> at this LSN
+    # tables without a key -> their updates and deletes not applied (no old row sent, or none stored equal to it)
+    unapplied: dict[str, int] = field(default_factory=dict)
 
 
 def staging_path(cfg: JobConfig) -> str:
@@ -108,7 +110,7 @@ def report_line(b: BatchReport) -> dict:
     return {"batch": b.batch_id, "rows": b.rows, "snapshot_rows": b.snapshot_rows, "seconds": r(b.seconds),
             "read_seconds": r(b.read_seconds), "lag_p50": r(b.lag_p50), "lag_p95": r(b.lag_p95),
             **({"maintenance": b.maintenance} if b.maintenance else {}), **({"deferred": True} if b.deferred else {}),
-            **({"reread": b.reread} if b.reread else {})}
+            **({"reread": b.reread} if b.reread else {}), **({"unapplied": b.unapplied} if b.unapplied else {})}
 
 
 #: the driver JVM of a local session compiles with its quick compiler only (C1): on a few cores the optimizing
@@ -228,6 +230,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
     kinds = (False, True) if cfg.history else (False,)
     tables = list(cfg.tables)            # grows as tables join the publications (cfg.follow)
     publication = PublicationWatch(cfg) if cfg.follow else None
+    diverged: set[str] = set()           # tables without a key said to differ from their source (keyless.divergence)
 
     def targets() -> list[tuple[str, bool]]:
         return [(t, h) for t in tables for h in kinds]
@@ -260,6 +263,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
         maintained: dict[str, dict] = {}
         reread = Reread(spec)            # schema_changes.py: a table described with other columns is read again
         reread_at: dict[str, str] = {}
+        unapplied: dict[str, int] = {}
 
         def read(table: str) -> Any:
             t1 = time.monotonic()
@@ -285,6 +289,8 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
             timings[name] = time.monotonic() - t1
             for m in done.metrics:
                 timings.update({f"{name}.{k}": v for k, v in m.seconds.items()})
+            if not history:
+                _unapplied(table, done.metrics, unapplied, diverged)
             if done.reread_lsn is not None and table not in reread_at:
                 reread_at[table] = format_lsn(done.reread_lsn)
                 print(f"spockwire: {table} was described with other columns upstream: read again at "
@@ -304,15 +310,9 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
             seen = publication.check(tables)[0] if not batch.from_snapshot else []
             seen += [t for t in (batch.files or {}) if t not in tables and t not in seen and publication.takes(t)]
             for table in seen:
-                if table in publication.refused:
-                    continue
-                key = publication.keys(table)
-                if key:
-                    tables.append(table)
-                    keys[table] = key
-                    joined.append(table)
-                else:
-                    publication.keyless(table)
+                tables.append(table)
+                keys[table] = publication.keys(table)
+                joined.append(table)
         with ThreadPoolExecutor(max_workers=min(4, len(targets()))) as pool:
             changes = dict(zip(tables, pool.map(read, tables)))
             for done in [pool.submit(one, t, changes[t], h) for t, h in targets()
@@ -328,7 +328,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
             on_batch(BatchReport(batch_id, {t: int(batch.rows.get(t, 0)) for t in tables},
                                  time.monotonic() - t0, batch.last_lsn, sum(batch.snapshot.values()),
                                  {t: batch.snapshot.get(t, 0) for t in tables}, lag[0], lag[1],
-                                 timings["read"], maintained, behind, dict(reread_at)))
+                                 timings["read"], maintained, behind, dict(reread_at), dict(unapplied)))
 
     run.drain = deferred.wait  # type: ignore[attr-defined]   # StopGate.finish: the deferred writes end first
     return run
@@ -346,7 +346,6 @@ class PublicationWatch:
         self.cfg = cfg
         self.conn = ReusedConnection(conninfo(cfg))
         self.gone: set[str] = set()
-        self.refused: set[str] = set()
 
     def takes(self, table: str) -> bool:
         return _matches(table, self.cfg.patterns or ["*"]) and not _matches(table, self.cfg.exclude)
@@ -367,17 +366,10 @@ class PublicationWatch:
         self.gone -= set(now)
         return joined, left
 
-    def keyless(self, table: str) -> None:
-        """A joining table without a key is not landed; the job says so once."""
-        if table not in self.refused:
-            self.refused.add(table)
-            print(f"spockwire: {table} joined the publication {','.join(self.cfg.publication)} but has no key (no "
-                  f"primary key or replica identity index): it is not landed; give one with --table {table}=COLUMN",
-                  file=sys.stderr, flush=True)
-
     def keys(self, table: str) -> list[str]:
-        """A joining table's key: the job's named key for it, else its replica identity (none: an empty list)."""
-        from .schema import read_table_relation
+        """A joining table's key: the job's named key for it, else the one keyless.table_key finds (none: an empty
+        list, the table lands as a bag of rows)."""
+        from .keyless import table_key
 
         named = self.cfg.tables.get(table)
         if named:
@@ -385,7 +377,7 @@ class PublicationWatch:
 
         def look(conn: Any) -> list[str]:
             with conn.cursor() as cur:
-                return [c.name for c in read_table_relation(cur, table).columns if c.is_key]
+                return table_key(cur, table)
 
         return self.conn.run(look)
 
@@ -545,9 +537,11 @@ def _lag(times: list[Any], now: float) -> tuple[float | None, float | None]:
 
 
 def table_keys(cfg: JobConfig) -> dict[str, list[str]]:
-    """Each table's key columns: the job's ``--table NAME=KEY``, else the table's replica identity read from the
-    server. A table with neither is an error here, before the query starts."""
-    from .schema import read_table_relation
+    """Each table's key columns: the job's ``--table NAME=KEY``, else the key its replica identity gives, read
+    from the server's catalog at the start (keyless.table_key: the primary key or the replica identity index;
+    under FULL or NOTHING the primary key, if any). A table with none maps to an empty list: it lands as a bag of
+    rows (spockwire.spark.keyless)."""
+    from .keyless import table_key
     from .slot import _connect
 
     out: dict[str, list[str]] = {t: list(k) for t, k in cfg.tables.items() if k}
@@ -555,12 +549,25 @@ def table_keys(cfg: JobConfig) -> dict[str, list[str]]:
     if missing:
         with _connect(conninfo(cfg)) as conn, conn.cursor() as cur:
             for table in missing:
-                keys = [c.name for c in read_table_relation(cur, table).columns if c.is_key]
-                if not keys:
-                    raise JobError(f"{table} has no key: its replica identity names no column (REPLICA IDENTITY "
-                                   f"FULL or NOTHING, or no primary key); give one with --table {table}=COLUMN[,...]")
-                out[table] = keys
+                out[table] = table_key(cur, table)
     return out
+
+
+def _unapplied(table: str, metrics: Sequence[Any], counts: dict[str, int], said: set[str]) -> None:
+    """Count a table's changes that could not be applied (a table without a key: ApplyMetrics.unapplied and
+    unmatched) into `counts`; the first time, say in one line on stderr that the table no longer equals its
+    source and why (keyless.divergence)."""
+    from .keyless import divergence
+
+    for m in metrics:
+        n = m.unapplied + m.unmatched
+        if not n:
+            continue
+        counts[table] = counts.get(table, 0) + n
+        line = divergence(table, m)
+        if table not in said and line is not None:
+            said.add(table)
+            print(line, file=sys.stderr, flush=True)
 
 
 def _is_pattern(name: str) -> bool:
@@ -845,6 +852,19 @@ class _Stopping(Exception):
     pass
 
 
+#: how many times a query whose Python worker did not connect back is started again before the job gives up
+QUERY_RESTARTS = 3
+
+
+def _worker_did_not_connect(query: Any) -> bool:
+    """The query failed because a Python process Spark started did not connect back within Spark's fixed timeout
+    (its streaming source's runner, a worker): a failure of the machine's load, not of the data."""
+    from .connect import WORKER_DID_NOT_CONNECT
+
+    exc = query.exception()
+    return exc is not None and WORKER_DID_NOT_CONNECT in str(exc)
+
+
 def _failure(query: Any) -> JobError | None:
     """The query's failure as one line (the Python exception at the bottom of Spark's report), None when it did
     not fail or only refused a micro-batch because the job was stopping."""
@@ -864,8 +884,8 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
         out: TextIO | None = None, spark: Any = None, remote: str | None = None) -> int:
     """Run the pipeline (`python -m spockwire.spark.job` and `spockwire pipeline`); returns 0 or raises JobError.
 
-    Checks come first, before Spark starts: the dsn holds no password, the database accepts the connection, every
-    table has a key. Then the streaming query runs until `stop` is set (the micro-batch being applied is finished
+    Checks come first, before Spark starts: the dsn holds no password, the database accepts the connection and has
+    every table. Then the streaming query runs until `stop` is set (the micro-batch being applied is finished
     and committed first: `StopGate`), until it fails, or -- `until_caught_up` -- until every change committed
     before the start is applied (within `timeout` seconds). One JSON line per micro-batch on `out` (default
     stdout). `monitor`: ``on_batch(report)`` after each micro-batch, ``tick(query)`` between them
@@ -939,26 +959,38 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
             raise _Stopping()
 
     try:
-        try:
-            if target is not None:
-                wait_caught_up(query, target, timeout=timeout, tick=tick,
-                               slot_lsn=None if cfg.starting_position == "snapshot" else _slot_lsn(cfg))
-                # a micro-batch already started is finished and committed (not read again by the next run)
-                gate.finish(query)
-                print(json.dumps({"caught_up": True}), file=out, flush=True)
-            else:
-                while query.isActive:
-                    tick()
-                    stop.wait(0.2)
-        except _Stopping:
-            applied = gate.finish(query)
-            print(json.dumps({"stopped": True, "last_batch": applied}), file=out, flush=True)
-        except RuntimeError:
-            if query.exception() is None:
-                raise
-        failure = _failure(query)
-        if failure is not None:
-            raise failure
+        restarts = 0
+        while True:
+            try:
+                if target is not None:
+                    wait_caught_up(query, target, timeout=timeout, tick=tick,
+                                   slot_lsn=None if cfg.starting_position == "snapshot" else _slot_lsn(cfg))
+                    # a micro-batch already started is finished and committed (not read again by the next run)
+                    gate.finish(query)
+                    print(json.dumps({"caught_up": True}), file=out, flush=True)
+                else:
+                    while query.isActive:
+                        tick()
+                        stop.wait(0.2)
+            except _Stopping:
+                applied = gate.finish(query)
+                print(json.dumps({"stopped": True, "last_batch": applied}), file=out, flush=True)
+            except RuntimeError:
+                if query.exception() is None:
+                    raise
+            if restarts < QUERY_RESTARTS and not stop.is_set() and _worker_did_not_connect(query):
+                # nothing of the failed attempt is committed past its checkpoint: starting again is a recovery
+                restarts += 1
+                print(f"spockwire.spark.job: Spark's Python worker did not connect back in time (a loaded machine); "
+                      f"the query starts again from its checkpoint ({restarts} of {QUERY_RESTARTS})",
+                      file=sys.stderr, flush=True)
+                query.stop()
+                query = start(spark, cfg, report, gate)
+                continue
+            failure = _failure(query)
+            if failure is not None:
+                raise failure
+            break
     finally:
         query.stop()
         finish_reports(query)
@@ -988,7 +1020,7 @@ def _worker_error(checking: WorkerCheck) -> None:
 
 def _check(cfg: JobConfig) -> None:
     """What can be found wrong before Spark starts: a password in the dsn, a database that refuses the connection,
-    a table without a key."""
+    a table it does not have."""
     import psycopg2
 
     from .slot import _connect, refuse_password_in_dsn

@@ -79,7 +79,8 @@ def make_plan(columns: Sequence[str], keys: Sequence[str], sequence_by: Sequence
         raise ValueError(f"sequence_by columns {missing} are not columns of the change DataFrame")
     if not keys:
         raise ValueError("apply_changes needs the key columns: pass keys=[...] (the spockwire source marks the "
-                         "table's replica-identity columns, but this DataFrame has no such marks)")
+                         "table's replica-identity columns, but this DataFrame has no such marks), or keys=[] for a "
+                         "table without a key")
     missing = [k for k in keys if k not in columns]
     if missing:
         raise ValueError(f"key columns {missing} are not columns of the change DataFrame")

@@ -291,7 +291,9 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
     """Apply one target's changes (the table's runs of one shape, :func:`segments`, in stream order) to the Delta
     table at `path`: the runs in the shape the table holds through `apply` (``apply_changes``'s signature), and a
     re-read of `table` (`reread`) at the first run of another shape (see the module docstring). The idempotence
-    `token` goes with the last commit. `new_table_reread`: a table without a Delta table is read whole first
+    `token` goes with the last commit, and a token of its own (`_part_token`) with each earlier one: a batch
+    replayed after a crash between them skips the runs already applied (a table without a key would add their
+    inserts twice). `new_table_reread`: a table without a Delta table is read whole first
     unless its changes come from the initial snapshot (a table that joined a followed publication).
 
     A re-read's point is past every change of the micro-batch (it is taken after the batch's range was read), so
@@ -322,12 +324,12 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
             if step is not None and step[0] != "add" and pending:
                 # the rows before the statement, in the shape before it
                 result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd,
-                                            idempotence=None))
+                                            idempotence=_part_token(token, result)))
                 pending = []
             if step is None:
                 if pending:
                     result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd,
-                                                idempotence=None))
+                                                idempotence=_part_token(token, result)))
                 return _reread_into(path, reread(table), keys, scd, token, keys_changed, result)
             _evolve(path, dt, step, scd, lambda cols: reread.column_fields(table, cols))
             dt = open_delta(path)
@@ -361,7 +363,8 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
             continue
         # another shape: what came before it is applied, then the table is read again
         if pending:
-            result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd, idempotence=None))
+            result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd,
+                                        idempotence=_part_token(token, result)))
             pending = []
         return _reread_into(path, reread(table), keys, scd, token, keys_changed, result)
     if pending:
@@ -370,6 +373,12 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
     if shape is not None and (changed or not recorded):
         write_shape(path, shape)
     return result
+
+
+def _part_token(token: tuple[str, int] | None, result: ShapedResult) -> tuple[str, int] | None:
+    """The idempotence token of a batch's commit before its last: the batch's version under an application id
+    numbering the commits of the batch (the same on a replay, which applies the same runs in the same order)."""
+    return None if token is None else (f"{token[0]}/{len(result.metrics) + 1}", token[1])
 
 
 def _opens_snapshot(run: pa.Table) -> bool:
@@ -544,8 +553,10 @@ def _add_columns(dt: Any, fields: list[pa.Field]) -> None:
 def _reread_into(path: str, snap: TableSnapshot, keys: Sequence[str], scd: int, token: tuple[str, int] | None,
                  keys_changed: Callable[[list[str]], list[str]] | None, result: ShapedResult) -> ShapedResult:
     """Write a re-read to the target and record its shape; a key the re-read's replica identity names replaces
-    the target's where `keys_changed` (told the new key, answering the key to write with) agrees."""
-    new_keys = [c[0] for c in snap.columns if c[3]]
+    the target's where `keys_changed` (told the new key, answering the key to write with) agrees. Every column
+    flagged is REPLICA IDENTITY FULL (or a key of every column), which names no key of its own."""
+    flagged = [c[0] for c in snap.columns if c[3]]
+    new_keys = [] if len(flagged) == len(snap.columns) else flagged
     if keys_changed is not None and new_keys != list(keys):
         keys = keys_changed(new_keys)
     _write_reread(path, snap, keys, scd, token)
@@ -598,16 +609,21 @@ def _write_reread(path: str, snap: TableSnapshot, keys: Sequence[str], scd: int,
     import shutil
 
     from .delta_target import STATE_DIR, deltalake_module, open_delta
+    from .keyless import inserted_rows, keyless_plan
     from .resolve import DEFAULT_SEQUENCE, Stored, make_plan, resolve
 
     dl = deltalake_module()
     rows = snap.rows
     values = [f.name for f in _value_fields(rows.schema)]
-    plan = make_plan(rows.column_names, list(keys), DEFAULT_SEQUENCE, scd, values)
-    table_cols = plan.keys + [v for v in values if v not in plan.keys]
-    res = resolve(rows, plan, Stored(), table_cols, {})
-    cols = table_cols + [c for c in plan.bookkeeping() if c not in table_cols]
-    new = res.rows.select(cols)
+    if keys:
+        plan = make_plan(rows.column_names, list(keys), DEFAULT_SEQUENCE, scd, values)
+        table_cols = plan.keys + [v for v in values if v not in plan.keys]
+        new = resolve(rows, plan, Stored(), table_cols, {}).rows
+    else:                                 # a table without a key: every row read, equal ones included
+        plan = keyless_plan(rows.column_names, DEFAULT_SEQUENCE, scd, values)
+        table_cols = values
+        new = inserted_rows(rows, plan, table_cols)
+    new = new.select(table_cols + [c for c in plan.bookkeeping() if c not in table_cols])
     if scd == 2:
         new = _with_history(open_delta(path), new, plan, snap)
     # the tombstones and truncates kept for the old rows are of no use once every later change is after the
