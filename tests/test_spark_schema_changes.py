@@ -30,6 +30,8 @@ def spark():
 
 
 def _value(v):
+    if isinstance(v, float) and v != v:
+        return "NaN"                   # equal to another NaN, as the rows compared are
     if isinstance(v, dt.datetime) and v.tzinfo is not None:
         return v.astimezone(dt.timezone.utc).replace(tzinfo=None)
     if isinstance(v, uuid.UUID):
@@ -384,3 +386,63 @@ def test_a_reread_lands_values_no_statistic_can_bound(tmp_path, scd):
                       got.column("f").to_pylist()))
     assert [r[:2] for r in rows] == [(1, -2147483648), (2, 2147483647), (3, 0)]
     assert math.isnan(rows[0][2]) and rows[1][2] == float("inf") and rows[2][2] == 1.5
+
+
+def test_a_column_the_decoder_turns_to_text_stays_exact(spark, pg_db, tmp_path):
+    """A valid value its column's Arrow type cannot hold (NaN in a numeric(10,2), a two-dimensional array in an
+    int[] column) makes the decoder carry that column as PostgreSQL's text for the rest of the relation's version:
+    no schema change (same type), so no re-read. The Delta column becomes text once, every stored value written as
+    PostgreSQL prints it; typed values of later relation versions are written as text too. The table and its history
+    equal the source read as text, SCD 1 and 2, and no re-read happened."""
+    pg_db.execute("CREATE TABLE m (id int PRIMARY KEY, amount numeric(10,2), grid int[], note text)")
+    pg_db.execute("INSERT INTO m SELECT g, g * 1.25, ARRAY[g, -g], 'n' || g FROM generate_series(1, 40) g")
+    pg_db.execute("CREATE PUBLICATION pub FOR TABLE m")
+    cfg = JobConfig(dsn=pg_db.dsn, slot=_slot(pg_db), publication=["pub"], tables={"public.m": None},
+                    target=str(tmp_path / "delta"), checkpoint=str(tmp_path / "ck"), starting_position="snapshot",
+                    trigger_seconds=0.3, create_slot=True, history=True)
+    as_text = ("SELECT id, amount::text AS amount, grid::text AS grid, note FROM m")
+
+    def equal(what: str, typed: set[str]) -> None:
+        conn = pg_db.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(as_text if typed != {"amount", "grid"} else "SELECT * FROM m")
+                want = sorted((tuple(_value(v) for v in r) for r in cur.fetchall()), key=repr)
+        finally:
+            conn.close()
+        names = ["id", "amount", "grid", "note"]
+        for history in (False, True):
+            path = target_path(cfg.target, "public.m", history)
+            import deltalake
+
+            table = deltalake.DeltaTable(path).to_pyarrow_table()
+            types = {n: table.schema.field(n).type for n in names}
+            assert {n for n in ("amount", "grid") if types[n] != pa.string()} == typed, (what, types)
+            _, got = _delta(path, names, current_only=history)
+            if typed != {"amount", "grid"}:
+                got = sorted(((r[0], r[1] if isinstance(r[1], str) else None if r[1] is None else str(r[1]),
+                               *r[2:]) for r in got), key=repr)
+            assert got == want, (what, history, [r for r in got if r not in want][:3], [r for r in want
+                                                                                        if r not in got][:3])
+
+    reports: list = []
+    query = start(spark, cfg, reports.append)
+    try:
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        equal("snapshot", {"amount", "grid"})
+        pg_db.execute("UPDATE m SET amount = 'NaN', grid = '{{1,2},{3,4}}' WHERE id = 3")
+        pg_db.execute("UPDATE m SET amount = amount + 1 WHERE id IN (4, 5)")
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        equal("after the switch", set())
+    finally:
+        query.stop()
+    # a new session of the stream describes the table again, typed: its values are written as text
+    query = start(spark, cfg, reports.append)
+    try:
+        pg_db.execute("UPDATE m SET amount = 7.5, grid = '{5,-6}', note = 'typed again' WHERE id = 6")
+        pg_db.execute("INSERT INTO m VALUES (41, 0.01, '{}', 'new'), (42, -99999999.99, '{NULL,7}', NULL)")
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        equal("typed again", set())
+    finally:
+        query.stop()
+    assert not any(r.reread for r in reports), [r.reread for r in reports if r.reread]

@@ -240,6 +240,16 @@ def conform_array(arr: pa.Array, target: pa.DataType, name: str = "?") -> pa.Arr
             raise OverflowError(f"column {name!r}: a {src} value does not fit Spark's signed {target}") from exc
     if pa.types.is_time64(src) and pa.types.is_string(target):
         return _time_text(arr)
+    if pa.types.is_string(target) and (pa.types.is_list(src) or pa.types.is_large_list(src)
+                                       or pa.types.is_decimal(src) or pa.types.is_floating(src)
+                                       or pa.types.is_boolean(src)):
+        # a column typed in one schema version and text in a later one: PostgreSQL's text of each value
+        from ..export.pg_text import NotRenderable, pg_text
+
+        try:
+            return pg_text(arr)
+        except NotRenderable as exc:
+            raise TypeError(f"column {name!r}: cannot write the decoder's {src} as PostgreSQL's text: {exc}") from exc
     if (pa.types.is_date32(src) or pa.types.is_timestamp(src)) and pa.types.is_string(target):
         # a column staged as a date / timestamp in one schema version and as text in a later one: PostgreSQL's
         # text of each value (infinity, BC, after 9999 included), never pyarrow's ISO cast of the raw number

@@ -355,12 +355,15 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
             if fits[0]:
                 shape, changed = desc, True
         if fits[0]:
-            if fits[2]:
-                _turn_to_text(path, dt, fits[2])
-                dt = open_delta(path)
-                pending = [_as_text(p, fits[2]) for p in pending]
-            pending.append(_as_text(run, fits[1]))
-            continue
+            try:
+                texts = [_as_text(p, fits[2]) for p in pending] + [_as_text(run, fits[1])]
+                if fits[2]:
+                    _turn_to_text(path, dt, fits[2])
+                    dt = open_delta(path)
+                pending = texts
+                continue
+            except TypeError:     # values whose PostgreSQL text is not rendered here (export/pg_text.py): re-read
+                pass
         # another shape: what came before it is applied, then the table is read again
         if pending:
             result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd,
@@ -596,8 +599,6 @@ def _table_names(dt: Any, scd: int) -> list[str]:
 
 def _turn_to_text(path: str, dt: Any, names: Sequence[str]) -> None:
     """Turn the Delta table's columns `names` into string columns holding PostgreSQL's text of every value."""
-    from .delta_target import deltalake_module
-
     rows = _as_text(dt.to_pyarrow_table(), names)
     overwrite(path, dt, rows)
 
