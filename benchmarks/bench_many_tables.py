@@ -6,9 +6,8 @@ One throwaway PostgreSQL 15 (bench_pipeline's settings) holds pgbench's tables (
 SPOCKWIRE_BENCH_MANY_SCALE, 10 by default: pgbench_accounts has 1,000,000 rows) and SPOCKWIRE_BENCH_MANY_TABLES
 small tables ``small_000``, ``small_001``, ... (an int primary key and five typed columns: int, numeric(10,2), text,
 timestamptz, bool; SPOCKWIRE_BENCH_MANY_ROWS rows each, 1,000 by default). One publication ``pub`` holds
-pgbench_accounts, pgbench_branches, pgbench_tellers and the small tables. pgbench_history is left out: it has no
-primary key and no replica identity, and the job does not land a table without a key (it would name it once and
-skip it); its rows are counted instead, one per pgbench transaction (see below).
+pgbench_accounts, pgbench_branches, pgbench_tellers and the small tables. pgbench_history is left out (it is
+insert-only, and its rows count pgbench's transactions instead, one per transaction: see below).
 
 ``python -m spockwire.spark.job --dsn ... --slot s_many --publication pub --target ... --checkpoint ...
 --starting-position snapshot --master local[2]`` runs as a child process with no ``--table``: it takes every table

@@ -306,3 +306,89 @@ def test_a_replayed_batch_changes_nothing(tmp_path):
 def test_a_table_without_a_key_is_delta_through_delta_rs_only(tmp_path):
     with pytest.raises(ValueError, match="without a key"):
         apply_changes(changes([_ins(1, 0, a=1)]), str(tmp_path / "p"), format="parquet", keys=[])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the job on a live server
+
+@pytest.fixture(scope="module")
+def spark():
+    from tests.spark_session import spark_session
+
+    return spark_session()
+
+
+@pytest.mark.pg
+@pytest.mark.timeout(900)
+def test_tables_without_a_key_through_the_job(spark, pg_db, tmp_path, capfd):
+    """The job takes its publications' tables with no --table. `logs` (no primary key, insert-only) lands row for
+    row, its equal rows included; `bag` (REPLICA IDENTITY FULL) has equal rows, of which an update or a delete
+    changes one, unchanged TOASTed values, a truncate and a schema change (a re-read); `quiet` (REPLICA IDENTITY
+    NOTHING) is published for inserts only, and the job says once at the start that its other changes never reach
+    the pipeline. Both Delta tables, and the history tables' current rows, equal their sources as bags; the history
+    of `bag` holds every version."""
+    from spockwire.spark.job import JobConfig, flush_lsn, start, target_path, wait_caught_up
+    from tests.test_spark_schema_changes import _delta, _source
+    from tests.test_spark_source import _slot
+
+    pg_db.execute("CREATE TABLE logs (at int, line text)")
+    pg_db.execute("CREATE TABLE bag (n int, label text, doc text, f float8); ALTER TABLE bag REPLICA IDENTITY FULL")
+    pg_db.execute("CREATE TABLE quiet (n int, label text); ALTER TABLE quiet REPLICA IDENTITY NOTHING")
+    pg_db.execute("INSERT INTO logs SELECT g % 7, 'line ' || (g % 3) FROM generate_series(1, 300) g")
+    pg_db.execute("INSERT INTO bag SELECT g % 5, 'l' || (g % 2), CASE WHEN g % 4 = 0 THEN repeat('x', 9000) END, "
+                  "CASE WHEN g % 6 = 0 THEN 'NaN'::float8 END FROM generate_series(1, 60) g")
+    pg_db.execute("CREATE PUBLICATION pub FOR TABLE logs, bag; "
+                  "CREATE PUBLICATION inserts FOR TABLE quiet WITH (publish = 'insert')")
+    cfg = JobConfig(dsn=pg_db.dsn, slot=_slot(pg_db), publication=["pub", "inserts"], tables={},
+                    target=str(tmp_path / "delta"), checkpoint=str(tmp_path / "ck"), starting_position="snapshot",
+                    trigger_seconds=0.5, create_slot=True, history=True)
+    reports: list = []
+
+    def equal(what: str) -> None:
+        for table in ("logs", "bag"):
+            names, want = _source(pg_db, table)
+            have, got = _delta(target_path(cfg.target, f"public.{table}"), names)
+            assert have == names and got == want, f"{what}: {table} differs from its source"
+            _, current = _delta(target_path(cfg.target, f"public.{table}", history=True), names, current_only=True)
+            assert current == want, f"{what}: {table}'s history differs from its source"
+
+    query = start(spark, cfg, reports.append)
+    try:
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        equal("snapshot")
+        pg_db.execute("INSERT INTO logs SELECT 1, 'line 1' FROM generate_series(1, 50)")        # equal rows
+        pg_db.execute("INSERT INTO quiet VALUES (1, 'a'), (1, 'a'), (2, 'b')")
+        # one of several equal rows changed, one deleted; an update leaving a TOASTed value unchanged
+        pg_db.execute("UPDATE bag SET label = 'one' WHERE ctid = (SELECT min(ctid) FROM bag WHERE n = 1)")
+        pg_db.execute("DELETE FROM bag WHERE ctid = (SELECT min(ctid) FROM bag WHERE n = 2)")
+        pg_db.execute("UPDATE bag SET f = 1.5 WHERE doc IS NOT NULL AND n = 0")
+        pg_db.execute("BEGIN; INSERT INTO bag VALUES (9, 'tx', NULL, NULL); "
+                      "UPDATE bag SET n = 10 WHERE n = 9; DELETE FROM bag WHERE n = 3; COMMIT")
+        pg_db.execute("UPDATE quiet SET label = 'never seen' WHERE n = 2")    # not published
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        equal("changes")
+        pg_db.execute("TRUNCATE bag")
+        pg_db.execute("INSERT INTO bag SELECT g % 3, 'again', NULL, NULL FROM generate_series(1, 20) g")
+        pg_db.execute("DELETE FROM bag WHERE ctid = (SELECT min(ctid) FROM bag WHERE n = 0)")
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        equal("truncate")
+        pg_db.execute("ALTER TABLE bag ADD COLUMN extra int NOT NULL DEFAULT 7")   # a re-read
+        pg_db.execute("UPDATE bag SET extra = 8 WHERE ctid = (SELECT min(ctid) FROM bag WHERE n = 1)")
+        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        equal("re-read")
+    finally:
+        query.stop()
+    err = capfd.readouterr().err
+    said = [ln for ln in err.splitlines() if "public.quiet" in ln]
+    assert len([ln for ln in said if "does not publish update, delete, truncate of public.quiet" in ln]) == 1, said
+    assert len([ln for ln in said if "public.quiet has no key (REPLICA IDENTITY NOTHING)" in ln]) == 1, said
+    assert not [ln for ln in err.splitlines() if "public.bag" in ln and "no key" in ln], err   # FULL: nothing to say
+    assert "public.logs has no key (REPLICA IDENTITY DEFAULT and no primary key)" in err
+    assert {t for r in reports for t in r.reread} >= {"public.bag"}
+    assert not any(r.unapplied for r in reports)
+    names, _ = _source(pg_db, "quiet")
+    _, landed = _delta(target_path(cfg.target, "public.quiet"), names)
+    assert landed == sorted([(1, "a"), (1, "a"), (2, "b")], key=repr)   # the inserts, as the warning said
+    history = deltalake.DeltaTable(target_path(cfg.target, "public.bag", history=True)).to_pyarrow_table()
+    ended = history.filter(pa.compute.invert(pa.compute.is_null(history.column(END[0]))))
+    assert ended.num_rows >= 60 + 4          # the snapshot's rows ended by the truncate, and the changed ones

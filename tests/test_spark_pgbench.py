@@ -1,7 +1,7 @@
 """A real client: pgbench (`pgbench -i`, then `pgbench -c 4 -T 30`) writes while the pipeline job streams its
 publication, with migrations in the middle of the run (a column added with a default to pgbench_accounts, a
 widening of pgbench_tellers' balance); once pgbench is done and the job has caught up, every Delta table equals its
-source table, every row and every column."""
+source table, every row and every column. pgbench_history has no key: it lands row for row (spark/keyless.py)."""
 from __future__ import annotations
 
 import os
@@ -17,7 +17,7 @@ from tests.test_spark_source import _slot
 
 pytestmark = pytest.mark.pg
 
-TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers")
+TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
 
 
 @pytest.fixture(scope="module")

@@ -198,13 +198,20 @@ def test_the_planning_warm_up_leaves_a_planning_worker_that_the_source_plans_in(
     assert _planning_pids(plan) == warmed                      # planned in the warmed worker
 
 
-def test_a_table_without_a_key_is_an_error_at_start(pg_db, tmp_path):
+def test_each_tables_key_comes_from_its_replica_identity_or_none(pg_db, tmp_path):
+    """The key a table lands by: the one named, else the primary key (under FULL too), else the replica identity
+    index; a table with none lands without a key (an empty list: spark/keyless.py)."""
     pg_db.execute("CREATE TABLE logs (at timestamptz, line text)")     # no primary key: no replica identity
-    cfg = JobConfig(dsn=pg_db.dsn, slot="x", publication=["p"], tables={"public.logs": None},
+    pg_db.execute("CREATE TABLE full_pk (id int PRIMARY KEY, v text); ALTER TABLE full_pk REPLICA IDENTITY FULL")
+    pg_db.execute("CREATE TABLE by_index (a int NOT NULL, b text NOT NULL, v text); "
+                  "CREATE UNIQUE INDEX by_index_ab ON by_index (b, a); "
+                  "ALTER TABLE by_index REPLICA IDENTITY USING INDEX by_index_ab")
+    cfg = JobConfig(dsn=pg_db.dsn, slot="x", publication=["p"],
+                    tables={"public.logs": None, "public.full_pk": None, "public.by_index": None},
                     target=str(tmp_path), checkpoint=str(tmp_path / "ck"))
-    with pytest.raises(ValueError, match=r"public\.logs has no key: .* give one with --table public\.logs=COLUMN"):
-        table_keys(cfg)
-    assert table_keys(JobConfig(**{**cfg.__dict__, "tables": {"public.logs": ("at",)}})) == {"public.logs": ["at"]}
+    assert table_keys(cfg) == {"public.logs": [], "public.full_pk": ["id"], "public.by_index": ["a", "b"]}   # in column order
+    named = JobConfig(**{**cfg.__dict__, "tables": {"public.logs": ("at",)}})
+    assert table_keys(named) == {"public.logs": ["at"]}
 
 
 def test_tables_and_their_state_stay_small_over_16_micro_batches(spark, pg_db, tmp_path):

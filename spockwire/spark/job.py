@@ -225,6 +225,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
     from .source_options import options_to_spec
 
     keys = table_keys(cfg)
+    _say_how_tables_land(cfg, keys)
     spec = options_to_spec({"dsn": cfg.dsn, "slot": cfg.slot, "password": cfg.password, **cfg.extra_options})
     maintenance = Maintenance(cfg.maintenance) if cfg.maintenance is not None else None
     kinds = (False, True) if cfg.history else (False,)
@@ -313,6 +314,8 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
                 tables.append(table)
                 keys[table] = publication.keys(table)
                 joined.append(table)
+            if seen:
+                publication.say_how_tables_land({t: keys[t] for t in seen})
         with ThreadPoolExecutor(max_workers=min(4, len(targets()))) as pool:
             changes = dict(zip(tables, pool.map(read, tables)))
             for done in [pool.submit(one, t, changes[t], h) for t, h in targets()
@@ -365,6 +368,14 @@ class PublicationWatch:
                   file=sys.stderr, flush=True)
         self.gone -= set(now)
         return joined, left
+
+    def say_how_tables_land(self, keys: Mapping[str, Sequence[str]]) -> None:
+        """The start's lines (_say_how_tables_land) for tables that joined."""
+        def say(conn: Any) -> None:
+            with conn.cursor() as cur:
+                _say_how_tables_land(self.cfg, keys, cur)
+
+        self.conn.run(say)
 
     def keys(self, table: str) -> list[str]:
         """A joining table's key: the job's named key for it, else the one keyless.table_key finds (none: an empty
@@ -551,6 +562,21 @@ def table_keys(cfg: JobConfig) -> dict[str, list[str]]:
             for table in missing:
                 out[table] = table_key(cur, table)
     return out
+
+
+def _say_how_tables_land(cfg: JobConfig, keys: Mapping[str, Sequence[str]], cur: Any = None) -> None:
+    """At the start (and as a table joins), one line on stderr per table the job cannot follow exactly
+    (keyless.landing_notes): actions its publications leave out, or no key and no old rows."""
+    from .keyless import landing_notes
+    from .slot import _connect
+
+    if cur is None:
+        with _connect(conninfo(cfg)) as conn, conn.cursor() as c:
+            _say_how_tables_land(cfg, keys, c)
+        return
+    for table, key in keys.items():
+        for line in landing_notes(cur, table, key, cfg.publication):
+            print(line, file=sys.stderr, flush=True)
 
 
 def _unapplied(table: str, metrics: Sequence[Any], counts: dict[str, int], said: set[str]) -> None:

@@ -46,7 +46,7 @@ from .delta_target import DeltaTarget, _q, delta_dataset, deltalake_module, read
 from .resolve_frame import OP, Plan, _dense_rank, _same_as_previous
 from .schema import read_table_relation
 
-__all__ = ["keyless_plan", "apply_keyless", "inserted_rows", "table_key", "divergence"]
+__all__ = ["keyless_plan", "apply_keyless", "inserted_rows", "table_key", "landing_notes", "divergence"]
 
 _DELETE, _INSERT = "delete", "insert"
 
@@ -76,6 +76,35 @@ def table_key(cur: Any, table: str) -> list[str]:
                 "AND a.attnum = ANY (x.indkey::int2[]) WHERE x.indrelid = %s AND x.indisprimary "
                 "ORDER BY array_position(x.indkey::int2[], a.attnum)", (relation.relid,))
     return [r[0] for r in cur.fetchall()]
+
+
+_ACTIONS = ("insert", "update", "delete", "truncate")
+
+
+def landing_notes(cur: Any, table: str, key: Sequence[str], publications: Sequence[str]) -> list[str]:
+    """What the job says at the start about how `table` lands, when it cannot follow every change exactly: the
+    actions none of `publications` publishes for it (their changes never reach the pipeline), and, for a table
+    without a key under REPLICA IDENTITY NOTHING or DEFAULT, that it lands as rows appended. Empty when the table
+    is followed exactly."""
+    cur.execute("SELECT bool_or(p.pubinsert), bool_or(p.pubupdate), bool_or(p.pubdelete), bool_or(p.pubtruncate) "
+                "FROM pg_publication p JOIN pg_publication_tables t ON t.pubname = p.pubname "
+                "WHERE p.pubname = ANY(%s) AND t.schemaname || '.' || t.tablename = %s", (list(publications), table))
+    flags = cur.fetchone()
+    notes = []
+    if flags is not None and flags[0] is not None and not all(flags):
+        missing = [a for a, on in zip(_ACTIONS, flags) if not on]
+        notes.append(f"spockwire: the publication {','.join(publications)} does not publish {', '.join(missing)} of "
+                     f"{table}: such changes never reach the pipeline, and after one its Delta table differs from "
+                     f"the source (publish them: ALTER PUBLICATION ... SET (publish = '{', '.join(_ACTIONS)}'))")
+    if not key:
+        identity = read_table_relation(cur, table).replica_identity
+        if identity != "f":
+            kind = "NOTHING" if identity == "n" else "DEFAULT and no primary key"
+            notes.append(f"spockwire: {table} has no key (REPLICA IDENTITY {kind}): it lands as rows appended; the "
+                         "server refuses its UPDATE and DELETE while a publication publishes them, and one that "
+                         "comes without its old row is counted as unapplied, never applied (REPLICA IDENTITY FULL "
+                         "lands every change, or name a key: --table NAME=COLUMN)")
+    return notes
 
 
 def divergence(table: str, metrics: Any) -> str | None:
