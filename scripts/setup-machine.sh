@@ -11,7 +11,7 @@
 #
 # Environment:
 #   PYTHON=python3                      the interpreter to install the Python requirements into
-#   SPOCKWIRE_SETUP_SPARK=1             also install the `spark` extra (pyspark, delta-spark; needs Java 17)
+#   SPOCKWIRE_SETUP_SPARK=1             also install the `spark` extra (pyspark, deltalake; needs Java 17)
 #   SPOCKWIRE_SETUP_SKIP_APT=1          do not touch system packages
 #
 # Last, scripts/install-spock.sh puts the Spock output plugin of ../shared/spock (beside the checkout) into the
@@ -67,7 +67,7 @@ PIP_PACKAGES=(
 
 # The Spark integration (the test command installs it: the Spark tests are part of the suite). Delta tables
 # are written through delta-rs (deltalake); delta-spark's jars come from Maven, which a cluster provides.
-SPARK_PACKAGES=("pyspark[connect,pipelines]>=4.2,<5" "pandas>=2.2,<3" "deltalake>=0.20")
+SPARK_PACKAGES=("pyspark[connect,pipelines]>=4.2,<5" "pandas>=2.2,<3" "deltalake>=1.6.6,<1.7")
 
 log() { printf 'setup-machine: %s\n' "$*" >&2; }
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 
+import deltalake
 import pytest
 
-from spockwire.spark.apply import STATE_DIR, apply_changes, has_delta_spark, scd2_columns
+from spockwire.spark.apply import STATE_DIR, apply_changes, scd2_columns
 from tests.apply_oracle import COLUMNS, replay_scd1, replay_scd2, workload
 from tests.spark_session import spark_session
 
@@ -215,23 +216,25 @@ def test_delta_added_column_and_reads_only_touched_keys(spark, tmp_path):
     assert got[4]["note"] is None and 7 not in got
 
 
-def test_delta_spark_engine(spark, tmp_path):
-    """engine="spark" merges through delta-spark. The suite's session (tests/spark_session.py) loads no Delta jars
-    and the delta-spark Python package ships none (they come from Maven through spark.jars.packages), so here the
-    test proves the clear error and that nothing was written. In a session with the jars it applies the changes
-    and must give the same table as the other engines."""
-    path = tmp_path / "d"
-    if not has_delta_spark(spark):
-        with pytest.raises(RuntimeError, match=r"engine='spark' needs delta-spark in the session: .*"
-                                               r"spark\.jars\.packages=io\.delta:delta-spark"):
-            apply_changes(changes(spark, EVENTS), str(path), format="delta", keys=["id"], engine="spark")
-        assert not path.exists()
-        return
-    start = changes(spark, [("insert", 10, i, i + 1, n, d, None)
-                            for i, (n, d) in enumerate([("one", "D1"), ("two", "D2"), ("three", "D3")])])
-    apply_changes(start, str(path), format="delta", keys=["id"], engine="spark")
-    apply_changes(changes(spark, EVENTS), str(path), format="delta", keys=["id"], engine="spark")
-    assert table(spark.read.format("delta").load(str(path))) == AFTER_EVENTS
+def test_delta_is_written_through_delta_rs_whatever_the_engine_named(spark, tmp_path):
+    """Delta is written through delta-rs in every case: engine "auto" and "delta-rs" give the same table from a
+    DataFrame, and "spark" (delta-spark's MERGE, which the suite cannot run) is refused with one line before
+    anything is written."""
+    for engine in ("auto", "delta-rs"):
+        path = tmp_path / engine
+        apply_changes(changes(spark, EVENTS), str(path), format="delta", keys=["id"], engine=engine)
+        assert deltalake.DeltaTable(str(path)).to_pyarrow_table().num_rows > 0
+    assert _rows(tmp_path / "auto") == _rows(tmp_path / "delta-rs")
+    for engine, message in (("spark", "engine='spark' is not supported: spockwire writes Delta through delta-rs"),
+                            ("merge", "unknown Delta engine 'merge'")):
+        with pytest.raises(ValueError, match=message):
+            apply_changes(changes(spark, EVENTS), str(tmp_path / "refused"), format="delta", keys=["id"],
+                          engine=engine)
+    assert not (tmp_path / "refused").exists()
+
+
+def _rows(path) -> list:
+    return sorted(map(repr, deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()))
 
 
 def test_delta_files_stay_small_so_one_change_rewrites_one(tmp_path, monkeypatch):

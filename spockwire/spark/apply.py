@@ -39,8 +39,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrow_target import STATE_KIND, ArrowTarget
-from .delta_target import STATE_DIR, DeltaTarget, sql_pos_cmp
-from .resolve import DEFAULT_SEQUENCE, OP, UPSERT, VERSION, make_plan, resolve, scd2_columns
+from .delta_target import STATE_DIR, DeltaTarget
+from .resolve import DEFAULT_SEQUENCE, make_plan, resolve, scd2_columns
 from .schema import CHANGE_COLUMNS, KEY_METADATA, TABLE_COLUMN, table_struct_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .read_ahead import ReadAhead
 
 __all__ = ["apply_changes", "apply_to_dataframe", "select_table", "select_table_arrow", "key_columns",
-           "value_columns", "scd2_columns", "ApplyMetrics", "has_delta_spark", "STATE_DIR", "DEFAULT_SEQUENCE"]
+           "value_columns", "scd2_columns", "ApplyMetrics", "STATE_DIR", "DEFAULT_SEQUENCE"]
 
 
 def _c(name: str) -> Any:
@@ -137,9 +137,9 @@ def apply_changes(changes: "DataFrame | pa.Table", target: "str | DataFrame | No
     * ``format="memory"``: `target` is a DataFrame (a table this function returned earlier, or a plain table
       for SCD 1) or None for an empty table; returns the new table (needs a DataFrame of changes).
     * ``format="parquet"``: `target` is a directory; the table is rewritten (new files, then swapped in).
-    * ``format="delta"``: `target` is a Delta table path. ``engine="delta-rs"`` reads and writes with the
-      `deltalake` package (only the files that may hold the batch's keys are read); ``engine="spark"`` merges
-      through delta-spark (needs its jars in the session); ``auto`` picks delta-spark when the session has it.
+    * ``format="delta"``: `target` is a Delta table path, read and written with the `deltalake` package (delta-rs:
+      only the files that may hold the batch's keys are read), on the driver, whatever the session
+      (``engine``: ``"auto"`` or ``"delta-rs"``, the same).
 
     `keys`: the key columns (default: the replica-identity columns the ``spockwire`` source marks); an empty list:
     the table has no key, and its changes are applied as a bag of rows (Delta through delta-rs only; see
@@ -173,21 +173,7 @@ def apply_changes(changes: "DataFrame | pa.Table", target: "str | DataFrame | No
         return _apply_parquet(_arrow(changes), target, plan)
     if format != "delta":
         raise ValueError(f"unknown format {format!r}: use delta, parquet or memory")
-    if engine == "auto":
-        engine = "spark" if spark is not None and has_delta_spark(spark) else "delta-rs"
-    if engine == "spark":
-        if spark is None or not has_delta_spark(spark):
-            from .environment import is_connect
-
-            if spark is not None and is_connect(spark):
-                raise RuntimeError("engine='spark' needs a classic SparkSession (delta-spark's MERGE through the "
-                                   "JVM); from a Spark Connect session use engine='delta-rs'")
-            raise RuntimeError("engine='spark' needs delta-spark in the session: the delta-spark Python "
-                               "package and its jars (spark.jars.packages=io.delta:delta-spark_2.13:<version>, "
-                               "or spark.jars=...)")
-        return _apply_delta_spark(spark, _arrow(changes), target, plan)
-    if engine not in ("delta-rs", "deltalake"):
-        raise ValueError(f"unknown Delta engine {engine!r}: use auto, spark or delta-rs")
+    _check_engine(engine)
     return _apply_delta_rs(changes, target, plan, idempotence, read_ahead)
 
 
@@ -198,12 +184,22 @@ def apply_to_dataframe(changes: "DataFrame", target: "DataFrame | None" = None,
     return apply_changes(changes, target, format="memory", keys=keys, **options)  # type: ignore[return-value]
 
 
+def _check_engine(engine: str) -> None:
+    """Delta is written through delta-rs in every case; delta-spark's MERGE is not an engine of spockwire."""
+    if engine == "spark":
+        raise ValueError("engine='spark' is not supported: spockwire writes Delta through delta-rs (the deltalake "
+                         "package) in every case, the same table format delta-spark reads; use engine='delta-rs'")
+    if engine not in ("auto", "delta-rs", "deltalake"):
+        raise ValueError(f"unknown Delta engine {engine!r}: use delta-rs")
+
+
 def _apply_keyless(changes: "DataFrame | pa.Table", target: Any, format: str, engine: str,
                    sequence_by: Sequence[str] | str, scd: int, idempotence: tuple[str, int] | None) -> ApplyMetrics:
     """A table without a key (``keys=[]``): its changes applied to Delta through delta-rs as a bag of rows."""
     from .keyless import apply_keyless, keyless_plan
 
-    if format != "delta" or engine not in ("auto", "delta-rs", "deltalake") or not isinstance(target, str):
+    _check_engine(engine)
+    if format != "delta" or not isinstance(target, str):
         raise ValueError("a table without a key (keys=[]) is applied to a Delta table path through delta-rs only "
                          "(format='delta', engine='delta-rs')")
     columns = changes.column_names if isinstance(changes, pa.Table) else changes.columns
@@ -342,104 +338,6 @@ def _has_parquet(path: str, top: bool = False) -> bool:
         if any(f.endswith(".parquet") for f in files):
             return True
     return False
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Delta through delta-spark (a cluster with the Delta jars)
-
-def has_delta_spark(spark: "SparkSession") -> bool:
-    """Whether the session can use delta-spark (the Python package and the JVM classes). A Spark Connect session
-    has no JVM gateway to ask: it writes through delta-rs."""
-    from .environment import is_connect
-
-    if is_connect(spark):
-        return False
-    try:
-        import delta.tables  # noqa: F401
-    except ImportError:
-        return False
-    try:
-        spark._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")  # type: ignore[union-attr]
-        return True
-    except Exception:  # noqa: BLE001 - py4j raises its own error types
-        return False
-
-
-def _bq(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
-def _apply_delta_spark(spark: "SparkSession", batch: pa.Table, path: str, plan: Any) -> ApplyMetrics:
-    """The same resolution, read and written with delta-spark (the table's and the state's MERGE)."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
-    from .arrow_target import state_rows, truncate_positions
-
-    metrics = ApplyMetrics()
-    state_path = path.rstrip("/") + "/" + STATE_DIR
-    exists = DeltaTable.isDeltaTable(spark, path)
-    state_exists = DeltaTable.isDeltaTable(spark, state_path)
-    table = spark.read.format("delta").load(path) if exists else None
-    state = spark.read.format("delta").load(state_path).toArrow() if state_exists else None
-    touched = spark.createDataFrame(_touched(batch, plan.keys).group_by(plan.keys).aggregate([]))
-    stored_rows = table.join(touched, [*plan.keys], "left_semi").toArrow() if table is not None else None
-    target = ArrowTarget(plan, stored_rows, state)
-    existing = table.columns if table is not None else []
-    table_cols = _table_columns(plan, batch, existing)
-    stored = target.stored(_touched(batch, plan.keys))
-    res = resolve(batch, plan, stored, table_cols, _types(stored_rows))
-    _count(metrics, res)
-    known = {p for p, _ in truncate_positions(state, plan)}
-    pos_cols = plan.seq if plan.scd == 1 else plan.start_cols[:-1]
-    seq_types = {c: res.rows.schema.field(p).type for c, p in zip(plan.seq, pos_cols)}
-    add = state_rows(res, plan, [t for t in res.truncates if t[0] not in known], seq_types)
-    if add is not None:
-        add_df = spark.createDataFrame(add)
-        if not state_exists:
-            add_df.write.format("delta").mode("append").save(state_path)
-        else:
-            same_pos = " AND ".join(f"t.{_bq(c)} = s.{_bq(c)}" for c in plan.seq)
-            on = (f"t.{STATE_KIND} = s.{STATE_KIND} AND " + " AND ".join(
-                [f"t.{_bq(k)} <=> s.{_bq(k)}" for k in plan.keys]
-                + [f"(s.{STATE_KIND} = 'delete' OR {same_pos})" if plan.scd == 1 else f"({same_pos})"]))
-            (DeltaTable.forPath(spark, state_path).alias("t").merge(add_df.alias("s"), on)
-             .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
-    cols = table_cols + [c for c in plan.bookkeeping() if c not in table_cols]
-    changed = spark.createDataFrame(res.rows)
-    if not exists:
-        rows = changed.filter(F.col(OP) == (UPSERT if plan.scd == 1 else VERSION))
-        rows.select(*[_c(c) for c in cols]).write.format("delta").mode("append").save(path)
-        return metrics
-    delta = DeltaTable.forPath(spark, path)
-    for pos, ts in res.truncates:
-        if plan.scd == 1:
-            delta.delete(sql_pos_cmp(plan.seq, pos, "<", _bq))
-        else:
-            start, end = plan.start_cols, plan.end_cols
-            alive = f"{sql_pos_cmp(start[:-1], pos, '<', _bq)} AND ({_bq(end[0])} IS NULL OR " \
-                    f"{sql_pos_cmp(end[:-1], pos, '>', _bq)})"
-            ends = {c: F.lit(p) for c, p in zip(end[:-1], pos)}
-            ends[end[-1]] = F.lit(ts).cast("timestamp")
-            delta.update(condition=alive, set=ends)
-    on = " AND ".join(f"t.{_bq(k)} <=> s.{_bq(k)}" for k in plan.keys)
-    sets = {c: f"s.{_bq(c)}" for c in cols}
-
-    def merge(source: "DataFrame", cond: str) -> Any:
-        builder = delta.alias("t").merge(source.alias("s"), cond)
-        # columns added upstream: MERGE's schema evolution (delta-spark 3.2+)
-        return builder.withSchemaEvolution() if hasattr(builder, "withSchemaEvolution") else builder
-
-    if plan.scd == 1:
-        (merge(changed, on)
-         .whenMatchedDelete(condition=f"s.{OP} = 'delete'")
-         .whenMatchedUpdate(condition=f"s.{OP} = 'upsert'", set=sets)
-         .whenNotMatchedInsert(condition=f"s.{OP} = 'upsert'", values=sets).execute())
-    else:
-        on += "".join(f" AND t.{_bq(c)} = s.{_bq(c)}" for c in plan.start_cols[:-1])
-        (merge(changed.filter(F.col(OP) == VERSION), on)
-         .whenMatchedUpdate(set=sets).whenNotMatchedInsert(values=sets).execute())
-    return metrics
 
 
 def target_path(target: str, table: str, history: bool = False) -> str:
