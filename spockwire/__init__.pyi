@@ -36,7 +36,8 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
             types: Literal["typed", "raw"] = "typed",
             numeric: Literal["decimal", "text"] = "decimal",
             on_unrepresentable: Literal["text", "error"] = "text",
-            column_types: Mapping[str, Literal["text", "raw"]] | None = None) -> ReplicationStream:
+            column_types: Mapping[str, Literal["text", "raw"]] | None = None, failover: bool = False,
+            require_failover_safety: bool = False, start_timeline: int | None = None) -> ReplicationStream:
     """Open a replication stream on `slot` and return it, streaming (spockwire.connection.connect)."""
 
 

@@ -39,9 +39,15 @@ SNAPSHOT_WORKERS = Setting("snapshot_workers", "connections reading the initial 
 SNAPSHOT_CHUNK_ROWS = Setting("snapshot_chunk_rows", "rows per chunk when a table that joins the publication later "
                               "is read while the stream goes on (one chunk in memory at a time)",
                               type=positive_int, default=10_000, metavar="N")
+FAILOVER_SLOT = Setting("failover_slot", "make the slot a failover slot (PostgreSQL 17+: created so, or switched "
+                        "over), and check at the start and after each reconnect that a standby would hold it "
+                        "(docs/high-availability.md)", is_flag=True, default=False)
+REQUIRE_FAILOVER_SAFETY = Setting("require_failover_safety", "with --failover-slot: refuse to run (exit 1) while no "
+                                  "standby would hold the slot after a failover, instead of a warning",
+                                  is_flag=True, default=False)
 SETTINGS = (*COMMON_SETTINGS, COLUMN_TYPE, ON_UNREPRESENTABLE, *STREAM_SETTINGS, *STAGING_SETTINGS, FLUSH_SECONDS,
             SPILL_BYTES, METRICS_PORT, METRICS_HOST, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT, HEARTBEAT_INTERVAL,
-            SNAPSHOT, SNAPSHOT_WORKERS, SNAPSHOT_CHUNK_ROWS)
+            SNAPSHOT, SNAPSHOT_WORKERS, SNAPSHOT_CHUNK_ROWS, FAILOVER_SLOT, REQUIRE_FAILOVER_SAFETY)
 
 
 def register(subparsers: Any) -> None:
@@ -77,5 +83,6 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=cfg.metrics_port, metrics_host=cfg.metrics_host, progress=cfg.progress,
         max_runtime=cfg.max_runtime, idle_exit=cfg.idle_exit, impl=cfg.impl, transport=cfg.transport,
         heartbeat_interval=cfg.heartbeat_interval, snapshot=cfg.snapshot, snapshot_workers=cfg.snapshot_workers,
-        snapshot_chunk_rows=cfg.snapshot_chunk_rows)
+        snapshot_chunk_rows=cfg.snapshot_chunk_rows, failover_slot=cfg.failover_slot,
+        require_failover_safety=cfg.require_failover_safety)
     return IngestWorker(config).run()

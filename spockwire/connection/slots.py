@@ -10,7 +10,7 @@ from typing import Any, Iterable, Iterator
 
 from .options import plugin_protocol
 
-__all__ = ["SlotInfo", "create_slot", "drop_slot", "list_slots", "slot_info", "create_publication",
+__all__ = ["SlotInfo", "create_slot", "set_failover_slot", "drop_slot", "list_slots", "slot_info", "create_publication",
            "drop_publication", "format_lsn", "parse_lsn"]
 
 #: Output plugin library for each plugin name a user may give.
@@ -54,6 +54,9 @@ class SlotInfo:
     confirmed_flush_lsn: int
     lag_bytes: int | None
     retained_bytes: int | None
+    #: PostgreSQL 17+: a failover slot (copied to standbys that synchronize slots), and a standby's copy of one
+    failover: bool = False
+    synced: bool = False
 
 
 @contextmanager
@@ -80,8 +83,9 @@ _SLOT_QUERY = """
 SELECT slot_name, plugin, database, active, active_pid, temporary, two_phase,
        restart_lsn::text, confirmed_flush_lsn::text,
        CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) END,
-       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) END
-  FROM pg_replication_slots
+       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) END,
+       coalesce((to_jsonb(s) ->> 'failover')::bool, false), coalesce((to_jsonb(s) ->> 'synced')::bool, false)
+  FROM pg_replication_slots s
  WHERE slot_type = 'logical'
 """
 
@@ -91,7 +95,8 @@ def _row_to_info(row: tuple) -> SlotInfo:
                     temporary=bool(row[5]), two_phase=bool(row[6]), restart_lsn=parse_lsn(row[7]),
                     confirmed_flush_lsn=parse_lsn(row[8]),
                     lag_bytes=None if row[9] is None else int(row[9]),
-                    retained_bytes=None if row[10] is None else int(row[10]))
+                    retained_bytes=None if row[10] is None else int(row[10]),
+                    failover=bool(row[11]), synced=bool(row[12]))
 
 
 def list_slots(conn_or_dsn: Any, *, database: str | None = None) -> list[SlotInfo]:
@@ -113,13 +118,19 @@ def slot_info(conn_or_dsn: Any, slot: str) -> SlotInfo | None:
 
 
 def create_slot(conn_or_dsn: Any, slot: str, plugin: str = "pgoutput", *, two_phase: bool = False,
-                temporary: bool = False, if_missing: bool = True) -> SlotInfo:
+                temporary: bool = False, if_missing: bool = True, failover: bool = False) -> SlotInfo:
     """Create a logical slot in the connection's database unless it exists; return it.
 
-    An existing slot with another output plugin is an error (its stream would not decode as asked).
+    `failover` (PostgreSQL 17+; FailoverNotSupported before): a failover slot, which standbys that synchronize
+    slots keep a copy of; an existing slot that is not one is switched over (it must be idle). An existing slot
+    with another output plugin is an error (its stream would not decode as asked).
     """
     library = _slot_plugin(plugin)
     with _connection(conn_or_dsn) as conn:
+        if failover:
+            from .failover import require_version
+
+            require_version(conn.server_version)
         existing = slot_info(conn, slot)
         if existing is not None:
             if not if_missing:
@@ -127,13 +138,39 @@ def create_slot(conn_or_dsn: Any, slot: str, plugin: str = "pgoutput", *, two_ph
             if existing.plugin != library and not (library.startswith(existing.plugin)):
                 raise ValueError(f"replication slot {slot!r} exists with plugin {existing.plugin!r}, "
                                  f"not {library!r}")
+            if failover and not existing.failover:
+                # (a connection given: its parameters, without a password: the server must accept it otherwise)
+                set_failover_slot(conn_or_dsn if isinstance(conn_or_dsn, str) else conn.dsn, slot)
+                existing = slot_info(conn, slot)
+                assert existing is not None
             return existing
         with create_slot_errors(conn, library), conn.cursor() as cur:
-            cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, %s, %s)",
-                        (slot, library, temporary, two_phase))
+            if failover:
+                cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, %s, %s, true)",
+                            (slot, library, temporary, two_phase))
+            else:
+                cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, %s, %s)",
+                            (slot, library, temporary, two_phase))
         info = slot_info(conn, slot)
         assert info is not None
         return info
+
+
+def set_failover_slot(dsn: str, slot: str) -> None:
+    """Make an existing, idle slot a failover slot (``ALTER_REPLICATION_SLOT``, over a replication connection to
+    `dsn`; PostgreSQL 17+)."""
+    import psycopg2
+    import psycopg2.extras
+
+    from .failover import set_failover
+    from .session import pinned_kwargs
+
+    conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                            **pinned_kwargs(dsn))
+    try:
+        set_failover(conn.cursor(), slot, conn.server_version)
+    finally:
+        conn.close()
 
 
 @contextmanager

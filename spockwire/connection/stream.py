@@ -108,7 +108,8 @@ class ReplicationStream(BetweenReads):
                  connect_kwargs: Mapping[str, Any] | None = None, transport: str = "replication",
                  sql_batch_changes: int = 4_000_000, type_catalog: Any = "auto",
                  heartbeat_interval: float | None = None, sql_split_bytes: int = 16 << 20,
-                 proto_format: str = "native") -> None:
+                 proto_format: str = "native", failover: bool = False, require_failover_safety: bool = False,
+                 start_timeline: int | None = None) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be 'replication' or 'sql', not {transport!r}")
         if sql_batch_changes < 1:
@@ -150,6 +151,13 @@ class ReplicationStream(BetweenReads):
                           forward_origins=forward_origins, extra=dict(extra_options or {}))
         self.binary = binary
         self.create_slot = create_slot
+        #: a failover slot (PostgreSQL 17+): created so, or switched over at the first connect
+        self.failover = bool(failover)
+        self.require_failover_safety = bool(require_failover_safety)
+        #: the timeline the acknowledged position was read on (None: not known yet; the server's at connect)
+        self.timeline: int | None = start_timeline
+        self.system_identifier: str | None = None
+        self._failover_checked = False
         self.status_interval = float(status_interval)
         if heartbeat_interval is not None and heartbeat_interval <= 0:
             raise ValueError("heartbeat_interval must be a positive number of seconds (or None)")
@@ -381,11 +389,14 @@ class ReplicationStream(BetweenReads):
             self.server_encoding = conn.get_parameter_status("server_encoding") or "UTF8"
             if not self.options:
                 self.options = self._build_options(self.server_version_num)
-            if self.create_slot:
-                _create_slot(self.dsn, self.slot, self.plugin, two_phase=bool(self._want["two_phase"]))
-                self.create_slot = False
-            start = max(self._acked, self._start_lsn)
             cur = conn.cursor()
+            self._check_timeline(cur, conn)
+            if self.create_slot or (self.failover and not self._failover_checked):
+                _create_slot(self.dsn, self.slot, self.plugin, two_phase=bool(self._want["two_phase"]),
+                             failover=self.failover)
+                self.create_slot = False
+            self._check_failover_safety()
+            start = max(self._acked, self._start_lsn)
             cur.start_replication(slot_name=self.slot, decode=False, start_lsn=start, options=self.options)
             pump = self._pump_module.FramePump(conn.pgconn_ptr, status_interval=self.status_interval,
                                                max_batch_bytes=self.max_batch_bytes, flush_lsn=self._acked)
@@ -400,6 +411,39 @@ class ReplicationStream(BetweenReads):
         log.info("streaming slot %s (%s) from %s", self.slot, self.plugin,
                  format_lsn(start) if start else "its confirmed position")
 
+    def _check_timeline(self, cur: Any, conn: Any) -> None:
+        """IDENTIFY_SYSTEM on the replication connection: another cluster than before is an error; a new timeline
+        whose history leaves the old one before the acknowledged position is TimelineDiverged (the changes past the
+        switch point were never on this server); otherwise positions from now on are on the server's timeline."""
+        from .failover import TimelineDiverged, diverged_at, diverged_message, identify_system, timeline_history
+
+        system, timeline, _flush = identify_system(cur)
+        if self.system_identifier is not None and system != self.system_identifier:
+            raise ServerError(f"the server is another cluster (system identifier {system}, not "
+                              f"{self.system_identifier}): the DSN leads to a server that is not a copy of the "
+                              "one this stream read")
+        self.system_identifier = system
+        if self.timeline is not None and timeline != self.timeline:
+            switch = diverged_at(timeline_history(cur, timeline), self.timeline, self._acked)
+            if switch is not None:
+                raise TimelineDiverged(diverged_message(f"the server ({_host_of(conn)})", self._acked,
+                                                        self.timeline, switch, timeline),
+                                       acked=self._acked, switch_point=switch, timeline=timeline)
+            log.warning("slot %s: the server is on timeline %d (was %d): a standby was promoted; the acknowledged "
+                        "%s is in its history", self.slot, timeline, self.timeline, format_lsn(self._acked))
+        self.timeline = timeline
+
+    def _check_failover_safety(self) -> None:
+        """With a failover slot: whether it would survive a failover (connection.failover.check_failover_safety),
+        at the first connect and after each reconnect; FailoverUnsafe when required, else a warning."""
+        if not self.failover:
+            return
+        from .failover import check_failover_safety
+
+        self._failover_checked = True
+        check_failover_safety(self.dsn, self.slot, require=self.require_failover_safety,
+                              connect_kwargs=self._connect_kwargs)
+
     def _open_sql(self) -> None:
         import psycopg2
 
@@ -411,9 +455,11 @@ class ReplicationStream(BetweenReads):
             self.server_encoding = conn.get_parameter_status("server_encoding") or "UTF8"
             if not self.options:
                 self.options = self._build_options(self.server_version_num)
-            if self.create_slot:
-                _create_slot(conn, self.slot, self.plugin, two_phase=bool(self._want["two_phase"]))
+            if self.create_slot or (self.failover and not self._failover_checked):
+                _create_slot(conn, self.slot, self.plugin, two_phase=bool(self._want["two_phase"]),
+                             failover=self.failover)
                 self.create_slot = False
+            self._check_failover_safety()
             # a second connection pipelines the calls (the server decodes the next while this one's rows are sent)
             second = psycopg2.connect(self.dsn, **pinned_kwargs(self.dsn, self._connect_kwargs))
             second.autocommit = True
@@ -690,6 +736,15 @@ class ReplicationStream(BetweenReads):
 _DECODER_DEFAULTS: dict[str, Any] = dict(column_types=None, on_unrepresentable="text", types="typed", numeric="decimal")
 
 
+def _host_of(conn: Any) -> str:
+    """The host and port a connection reached (for messages)."""
+    try:
+        params = conn.get_dsn_parameters()
+    except Exception:  # noqa: BLE001
+        params = {}
+    return f"{params.get('host', '?')}:{params.get('port', '?')}"
+
+
 def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str | Sequence[str] | None = None,
             replication_sets: str | Sequence[str] | None = None, create_slot: bool = False,
             start_lsn: int | str | None = None, binary: bool | Literal["internal"] = False,
@@ -706,7 +761,8 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
             types: Literal["typed", "raw"] = "typed",
             numeric: Literal["decimal", "text"] = "decimal",
             on_unrepresentable: Literal["text", "error"] = "text",
-            column_types: Mapping[str, Literal["text", "raw"]] | None = None) -> ReplicationStream:
+            column_types: Mapping[str, Literal["text", "raw"]] | None = None, failover: bool = False,
+            require_failover_safety: bool = False, start_timeline: int | None = None) -> ReplicationStream:
     """Open a replication stream on `slot` and return it, streaming. See :class:`ReplicationStream`.
 
     * `plugin`: "pgoutput", "pglogical" (``pglogical_output``) or "spock" (``spock_output``).
@@ -743,6 +799,12 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
     * decoder options (not with a `decoder_factory`): `types` ("typed" | "raw"), `numeric` ("decimal" | "text"),
       `on_unrepresentable` ("text" | "error"), `column_types` ({"schema.table.column": "text" | "raw"}) -- see
       spockwire.Decoder.
+    * high availability (docs/high-availability.md): `failover` makes the slot a failover slot (PostgreSQL 17+:
+      created so, or an idle one switched over), and checks at the start and after each reconnect that a standby
+      would hold it (a warning; `require_failover_safety`: FailoverUnsafe). Give a multi-host `dsn` (``host=a,b
+      target_session_attrs=read-write``) to reconnect to whichever is the primary. `start_timeline`: the timeline
+      `start_lsn` was read on (``stream.timeline``, persisted with the position): a server whose history left that
+      timeline before `start_lsn` raises TimelineDiverged, at the start or after a reconnect.
     """
     given = dict(column_types=column_types, on_unrepresentable=on_unrepresentable, types=types, numeric=numeric)
     options = {k: v for k, v in given.items() if v != _DECODER_DEFAULTS[k]}
@@ -758,7 +820,8 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
                                decoder_factory=decoder_factory, connect_kwargs=connect_kwargs, transport=transport,
                                sql_batch_changes=sql_batch_changes, type_catalog=type_catalog,
                                heartbeat_interval=heartbeat_interval, sql_split_bytes=sql_split_bytes,
-                               proto_format=proto_format)
+                               proto_format=proto_format, failover=failover,
+                               require_failover_safety=require_failover_safety, start_timeline=start_timeline)
     if options:
         stream._decoder_factory = lambda p: _default_decoder_factory(p, stream.type_catalog, proto_format,
                                                                      **options)

@@ -100,6 +100,8 @@ class StagingWriter:
         self.out_dir = Path(out_dir)
         self.protocol = protocol
         self.source = source
+        #: the server timeline the positions being committed were read on (recorded in each log entry)
+        self.timeline: int | None = None
         self.compression = compression
         self.max_rows = max_rows
         self.max_bytes = max_bytes
@@ -410,9 +412,11 @@ class StagingWriter:
         if (not self._groups and not self._truncates and not self._messages and not self._pending_files
                 and snapshot is None and new_lsn == previous):
             return None
-        return _Sealed(self._sealed_commit + 1, previous, new_lsn, list(self._groups.values()),
-                       list(self._truncates), list(self._messages), list(self._new_versions),
-                       list(self._pending_files), snapshot)
+        sealed = _Sealed(self._sealed_commit + 1, previous, new_lsn, list(self._groups.values()),
+                         list(self._truncates), list(self._messages), list(self._new_versions),
+                         list(self._pending_files), snapshot)
+        sealed.timeline = self.timeline
+        return sealed
 
     def commit(self, committed_lsn: int, *, snapshot: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Write everything buffered, make it durable, then append the log entry that publishes it.
@@ -604,6 +608,7 @@ class StagingWriter:
                 "files": files, "truncates": sealed.truncates, "messages": messages,
                 "relations": [sv.to_json() for sv in sealed.new_versions],
                 **({"snapshot": sealed.snapshot} if sealed.snapshot is not None else {}),
+                **({"timeline": sealed.timeline} if sealed.timeline is not None else {}),
             }
             step = "writing the log entry"
             raw = (json.dumps(entry, indent=1, ensure_ascii=False) + "\n").encode("utf-8", "surrogateescape")

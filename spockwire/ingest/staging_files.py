@@ -202,7 +202,7 @@ class _Sealed:
     """One staging commit taken out of the buffer: what `_write_sealed` writes."""
 
     __slots__ = ("number", "previous", "new_lsn", "groups", "truncates", "messages", "new_versions",
-                 "pending_files", "snapshot")
+                 "pending_files", "snapshot", "timeline")
 
     def __init__(self, number: int, previous: int, new_lsn: int, groups: list[_Group], truncates: list[Any],
                  messages: list[LogicalMessage], new_versions: list[SchemaVersion], pending_files: list[Any],
@@ -216,6 +216,7 @@ class _Sealed:
         self.new_versions = new_versions
         self.pending_files = pending_files
         self.snapshot = snapshot
+        self.timeline: int | None = None
 
 
 def _schema_version_of(relation: Relation, schema: pa.Schema, version: int) -> SchemaVersion:

@@ -246,6 +246,7 @@ class StagingState:
     nontransactional_high_water: int | None = None
     committed_lsn: int = 0
     commit: int = 0
+    timeline: int | None = None      # the server timeline of the last entry that recorded one
     protocol: str | None = None
     source: StagingSource | None = None
     snapshots: list[dict[str, Any]] = field(default_factory=list)   # the "snapshot" records, in commit order
@@ -300,6 +301,8 @@ class StagingState:
                 key = (point, SNAPSHOT_SEQ_BASE + max(int(rows), 1) - 1)
                 self.high_water[table] = _max_key(self.high_water.get(table), key)
         self.committed_lsn = max(self.committed_lsn, int(entry["committed_lsn"]))
+        if entry.get("timeline") is not None:
+            self.timeline = int(entry["timeline"])
         self.commit = number
         self.protocol = entry.get("protocol", self.protocol)
         if entry.get("source"):

