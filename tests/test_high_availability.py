@@ -262,3 +262,13 @@ def test_a_lagging_standby_promoted_is_detected_as_divergence(tmp_path):
         if standby is not None:
             standby.stop()
         primary.stop()
+
+
+def test_a_spock_slot_is_a_failover_slot_too(spock_cluster):
+    """Spock 6's output plugin on PostgreSQL 18: create_slot(plugin="spock", failover=True) gives a failover slot
+    whose standby copy PostgreSQL synchronizes as any other."""
+    db = spock_cluster.create_database(spock_cluster.new_database_name("ha_spock"))
+    spock_cluster.execute("CREATE EXTENSION spock", dbname=db)
+    info = create_slot(spock_cluster.dsn(db), f"{db}_fo", "spock", failover=True)
+    assert info.plugin == "spock_output" and info.failover
+    spock_cluster.execute("SELECT pg_drop_replication_slot(%s)", (f"{db}_fo",), dbname=db)
