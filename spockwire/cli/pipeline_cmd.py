@@ -69,7 +69,13 @@ VACUUM_RETENTION_HOURS = Setting("vacuum_retention_hours", "after an OPTIMIZE, V
                                  default=DEFAULT_VACUUM_RETENTION_HOURS, metavar="H")
 MAINTENANCE = Setting("maintenance", "state collection, OPTIMIZE and VACUUM after micro-batches (--no-maintenance: "
                       "none)", is_flag=True, default=True)
-SETTINGS = (CONFIG, IMPL, DSN, PASSWORD, PASSWORD_FILE, SLOT, PUBLICATION, CREATE_SLOT, TABLE, EXCLUDE_TABLE, TARGET,
+FAILOVER_SLOT = Setting("failover_slot", "make the slot a failover slot (PostgreSQL 17+: created so, or switched "
+                        "over; docs/high-availability.md)", is_flag=True, default=False)
+RECONNECT_TIMEOUT = Setting("reconnect_timeout", "when the source database goes away (a restart, a failover), wait "
+                            "this long for a primary to answer through the dsn (a multi-host dsn finds a promoted "
+                            "standby) and go on from the checkpoint", type=float, default=300.0, metavar="SECONDS")
+SETTINGS = (CONFIG, IMPL, DSN, PASSWORD, PASSWORD_FILE, SLOT, PUBLICATION, CREATE_SLOT, FAILOVER_SLOT,
+            RECONNECT_TIMEOUT, TABLE, EXCLUDE_TABLE, TARGET,
             CHECKPOINT, STARTING_POSITION, MAX_CHANGES_PER_BATCH, TRIGGER_SECONDS, OPTION, HISTORY, MASTER, SPARK_CONF,
             UNTIL_CAUGHT_UP, TIMEOUT, OPTIMIZE_EVERY, OPTIMIZE_SMALL_FILES, OPTIMIZE_MODE, VACUUM_RETENTION_HOURS,
             MAINTENANCE, METRICS_PORT, METRICS_HOST, PROGRESS, LOG_FORMAT)
@@ -127,6 +133,7 @@ def job_config(cfg: Any) -> Any:
                      starting_position=None if cfg.starting_position == "slot" else cfg.starting_position,
                      max_changes_per_batch=cfg.max_changes_per_batch, trigger_seconds=cfg.trigger_seconds,
                      create_slot=cfg.create_slot, extra_options=options, history=cfg.history,
+                     failover_slot=cfg.failover_slot, reconnect_timeout=cfg.reconnect_timeout,
                      password=_password(cfg),
                      maintenance=MaintenanceOptions(optimize_every=cfg.optimize_every,
                                                     small_files=cfg.optimize_small_files,

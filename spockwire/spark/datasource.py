@@ -28,6 +28,7 @@ Options (all strings, as Spark passes them):
 | protoVersion | pgoutput protocol version (default: the server's highest) |
 | types | auto (default: typed values when the decoder has them) / typed / raw |
 | createSlot | true: create the slot when it does not exist (default false) |
+| failoverSlot | streaming: true: make the slot a failover slot (PostgreSQL 17+: created so, or switched over) |
 | maxChangesPerBatch | streaming: about this many plugin messages per micro-batch, estimated from a sample at its start |
 | maxWalBytesPerBatch | streaming: at most this many bytes of WAL per micro-batch (with maxChangesPerBatch: the smaller) |
 | idleAdvanceBytes | streaming: move the slot over this much WAL without output for the tables (default 16 MiB) |

@@ -75,6 +75,10 @@ class JobConfig:
     patterns: Sequence[str] = ()   # set by resolve_tables: the table patterns a joining table must match
     # read the DDL capture's messages (connection/ddl_capture.py): None, read them when the database has it installed
     ddl_capture: bool | None = None
+    # high availability (docs/high-availability.md): a failover slot (PostgreSQL 17+), and how long the job tries
+    # to reach a primary again (a multi-host dsn finds the promoted one) before it gives up
+    failover_slot: bool = False
+    reconnect_timeout: float = 300.0
 
 
 @dataclass
@@ -188,6 +192,8 @@ def _reader(spark: Any, cfg: JobConfig) -> Any:
         reader = reader.option("maxChangesPerBatch", str(cfg.max_changes_per_batch))
     if cfg.create_slot:
         reader = reader.option("createSlot", "true")
+    if cfg.failover_slot:
+        reader = reader.option("failoverSlot", "true")
     if cfg.follow:
         reader = reader.option("allTables", "true")     # tables that join the publications later come through
     if cfg.ddl_capture:
@@ -882,6 +888,22 @@ class _Stopping(Exception):
 QUERY_RESTARTS = 3
 
 
+#: in a query's failure: the source database went away (a restart, a failover) or cannot be reached yet
+_CONNECTION_LOST = ("psycopg2.OperationalError", "psycopg2.InterfaceError", "ConnectionLost:",
+                    "server closed the connection", "could not connect to server", "Connection refused",
+                    "terminating connection due to administrator command", "the database system is shutting down",
+                    "the database system is starting up", "the database system is in recovery mode",
+                    "connection to server at", "SSL SYSCALL error")
+
+
+def _connection_lost(query: Any) -> bool:
+    """The query failed because its source database could not be reached (a restart, a promotion): starting it
+    again from its checkpoint, through the dsn, resumes where it stopped."""
+    exc = query.exception()
+    text = "" if exc is None else str(exc)
+    return any(marker in text for marker in _CONNECTION_LOST)
+
+
 def _worker_did_not_connect(query: Any) -> bool:
     """The query failed because a Python process Spark started did not connect back within Spark's fixed timeout
     (its streaming source's runner, a worker): a failure of the machine's load, not of the data."""
@@ -1013,6 +1035,13 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
                 query.stop()
                 query = start(spark, cfg, report, gate)
                 continue
+            if not stop.is_set() and _connection_lost(query):
+                try:
+                    query = _reconnect(spark, cfg, query, report, gate, out, stop)
+                except _Stopping:
+                    print(json.dumps({"stopped": True, "last_batch": None}), file=out, flush=True)
+                    break
+                continue
             failure = _failure(query)
             if failure is not None:
                 raise failure
@@ -1023,6 +1052,42 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
         if own_session:
             spark.stop()
     return 0
+
+
+def _reconnect(spark: Any, cfg: JobConfig, query: Any, report: Callable[[BatchReport], None], gate: "StopGate",
+               out: TextIO, stop: threading.Event) -> Any:
+    """The query lost its source database: start it again from its checkpoint once a primary answers through the
+    dsn (a multi-host dsn with target_session_attrs=read-write finds a promoted standby), with backoff, for at most
+    `cfg.reconnect_timeout` seconds; one JSON line (``"reconnect"``) and one stderr line say so."""
+    import psycopg2
+
+    from .slot import _connect
+
+    cause = str(_failure(query)).replace("the streaming query failed: ", "", 1)
+    query.stop()
+    print(f"spockwire.spark.job: the source database went away ({cause}); reconnecting", file=sys.stderr,
+          flush=True)
+    started = time.monotonic()
+    delay = 0.2
+    while True:
+        try:
+            with _connect(conninfo(cfg)) as conn, conn.cursor() as cur:
+                cur.execute("SELECT pg_is_in_recovery(), inet_server_port()")
+                recovery, port = cur.fetchone()
+            if not recovery:
+                break
+        except psycopg2.Error:
+            pass
+        if stop.is_set():
+            raise _Stopping()
+        if time.monotonic() - started > cfg.reconnect_timeout:
+            raise JobError(f"the streaming query failed: no primary answered within {cfg.reconnect_timeout:g} s "
+                           f"after the source database went away ({cause})")
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
+    waited = time.monotonic() - started
+    print(json.dumps({"reconnect": True, "after_s": round(waited, 3), "port": port}), file=out, flush=True)
+    return start(spark, cfg, report, gate)
 
 
 def _resolved(cfg: JobConfig) -> JobConfig:

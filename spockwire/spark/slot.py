@@ -326,16 +326,44 @@ def _require_slot(cur: Any, spec: SlotSpec) -> int:
     return confirmed
 
 
-def ensure_slot(spec: SlotSpec) -> int:
-    """Create the slot if missing; return its confirmed position."""
+def ensure_slot(spec: SlotSpec, failover: bool = False) -> int:
+    """Create the slot if missing (`failover`: a failover slot, PostgreSQL 17+); return its confirmed position."""
     with _connect(spec.conninfo) as conn, conn.cursor() as cur:
         pos = slot_position(cur, spec.slot)
         if pos is None:
             library = SLOT_PLUGIN.get(spec.plugin, spec.plugin)
+            if failover:
+                from ..connection.failover import require_version
+
+                require_version(conn.server_version)
             with create_slot_errors(conn, library):
-                cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)", (spec.slot, library))
+                cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, false, false"
+                            + (", true)" if failover else ")"), (spec.slot, library))
                 return parse_lsn(cur.fetchone()[0])
         return _require_slot(cur, spec)
+
+
+def make_failover_slot(spec: SlotSpec, conn: Any) -> bool:
+    """Switch the slot to a failover slot unless it is one (PostgreSQL 17+); False when it is busy now (a reader
+    holds it: try again later)."""
+    import psycopg2
+
+    from ..connection.failover import require_version
+    from ..connection.slots import set_failover_slot
+
+    require_version(conn.server_version)
+    with conn.cursor() as cur:
+        cur.execute("SELECT failover, active FROM pg_replication_slots WHERE slot_name = %s", (spec.slot,))
+        row = cur.fetchone()
+    if row is None or row[0]:
+        return True
+    if row[1]:
+        return False
+    try:
+        set_failover_slot(spec.conninfo, spec.slot)
+    except psycopg2.errors.ObjectInUse:
+        return False
+    return True
 
 
 #: writes out every WAL record inserted before it, and nothing a stream receives: a transaction with an id and a

@@ -15,8 +15,8 @@ from ..export.arrow import repeated
 from ..model import Relation
 from . import schema as S
 from .slot import IDLE_ADVANCE_BYTES, SPLIT_WAL_BYTES, ReusedConnection, SlotSpec, _catalog, _connect, \
-    advance_slot, decodable_wal_end, decoder_types_supported, drop_stale_range_copies, ensure_slot, plan_end, \
-    read_range, slot_position, split_range
+    advance_slot, decodable_wal_end, decoder_types_supported, drop_stale_range_copies, ensure_slot, \
+    make_failover_slot, plan_end, read_range, slot_position, split_range
 from .memory import release_memory
 from .snapshot import is_snapshot_offset
 from .source_options import STARTING_POSITIONS, flag, names, staging_path
@@ -206,6 +206,8 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         opts = {str(k).lower(): v for k, v in dict(options).items()}
         self.staging = staging_path(options)
         self.create_slot = flag(opts.get("createslot"))
+        self.failover = flag(opts.get("failoverslot"))
+        self._failover_done = not self.failover
         self.max_messages = int(opts["maxchangesperbatch"]) if opts.get("maxchangesperbatch") else None
         self.max_wal_bytes = int(opts["maxwalbytesperbatch"]) if opts.get("maxwalbytesperbatch") else None
         idle = opts.get("idleadvancebytes")
@@ -242,7 +244,7 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
             return initial_offset()
         if self.create_slot:
-            confirmed = ensure_slot(self.spec)
+            confirmed = ensure_slot(self.spec, failover=self.failover)
         else:
             pos = self._slot_position()
             if pos is None:
@@ -286,6 +288,8 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 # from there (WAL without output after it makes no empty micro-batch)
                 self._settled = parse_lsn(start["lsn"])
             self.snapshot.close()        # read: the slot's changes follow from its consistent point
+        if not self._failover_done:         # the slot exists and no snapshot holds it: a failover slot from now on
+            self._failover_done = self._conn.run(lambda conn: make_failover_slot(self.spec, conn))
         if start is not None:
             begin = parse_lsn(start["lsn"])
         elif self._known_start is not None:
