@@ -116,6 +116,15 @@ class Writer(threading.Thread):
             conn.close()
 
 
+def _as_standby_of(old: PostgresCluster, new: PostgresCluster) -> None:
+    """Start the stopped old primary again as a standby of the new one (without pg_rewind it cannot follow the new
+    timeline, but it runs, read-only, first in the DSN's host list)."""
+    old._write_as_server_user(old.datadir / "standby.signal", "")
+    old.configure(primary_conninfo=f"host={new.host} port={new.port} user=postgres", hot_standby=True)
+    old.restart()
+    assert old.scalar("SELECT pg_is_in_recovery()")
+
+
 def _ingest(dsn: str, slot: str, out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "spockwire", "ingest", "--dsn", dsn, "--slot", slot,
                              "--publication", "pub", "--out", str(out), "--flush-seconds", "0.2",
@@ -160,9 +169,10 @@ def test_failover_slots_are_created_or_switched_over_and_refused_before_17(tmp_p
 @pytest.mark.timeout(900)
 def test_ingest_survives_five_promotions_with_a_writer_running(tmp_path):
     """`spockwire ingest --failover-slot` on a multi-host DSN while a writer runs; five times the primary is killed
-    (immediate shutdown) and its standby promoted, a new standby made from the new primary. The staging equals the
-    last primary's table, every log entry records the timeline it was read on, and the worker reported each
-    reconnect."""
+    (immediate shutdown) and its standby promoted, a new standby made from the new primary, and the new primary's
+    walsender terminated once the stream is back. The first old primary comes back as a standby, ahead of the
+    others in the host list, and is never read from. The staging equals the last primary's table, every log entry
+    records the timeline it was read on, and the worker reported each reconnect."""
     ports = _ports(ROUNDS + 2)
     clusters: list[PostgresCluster] = []
     primary = _primary(ports[0])
@@ -186,12 +196,17 @@ def test_ingest_survives_five_promotions_with_a_writer_running(tmp_path):
                 _wait_synced(primary, standby, "cdc", "ha")
                 time.sleep(random.Random(r).uniform(0.5, 2.0))
                 assert proc.poll() is None, proc.stderr.read()[-3000:]
-                primary.stop(mode="immediate")
+                primary.stop(mode="immediate") if r else primary._shutdown("immediate")
                 standby.promote()
+                if not r:      # the old primary comes back as a standby (read-only): never read from
+                    _as_standby_of(primary, standby)
                 new_standby = standby.standby(f"sb{r + 1}", port=ports[r + 2])
                 clusters.append(new_standby)
                 standby.execute(f"ALTER SYSTEM SET synchronized_standby_slots = 'sb{r + 1}'")
                 standby.execute("SELECT pg_reload_conf()")
+                # a walsender terminated in the middle of the stream: a reconnect as any other
+                standby.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_replication WHERE application_name "
+                                "<> 'standby'")
                 primary, standby = standby, new_standby
             time.sleep(2.0)
         finally:
