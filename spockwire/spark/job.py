@@ -79,6 +79,8 @@ class JobConfig:
     # to reach a primary again (a multi-host dsn finds the promoted one) before it gives up
     failover_slot: bool = False
     reconnect_timeout: float = 300.0
+    # write tables another streaming query owns (spark/ownership.py), recording this one as their writer
+    take_over: bool = False
 
 
 @dataclass
@@ -227,6 +229,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
     (and would change nothing anyway: `apply_changes` is idempotent per key)."""
     from .apply import apply_changes
     from .resolve import first_position
+    from .ownership import Ownership
     from .schema_changes import Reread, apply_shaped
     from .source_options import options_to_spec
 
@@ -238,6 +241,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
     tables = list(cfg.tables)            # grows as tables join the publications (cfg.follow)
     publication = PublicationWatch(cfg) if cfg.follow else None
     diverged: set[str] = set()           # tables without a key said to differ from their source (keyless.divergence)
+    owners = Ownership(cfg.take_over)
 
     def targets() -> list[tuple[str, bool]]:
         return [(t, h) for t in tables for h in kinds]
@@ -283,6 +287,7 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
         def one(table: str, changes: Any, history: bool) -> None:
             path = target_path(cfg.target, table, history)
             t1 = time.monotonic()
+            existed = token is None or owners.check(path, token[0])      # one writer per table (ownership.py)
 
             def new_keys(k: list[str]) -> list[str]:   # a re-read's replica identity: the key, unless one was named
                 if not cfg.tables.get(table) and k:
@@ -292,6 +297,8 @@ def apply_batch(cfg: JobConfig, on_batch: Callable[[BatchReport], None] | None =
             done = apply_shaped(path, changes or [], keys[table], 2 if history else 1, token, reread, table,
                                 lambda *a, **kw: apply_changes(*a, format="delta", engine="delta-rs", **kw),
                                 new_keys, started.get(path), new_table_reread=cfg.follow)
+            if not existed:
+                owners.claim(path, token[0])
             name = table + ("_history" if history else "")
             timings[name] = time.monotonic() - t1
             for m in done.metrics:
