@@ -83,6 +83,7 @@ def render(data: dict, pipeline_run: dict | None = None, soak: dict | None = Non
     lines += _many_tables_section([b for b in (many_tables or data)["benchmarks"] if runs.is_many_tables(b)],
                                   many_tables)
     lines += _soak_section(soak)
+    lines += _failover_section(runs.load_failover())
     if groups:
         lines += ["## Synthetic decode workloads", "",
                   "Each table is one workload measured in one run; `ratio` is the row's rows/s divided by the "
@@ -528,6 +529,47 @@ def _many_load_note(i: dict) -> str:
             f"{other:,.0f} CPU-seconds of the {cores:,.0f} the 2 cores had while the writers ran"
             + (": next to none." if other < 0.02 * cores else ": the machine was shared with other work, which "
                "took cycles from the job."))
+
+
+def _failover_section(run: dict | None) -> list[str]:
+    """bench_failover.py: per promotion, the outage, the time to the first change landed from the new primary and
+    the lag it left, for the ingest worker and the pipeline job."""
+    if not run:
+        return []
+    figures: dict = {}
+    for b in run["benchmarks"]:
+        figures.update(b["extra_info"]["failover"])
+    lines = ["## Failover", "",
+             "benchmarks/bench_failover.py: a PostgreSQL 18 primary with a physical standby (`pg_basebackup`, "
+             "`sync_replication_slots = on`, `synchronized_standby_slots` naming it) on the same 2 cores; a writer "
+             "commits one row at a time, about 100 a second, through a multi-host DSN. Each round the primary is "
+             "stopped at once (`pg_ctl stop -m immediate`), the standby promoted (`pg_ctl promote`) and a new "
+             "standby made. *Outage*: from the stop to the end of the promotion. The staging and the Delta table "
+             f"equal the last primary's table at the end (checked). Run: {run.get('datetime', '')}.", ""]
+    ingest = figures.get("ingest")
+    if ingest:
+        lines += [f"**`spockwire ingest --failover-slot`** (flush every 0.2 s; {ingest['rows']:,} rows): steady "
+                  f"commit-to-staging lag p50 {ingest['steady_lag_p50_s']:.3f} s, p95 "
+                  f"{ingest['steady_lag_p95_s']:.3f} s.", "",
+                  "| promotion | outage | promotion end → first new row staged | highest lag around it |",
+                  "|---|---|---|---|"]
+        lines += [f"| {k + 1} | {r['outage_s']:.3f} s | {r['to_first_change_s']:.3f} s | {r['max_lag_s']:.3f} s |"
+                  for k, r in enumerate(ingest["rounds"])]
+        lines += [""]
+    job = figures.get("pipeline")
+    if job:
+        steady = job.get("steady_lag_p95_median_s")
+        lines += [f"**`spockwire pipeline --failover-slot`** (trigger 0.5 s; {job['rows']:,} rows): steady "
+                  f"micro-batch lag p95, median {steady if steady is None else f'{steady:.3f}'} s. The query fails "
+                  "when its source goes away in the middle of a micro-batch and starts again from its checkpoint "
+                  "(Spark's start of a query included).", "",
+                  "| promotion | outage | query started again | promotion end → first micro-batch | highest lag p95 "
+                  "after |", "|---|---|---|---|---|"]
+        lines += [f"| {k + 1} | {r['outage_s']:.3f} s | {'yes' if r['reconnected'] else 'no'} | "
+                  f"{_num(r['to_first_batch_s'])} s | {_num(r['max_lag_p95_s'])} s |"
+                  for k, r in enumerate(job["rounds"])]
+        lines += [""]
+    return lines
 
 
 def _soak_section(soak: dict | None) -> list[str]:

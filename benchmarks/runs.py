@@ -4,6 +4,7 @@
     benchmarks/results/pipeline_run.json    the last run of benchmarks/bench_pipeline.py (the same format)
     benchmarks/results/many_tables_run.json the last run of benchmarks/bench_many_tables.py (the same format)
     benchmarks/results/soak.json            the last soak of benchmarks/bench_soak.py (its own format: per batch)
+    benchmarks/results/failover_run.json    the last run of each case of benchmarks/bench_failover.py
 
 A run saved with ``--benchmark-json`` at the default sizes (no SPOCKWIRE_BENCH_* setting) is kept here by ``keep``
 (called from benchmarks/conftest.py when pytest-benchmark writes its JSON): a run holding the decode peers, the end-to-end streams and the snapshot readers becomes
@@ -22,6 +23,7 @@ RUN = RESULTS / "bench_run.json"
 PIPELINE = RESULTS / "pipeline_run.json"
 SOAK = RESULTS / "soak.json"
 MANY_TABLES = RESULTS / "many_tables_run.json"
+FAILOVER = RESULTS / "failover_run.json"
 
 
 def load_soak(path: str | Path | None = None) -> dict | None:
@@ -61,6 +63,17 @@ def load_many_tables(path: str | Path | None = None) -> dict | None:
     return json.loads(target.read_text()) if target.is_file() else None
 
 
+def is_failover(bench: dict) -> bool:
+    """benchmarks/bench_failover.py: promotions of a standby under the ingest worker or the pipeline job."""
+    return isinstance(bench.get("extra_info", {}).get("failover"), dict)
+
+
+def load_failover(path: str | Path | None = None) -> dict | None:
+    """The kept runs of benchmarks/bench_failover.py, None when there is none."""
+    target = Path(path) if path else FAILOVER
+    return json.loads(target.read_text()) if target.is_file() else None
+
+
 def is_full_run(data: dict) -> bool:
     """A run of every part that BENCHMARKS.md leads with (what scripts/bench.sh runs without arguments)."""
     benches = data.get("benchmarks", [])
@@ -75,6 +88,12 @@ def keep(data: dict[str, Any], results: Path = RESULTS) -> list[Path]:
     pipeline = [b for b in data.get("benchmarks", []) if is_pipeline(b)]
     if pipeline and all(isinstance(b.get("extra_info", {}).get("pipeline"), dict) for b in pipeline):
         written.append(_write(results / PIPELINE.name, dict(data, benchmarks=pipeline)))
+    failover = [b for b in data.get("benchmarks", []) if is_failover(b)]
+    if failover:       # each case replaces its own last run, the others are kept
+        kept = load_failover(results / FAILOVER.name) or dict(data, benchmarks=[])
+        names = {b["name"] for b in failover}
+        merged = [b for b in kept["benchmarks"] if b["name"] not in names] + failover
+        written.append(_write(results / FAILOVER.name, dict(data, benchmarks=sorted(merged, key=lambda b: b["name"]))))
     many = [b for b in data.get("benchmarks", []) if is_many_tables(b)]
     if many and all(isinstance(b.get("extra_info", {}).get("many_tables"), dict) for b in many):
         written.append(_write(results / MANY_TABLES.name, dict(data, benchmarks=many)))
