@@ -20,7 +20,7 @@ import pytest
 from spockwire.errors import StaleChangesError
 from spockwire.spark.apply import apply_changes
 from spockwire.spark.delta_target import STATE_DIR
-from spockwire.spark.maintenance import Maintenance, MaintenanceOptions, collect_state, file_stats, optimize, vacuum
+from spockwire.spark.maintenance import Maintenance, MaintenanceOptions, collect_state, optimize, table_files, vacuum
 from spockwire.spark.resolve import first_position
 from tests.apply_oracle import T0
 
@@ -131,7 +131,7 @@ def test_optimize_keeps_the_rows_and_the_idempotence_token_and_narrows_key_range
         # a replay of the last micro-batch after the OPTIMIZE is still skipped
         assert apply_changes(last, path, engine="delta-rs", keys=["id"], idempotence=("q", token)).skipped
     # Z-ordered by the key: one key's lookup reads one file
-    assert file_stats(deltalake.DeltaTable(path)).rows == 2000
+    assert table_files(deltalake.DeltaTable(path)).rows == 2000
     m = apply_changes(changes("update_postimage", [1234], 300), path, engine="delta-rs", keys=["id"])
     assert m.files_read == 1, m
 
@@ -234,7 +234,7 @@ def test_kill_9_during_the_maintenance_step_loses_and_resurrects_nothing(tmp_pat
     assert children[0].returncode == 0
     assert "'optimized'" in out and "'state_collected'" in out, out
     assert rows(path) == expected and state_rows(path) == 11
-    assert file_stats(__import__("deltalake").DeltaTable(path)).files == 1
+    assert table_files(__import__("deltalake").DeltaTable(path)).files == 1
 
 
 def test_the_jobs_step_optimizes_by_small_files_and_every_n_batches(tmp_path):

@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 
 from .resolve import DELETE, OP, Plan, Resolution, Stored, _sk
 
-__all__ = ["ArrowTarget", "STATE_KIND", "COLLECTED", "keys_in", "key_values", "before", "state_rows",
-           "truncate_positions", "collected_position", "collected_state", "unify"]
+__all__ = ["ArrowTarget", "STATE_KIND", "COLLECTED", "keys_in", "key_values", "position_before", "truncated",
+           "RowMasks", "before", "state_rows", "truncate_positions", "collected_position", "collected_state", "unify"]
 
 #: state rows: delete (a tombstone) | truncate | collected (the position before which the state was collected)
 STATE_KIND = "_sw_state"
@@ -39,12 +39,29 @@ def keys_in(table: pa.Table, keys: Sequence[str], wanted: pa.Table) -> np.ndarra
             out |= col.is_null().to_numpy(zero_copy_only=False)
         return out
     marker = "__sw_row"
-    left = table.select(list(keys)).append_column(marker, pa.array(np.arange(table.num_rows)))
-    right = unify(wanted.select(list(keys)), left.select(list(keys)).schema).group_by(list(keys)).aggregate([])
-    joined = left.join(right, list(keys), join_type="left semi")
+    left = table.select(list(keys))
+    right = unify(wanted.select(list(keys)), left.schema)
+    left, right = _nulls_as_values(left, right)
+    left = left.append_column(marker, pa.array(np.arange(table.num_rows)))
+    right = right.group_by(right.column_names).aggregate([])
+    joined = left.join(right, right.column_names, join_type="left semi")
     out = np.zeros(table.num_rows, dtype=bool)
     out[joined.column(marker).to_numpy()] = True
     return out
+
+
+def _nulls_as_values(left: pa.Table, right: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """The key columns of two tables, those holding a NULL on either side as codes of their values in both
+    (NULL a value of its own: a join matches NULL with NULL then, as keys compare)."""
+    for i, name in enumerate(left.column_names):
+        a, b = left.column(i), right.column(i)
+        if a.null_count == 0 and b.null_count == 0:
+            continue
+        both = pa.chunked_array(a.chunks + b.chunks, a.type).combine_chunks()
+        codes = pc.dictionary_encode(both, null_encoding="encode").indices
+        left = left.set_column(i, name, codes.slice(0, len(a)))
+        right = right.set_column(i, name, codes.slice(len(a)))
+    return left, right
 
 
 def key_values(values: Any) -> pa.Array:
@@ -75,28 +92,75 @@ def unify(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.table(cols, schema=schema)
 
 
-def before(table: pa.Table, cols: Sequence[str], pos: tuple, *, after: bool = False) -> np.ndarray:
-    """Rows whose sequence (`cols`, lexicographic; NULL first) is before `pos` (`after`: after it)."""
-    n = table.num_rows
-    result = np.zeros(n, dtype=bool)
-    undecided = np.ones(n, dtype=bool)
-    for c, v in zip(cols, pos):
-        col = table.column(c) if c in table.column_names else pa.nulls(n, pa.int64())
-        isnull = np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-        if v is None:
-            lt = np.zeros(n, dtype=bool)
-            gt = ~isnull
+def position_before(cols: Sequence[str], pos: tuple, cond: Any, *, after: bool = False) -> Any:
+    """The one definition of position order: a row's position (the columns `cols`, compared in turn; NULL before
+    every value, as positions sort in resolve) is before `pos` (`after`: after it). `cond` builds the condition: a
+    row mask of an Arrow table (:class:`RowMasks`, for `before`) or a SQL predicate (delta_target.SqlConditions).
+    """
+    result = None
+    for c, v in reversed(list(zip(cols, pos))):
+        if v is None:            # nothing is before NULL, every value is after it; only NULL is the same
+            beyond = cond.not_null(c) if after else cond.false()
+            same = cond.is_null(c)
         else:
-            scalar = pa.scalar(v).cast(col.type) if col.type != pa.null() else None
-            if scalar is None:
-                lt, gt = isnull.copy(), np.zeros(n, dtype=bool)
-            else:
-                lt = isnull | np.asarray(pc.fill_null(pc.less(col, scalar), False).to_numpy(zero_copy_only=False))
-                gt = np.asarray(pc.fill_null(pc.greater(col, scalar), False).to_numpy(zero_copy_only=False))
-        hit = gt if after else lt
-        result |= undecided & hit
-        undecided &= ~(lt | gt)
-    return result
+            beyond = cond.compare(c, ">" if after else "<", v)
+            if not after:
+                beyond = cond.or_(cond.is_null(c), beyond)
+            same = cond.compare(c, "=", v)
+        result = beyond if result is None else cond.or_(beyond, cond.and_(same, result))
+    return cond.false() if result is None else result
+
+
+def truncated(plan: Plan, pos: tuple, cond: Any) -> Any:
+    """The rows a truncate at `pos` ends: SCD 1 the rows before it (removed); SCD 2 the versions started before it
+    and still open at it (closed at it)."""
+    if plan.scd == 1:
+        return position_before(plan.seq, pos, cond)
+    start, end = plan.start_cols, plan.end_cols
+    return cond.and_(position_before(start[:-1], pos, cond),
+                     cond.or_(cond.is_null(end[0]), position_before(end[:-1], pos, cond, after=True)))
+
+
+class RowMasks:
+    """Conditions on the rows of an Arrow table, as numpy masks (a missing column: every value NULL)."""
+
+    _COMPARE = {"<": pc.less, ">": pc.greater, "=": pc.equal}
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+
+    def _column(self, c: str) -> Any:
+        t = self.table
+        return t.column(c) if c in t.column_names else pa.nulls(t.num_rows, pa.null())
+
+    def is_null(self, c: str) -> np.ndarray:
+        return np.asarray(self._column(c).is_null().to_numpy(zero_copy_only=False), dtype=bool)
+
+    def not_null(self, c: str) -> np.ndarray:
+        return ~self.is_null(c)
+
+    def compare(self, c: str, op: str, v: Any) -> np.ndarray:
+        col = self._column(c)
+        if col.type == pa.null():
+            return self.false()
+        hit = pc.fill_null(self._COMPARE[op](col, pa.scalar(v).cast(col.type)), False)
+        return np.asarray(hit.to_numpy(zero_copy_only=False), dtype=bool)
+
+    def false(self) -> np.ndarray:
+        return np.zeros(self.table.num_rows, dtype=bool)
+
+    @staticmethod
+    def or_(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a | b
+
+    @staticmethod
+    def and_(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a & b
+
+
+def before(table: pa.Table, cols: Sequence[str], pos: tuple, *, after: bool = False) -> np.ndarray:
+    """Rows whose position (`cols`) is before `pos` (`after`: after it), as `position_before` orders them."""
+    return position_before(cols, pos, RowMasks(table), after=after)
 
 
 def state_rows(res: Resolution, plan: Plan, new_truncates: Sequence[tuple[tuple, Any]],
@@ -239,15 +303,13 @@ class ArrowTarget:
 
     def _truncate(self, table: pa.Table, pos: tuple, ts: Any) -> pa.Table:
         plan = self.plan
+        ended = truncated(plan, pos, RowMasks(table))
         if plan.scd == 1:
-            return table.filter(pa.array(~before(table, plan.seq, pos)))
-        start, end = plan.start_cols, plan.end_cols
-        alive = before(table, start[:-1], pos) & (
-            np.asarray(table.column(end[0]).is_null().to_numpy(zero_copy_only=False), dtype=bool)
-            | before(table, end[:-1], pos, after=True))
-        if not alive.any():
+            return table.filter(pa.array(~ended))
+        if not ended.any():
             return table
-        mask = pa.array(alive)
+        mask = pa.array(ended)
+        end = plan.end_cols
         cols = []
         for f in table.schema:
             col = table.column(f.name)

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from .arrow_target import keys_in, unify
 
 __all__ = ["FILE_COLUMN", "STATS_COLUMNS", "StoredFiles", "append_files", "arrow_schema", "exact_values",
-           "file_sizes", "file_stats", "keep_stats_exact", "plain_type", "rewritable", "rewrite_supported",
+           "file_sizes", "delta_stats_json", "keep_stats_exact", "plain_type", "rewritable", "rewrite_supported",
            "rewrite_files", "stats_configuration"]
 
 #: the column giving each stored row's data file, by its index among the files read (a pyarrow dataset field)
@@ -244,7 +244,7 @@ def _write(root: str, table: pa.Table, rows_per_file: int, order: pa.Array | Non
         pq.write_table(part, path, compression="snappy", row_group_size=max(part.num_rows, 1),
                        use_dictionary=dictionary)
         st = os.stat(path)
-        return AddAction(name, st.st_size, {}, int(st.st_mtime * 1000), True, file_stats(part))
+        return AddAction(name, st.st_size, {}, int(st.st_mtime * 1000), True, delta_stats_json(part))
 
     with ThreadPoolExecutor(max_workers=min(n, os.cpu_count() or 2)) as pool:
         return list(pool.map(one, range(n)))
@@ -259,7 +259,7 @@ def _local_root(dt: Any) -> str:
     return uri
 
 
-def file_stats(table: pa.Table) -> str:
+def delta_stats_json(table: pa.Table) -> str:
     """Delta statistics of a data file (JSON): numRecords, nullCount of every top-level column, minValues and
     maxValues of the columns whose bounds JSON holds as Delta readers read them (see `_bounds`)."""
     mins: dict[str, Any] = {}
@@ -400,7 +400,7 @@ _NUM_INDEXED = "delta.dataSkippingNumIndexedCols"
 
 
 def stats_configuration(rows: pa.Table) -> dict[str, str]:
-    """The statistics columns of a table created with `rows` (a table property): the columns `file_stats` bounds
+    """The statistics columns of a table created with `rows` (a table property): the columns `delta_stats_json` bounds
     exactly (numbers, booleans, strings, dates, timestamps with a time zone) and whose values in `rows` it can
     bound. Only these get min/max statistics, from any writer: delta-rs's writers otherwise fail on ±infinity or
     write bounds its readers reject (years outside 1 to 9999) or that are wrong (NaN left out), and delta-rs's
@@ -412,7 +412,7 @@ def stats_configuration(rows: pa.Table) -> dict[str, str]:
 def keep_stats_exact(dt: Any, rows: pa.Table) -> bool:
     """Before `rows` are added to the table `dt`: its statistics columns holding a value of `rows` that no exact
     min/max can bound (`exact_values`) leave its statistics (`stats_configuration`), in one commit that changes
-    only the table's properties; the columns whose type `file_stats` does not bound leave with them. True when it
+    only the table's properties; the columns whose type `delta_stats_json` does not bound leave with them. True when it
     committed."""
     conf = dt.metadata().configuration or {}
     schema = arrow_schema(dt.schema())
@@ -435,7 +435,7 @@ def keep_stats_exact(dt: Any, rows: pa.Table) -> bool:
 
 
 def _bounded_type(t: pa.DataType) -> bool:
-    """A type whose min/max `file_stats` writes."""
+    """A type whose min/max `delta_stats_json` writes."""
     return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
             or pa.types.is_large_string(t) or pa.types.is_date32(t) or pa.types.is_timestamp(t) and t.tz is not None)
 

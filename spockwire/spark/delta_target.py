@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrow_target import (COLLECTED, STATE_KIND, collected_position, key_values, keys_in, state_rows,
-                           truncate_positions, unify)
+                           truncate_positions, truncated, unify)
 from .delta_rewrite import (FILE_COLUMN, StoredFiles, append_files, arrow_schema, exact_values, file_sizes,
                             keep_stats_exact, plain_type, rewritable, rewrite_files, rewrite_supported,
                             stats_configuration)
@@ -94,7 +94,7 @@ def _key_pruning(keys: Sequence[str], touched: pa.Table, max_in: int = 512) -> l
     filters: list = []
     for k in keys:
         col = touched.column(k)
-        if not _nameable(col):
+        if col.null_count or not _nameable(col):     # a NULL key: in files without bounds for the column too
             continue
         mm = pc.min_max(col).as_py()
         lo, hi = mm["min"], mm["max"]
@@ -120,13 +120,17 @@ def _nameable(col: Any) -> bool:
 
 
 def _key_filter(keys: Sequence[str], touched: pa.Table) -> Any:
-    """A dataset filter: the row's key is among the touched keys' values (per column; NaN matching NaN)."""
+    """A dataset filter: the row's key is among the touched keys' values (per column; NaN matching NaN, NULL
+    matching NULL)."""
     expr = None
     for k in keys:
-        vals = key_values(touched.column(k))
-        if len(vals) == 0:
+        col = touched.column(k)
+        vals = key_values(col)
+        if len(vals) == 0 and col.null_count == 0:
             continue
         e = pc.field(k).isin(vals)
+        if col.null_count:
+            e = e | pc.field(k).is_null()
         if pa.types.is_floating(vals.type) and pc.any(pc.is_nan(vals)).as_py():
             # Parquet's statistics leave NaN out: a value set of NaN alone would skip the row group holding it
             e = e | pc.is_nan(pc.field(k))
@@ -171,8 +175,7 @@ def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table, whole_files: bool
     key_cols = list(keys) + ([FILE_COLUMN] if whole_files else [])
     found = _scan(ds, key_cols, expr) if expr is not None else ds.to_table(columns=key_cols)
     if len(keys) > 1 and found.num_rows:
-        found = found.join(unify(touched.select(list(keys)), found.select(list(keys)).schema), list(keys),
-                           join_type="left semi")
+        found = found.filter(pa.array(keys_in(found, keys, touched)))
     if whole_files:
         # the files holding a found key, whole: they are rewritten, and their rows of the found keys resolved
         holding = {ds.files[i] for i in pc.unique(found.column(FILE_COLUMN)).to_pylist()}
@@ -185,7 +188,7 @@ def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table, whole_files: bool
         return ds.schema.empty_table(), files, total, None
     rows = _scan(ds, cols, _key_filter(keys, found))
     if len(keys) > 1:
-        rows = rows.join(unify(found, rows.select(list(keys)).schema), list(keys), join_type="left semi")
+        rows = rows.filter(pa.array(keys_in(rows, keys, found)))
     return rows, files, total, None
 
 
@@ -217,6 +220,8 @@ def _q(name: str) -> str:
 def _sql_literal(v: Any) -> str:
     import decimal
 
+    if v is None:
+        return "NULL"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float) and not math.isfinite(v):
@@ -232,15 +237,40 @@ def _sql_literal(v: Any) -> str:
     return "'" + str(v).replace("'", "''") + "'"
 
 
-def sql_pos_cmp(cols: Sequence[str], pos: tuple, op: str, quote: Any = _q) -> str:
-    """SQL: the row's sequence (cols) compares with `pos` by `op` ("<" or ">"), lexicographically."""
-    expr = None
-    for i in range(len(cols) - 1, -1, -1):
-        here = f"{quote(cols[i])} {op} {_sql_literal(pos[i])}"
-        if expr is not None:
-            here = f"({here} OR ({quote(cols[i])} = {_sql_literal(pos[i])} AND {expr}))"
-        expr = here
-    return expr or "false"
+def _matching(column: str, source: pa.Table) -> str:
+    """The MERGE condition of a target row (t) and a source row (s) having the same value in `column`, NULL
+    matching NULL as keys compare (an equality join unless the source holds a NULL there)."""
+    if source.column(column).null_count:
+        return f"(t.{_q(column)} IS NOT DISTINCT FROM s.{_q(column)})"
+    return f"t.{_q(column)} = s.{_q(column)}"
+
+
+class SqlConditions:
+    """Conditions as SQL predicates (delta-rs's delete and update), for arrow_target.position_before."""
+
+    def __init__(self, quote: Any = _q) -> None:
+        self.quote = quote
+
+    def is_null(self, c: str) -> str:
+        return f"{self.quote(c)} IS NULL"
+
+    def not_null(self, c: str) -> str:
+        return f"{self.quote(c)} IS NOT NULL"
+
+    def compare(self, c: str, op: str, v: Any) -> str:
+        return f"{self.quote(c)} {op} {_sql_literal(v)}"
+
+    @staticmethod
+    def false() -> str:
+        return "false"
+
+    @staticmethod
+    def or_(a: str, b: str) -> str:
+        return f"({a} OR {b})"
+
+    @staticmethod
+    def and_(a: str, b: str) -> str:
+        return f"({a} AND {b})"
 
 
 class DeltaTarget:
@@ -338,7 +368,7 @@ class DeltaTarget:
             return
         if self._rewrite(res, written, cols, commit, metrics):
             return
-        on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in plan.keys)
+        on = " AND ".join(_matching(c, rows) for c in plan.keys)
         if plan.scd == 1:
             merge = (self.dt.merge(rows.select(cols + [OP]), on, source_alias="s", target_alias="t",
                                    merge_schema=True, commit_properties=commit)
@@ -346,7 +376,7 @@ class DeltaTarget:
                      .when_matched_update_all(predicate=f"s.{OP} = '{UPSERT}'", except_cols=[OP])
                      .when_not_matched_insert_all(predicate=f"s.{OP} = '{UPSERT}'", except_cols=[OP]))
         else:
-            on += "".join(f" AND t.{_q(c)} = s.{_q(c)}" for c in plan.start_cols[:-1])
+            on += "".join(f" AND {_matching(c, written)}" for c in plan.start_cols[:-1])
             if written.num_rows == 0 and commit is None:
                 return
             merge = (self.dt.merge(written.select(cols), on, source_alias="s", target_alias="t", merge_schema=True,
@@ -388,15 +418,17 @@ class DeltaTarget:
         return True
 
     def _truncate(self, pos: tuple, ts: Any) -> None:
+        """A truncate at `pos`: the rows it ends (arrow_target.truncated, as the Arrow target ends them) removed
+        (SCD 1) or closed at it (SCD 2)."""
         plan = self.plan
+        ended = truncated(plan, pos, SqlConditions())
         if plan.scd == 1:
-            self.dt.delete(sql_pos_cmp(plan.seq, pos, "<"))
+            self.dt.delete(ended)
             return
-        start, end = plan.start_cols, plan.end_cols
-        alive = f"{sql_pos_cmp(start[:-1], pos, '<')} AND ({_q(end[0])} IS NULL OR {sql_pos_cmp(end[:-1], pos, '>')})"
+        end = plan.end_cols
         updates = {_q(c): _sql_literal(p) for c, p in zip(end[:-1], pos)}
-        updates[_q(end[-1])] = _sql_literal(ts) if ts is not None else "NULL"
-        self.dt.update(updates=updates, predicate=alive)
+        updates[_q(end[-1])] = _sql_literal(ts)
+        self.dt.update(updates=updates, predicate=ended)
 
     def _write_state(self, res: Resolution, new_truncates: list) -> None:
         dl = deltalake_module()

@@ -24,12 +24,12 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrow_target import COLLECTED, STATE_KIND, collected_position, collected_state, unify
-from .delta_rewrite import keep_stats_exact, plain_type
-from .delta_target import STATE_DIR, TARGET_FILE_BYTES, _q, delta_dataset, open_delta, sql_pos_cmp
-from .resolve import DEFAULT_SEQUENCE, _sk
+from .arrow_target import collected_state, unify
+from .delta_rewrite import arrow_schema, keep_stats_exact, plain_type
+from .delta_target import STATE_DIR, TARGET_FILE_BYTES, delta_dataset, open_delta
+from .resolve import DEFAULT_SEQUENCE
 
-__all__ = ["collect_state", "optimize", "vacuum", "file_stats", "FileStats", "Maintenance", "MaintenanceOptions",
+__all__ = ["collect_state", "optimize", "vacuum", "table_files", "TableFiles", "Maintenance", "MaintenanceOptions",
            "count_option", "retention_option",
            "DEFAULT_SMALL_FILES", "DEFAULT_VACUUM_RETENTION_HOURS", "MIN_VACUUM_RETENTION_HOURS"]
 
@@ -39,16 +39,6 @@ DEFAULT_SMALL_FILES = 32
 DEFAULT_VACUUM_RETENTION_HOURS = 168.0
 #: no shorter retention is accepted: a reader still reading a version whose files were vacuumed fails
 MIN_VACUUM_RETENTION_HOURS = 1.0
-_FORGETTABLE = ["delete", "truncate"]
-
-
-def _before_expr(cols: Sequence[str], pos: tuple) -> Any:
-    """A dataset expression: the row's sequence (`cols`) is before `pos`, lexicographically."""
-    expr = None
-    for c, v in reversed(list(zip(cols, pos))):
-        here = pc.field(c) < v
-        expr = here if expr is None else here | ((pc.field(c) == v) & expr)
-    return expr
 
 
 def collect_state(target: str, before: tuple, *, format: str = "delta",
@@ -80,23 +70,14 @@ def _collect_delta(target: str, before: tuple, seq: list[str]) -> int:
     state = open_delta(os.path.join(target, STATE_DIR))
     if state is None:
         return 0
-    ds = delta_dataset(state)
-    forgettable = pc.field(STATE_KIND).isin(_FORGETTABLE)
-    count = ds.count_rows(filter=forgettable & _before_expr(seq, before))
-    if count == 0:
+    kept, removed = collected_state(unify(delta_dataset(state).to_table(), arrow_schema(state.schema())),
+                                    _SeqOnly(seq), before)
+    if removed == 0:
         return 0
-    old = collected_position(ds.to_table(filter=pc.field(STATE_KIND) == COLLECTED), _SeqOnly(seq))
-    mark_at = before if old is None or _sk(old) <= _sk(before) else old
-    schema = pa.schema([pa.field(f.name, plain_type(f.type)) for f in pa.schema(state.schema().to_arrow())])
-    mark = unify(pa.table({STATE_KIND: pa.array([COLLECTED], pa.string()),
-                           **{c: pa.array([v]) for c, v in zip(seq, mark_at)}}), schema)
-    kinds = ", ".join(f"'{k}'" for k in _FORGETTABLE)
-    predicate = (f"{_q(STATE_KIND)} = '{COLLECTED}' OR ({_q(STATE_KIND)} IN ({kinds}) AND "
-                 f"{sql_pos_cmp(seq, before, '<')})")
-    keep_stats_exact(state, mark)
-    # one commit: the forgotten rows and the earlier mark out, the new mark in
-    deltalake_module().write_deltalake(state, mark, mode="overwrite", predicate=predicate)
-    return count
+    keep_stats_exact(state, kept)
+    # one commit: the state as collected (the forgotten rows and the earlier mark out, the new mark in)
+    deltalake_module().write_deltalake(state, kept, mode="overwrite")
+    return removed
 
 
 @dataclass
@@ -136,7 +117,7 @@ def _collect_parquet(target: str, before: tuple, seq: list[str]) -> int:
 # files
 
 @dataclass
-class FileStats:
+class TableFiles:
     """A Delta table's data files: how many, how many small (under half the target file size), and its rows."""
 
     files: int = 0
@@ -144,17 +125,17 @@ class FileStats:
     rows: int = 0
 
 
-def file_stats(dt: Any, target_size: int = TARGET_FILE_BYTES) -> FileStats:
+def table_files(dt: Any, target_size: int = TARGET_FILE_BYTES) -> TableFiles:
     """The data files of a Delta table (a `deltalake.DeltaTable`, or None: no table)."""
     if dt is None:
-        return FileStats()
+        return TableFiles()
     adds = pa.table(dt.get_add_actions(flatten=True))
     if adds.num_rows == 0:
-        return FileStats()
+        return TableFiles()
     sizes = adds.column("size_bytes")
     small = pc.sum(pc.cast(pc.less(sizes, target_size // 2), pa.int64())).as_py() or 0
     rows = (pc.sum(adds.column("num_records")).as_py() or 0) if "num_records" in adds.column_names else 0
-    return FileStats(adds.num_rows, int(small), int(rows))
+    return TableFiles(adds.num_rows, int(small), int(rows))
 
 
 def _prunable(t: pa.DataType) -> bool:
@@ -235,9 +216,9 @@ class Maintenance:
         t0 = time.monotonic()
         n = self.batches.get(path, 0) + 1
         self.batches[path] = n
-        table = file_stats(open_delta(path))
+        table = table_files(open_delta(path))
         state_path = os.path.join(path, STATE_DIR)
-        state = file_stats(open_delta(state_path))
+        state = table_files(open_delta(state_path))
         every = opt.optimize_every and n >= opt.optimize_every
         due_table = bool(every or (opt.small_files and table.small_files >= opt.small_files))
         due_state = bool(every or (opt.small_files and state.small_files >= opt.small_files))
@@ -254,8 +235,8 @@ class Maintenance:
             if opt.vacuum_retention_hours is not None:
                 out["vacuumed"] = vacuum(path, opt.vacuum_retention_hours) + \
                     vacuum(state_path, opt.vacuum_retention_hours)
-            table = file_stats(open_delta(path))
-            state = file_stats(open_delta(state_path))
+            table = table_files(open_delta(path))
+            state = table_files(open_delta(state_path))
         out.update(files=table.files, state_files=state.files, state_rows=state.rows,
                    seconds=round(time.monotonic() - t0, 3))
         return out
