@@ -17,7 +17,8 @@ def ts_of(lsn: int) -> dt.datetime:
 
 
 def replay_scd1(rows: list[dict]) -> dict[int, tuple]:
-    """key -> (id, name, doc) after replaying `rows` in (_commit_lsn, _seq) order."""
+    """key -> (id, name, doc) after replaying `rows` in (_commit_lsn, _seq) order (an update's preimage of the same
+    key as its postimage changes nothing)."""
     table: dict = {}
     moved_from = None
     for r in sorted(rows, key=lambda r: (r["_commit_lsn"], r["_seq"])):
@@ -39,7 +40,8 @@ def replay_scd1(rows: list[dict]) -> dict[int, tuple]:
 
 
 def replay_scd2(rows: list[dict]) -> set[tuple]:
-    """Every version: (id, name, doc, start lsn, start seq, start ts, end lsn, end seq, end ts)."""
+    """Every version: (id, name, doc, start lsn, start seq, start ts, end lsn, end seq, end ts). A version ends at
+    the next change of its key; a preimage ends it only when its postimage has another key (the key changed)."""
     current: dict = {}
     history: list[dict] = []
     moved_from = None
@@ -50,6 +52,7 @@ def replay_scd2(rows: list[dict]) -> set[tuple]:
             v["end"] = (r["_commit_lsn"], r["_seq"], r["_commit_ts"])
         return v
 
+    preimage = None
     for r in sorted(rows, key=lambda r: (r["_commit_lsn"], r["_seq"])):
         kind = r["_change_type"]
         if kind == "truncate":
@@ -58,9 +61,11 @@ def replay_scd2(rows: list[dict]) -> set[tuple]:
         elif kind == "delete":
             close(r["id"], r)
         elif kind == "update_preimage":
-            moved_from = close(r["id"], r)
+            preimage = r        # it ends its key only when the postimage after it has another key
             continue
         else:
+            if preimage is not None and preimage["id"] != r["id"]:
+                moved_from = close(preimage["id"], preimage)
             previous = current.get(r["id"]) if moved_from is None else moved_from
             toast = r.get("_unchanged_toast") or []
             values = {c: (previous["values"][c] if c in toast and previous else r[c]) for c in COLUMNS}
@@ -68,7 +73,7 @@ def replay_scd2(rows: list[dict]) -> set[tuple]:
             v = {"values": values, "start": (r["_commit_lsn"], r["_seq"], r["_commit_ts"]), "end": (None,) * 3}
             current[r["id"]] = v
             history.append(v)
-        moved_from = None
+        moved_from = preimage = None
     return {(*[v["values"][c] for c in COLUMNS], *v["start"], *v["end"]) for v in history}
 
 

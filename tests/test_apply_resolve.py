@@ -1,15 +1,18 @@
 """The Arrow resolution behind `apply_changes` (spockwire.spark.resolve, applied to an Arrow-held target) against
-the plain-Python replay of tests/apply_oracle.py: random histories with TOAST chains, key changes, deletes,
-truncates, replayed batches and out-of-order batches, SCD 1 and SCD 2. No Spark: the same code runs on the
-driver of a Spark job.
+the plain-Python replay of tests/apply_oracle.py: random histories with TOAST chains, key changes, updates with a
+preimage of their own key, deletes, truncates; replayed, out-of-order and duplicated batches; SCD 1 and SCD 2;
+integer, string and composite keys holding NULL; the default position (_commit_lsn, _seq) and a position column of
+another type. No Spark: the same code runs on the driver of a Spark job.
 
-Many histories go through one table at once: each history has keys of its own (the key is (history, id)), and the
-histories of one example share their truncates (a truncate ends every key of the table), their batch boundaries
-and the order the batches are applied in. Each history is then checked alone against the oracle."""
+Many histories go through one table at once: each history has keys of its own (the key starts with the history,
+`h`), its own batch boundaries, its own order of applying them and its own share of TOAST values and same-key
+preimages; the histories of one example share the table's key and position columns and their truncates (a
+truncate ends every key of the table). Each history is then checked alone against the oracle."""
 from __future__ import annotations
 
 import datetime as dt
 import random
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
@@ -17,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spockwire.spark.arrow_target import ArrowTarget, keys_in
+from spockwire.spark.arrow_target import ArrowTarget, collected_position, keys_in
 from spockwire.errors import StaleChangesError
 from spockwire.spark.resolve import DEFAULT_SEQUENCE, Stored, first_position, make_plan, resolve, scd2_columns
 from tests.apply_oracle import COLUMNS, T0, replay_scd1, replay_scd2, workload
@@ -28,31 +31,40 @@ SCHEMA = pa.schema([("_change_type", pa.string()), ("_commit_lsn", pa.int64()),
                     ("id", pa.int32()), ("name", pa.string()), ("doc", pa.string())])
 TABLE = ["h", *COLUMNS]
 HISTORIES_PER_EXAMPLE = 100
-EXAMPLES = 100          # 10,000 histories per SCD type
+EXAMPLES = 100          # 10,000 histories per SCD type, each batched and ordered its own way
+#: how a history's batches are applied (ORDERS: any; IN_STREAM_ORDER: as a stream may bring them again)
+ORDERS = ("in order", "replayed", "out of order", "duplicated rows")
+IN_STREAM_ORDER = ("in order", "replayed")
+#: the table's key: (h, id) integers; (h, id) with id text, one id NULL; (h, ks, kn), text and integer, both with
+#: NULLs (id is then a value column, one-to-one with (ks, kn))
+KEY_KINDS = ("integers", "text with NULL", "composite with NULL")
+#: the table's position: the default, or one text column ordered as (_commit_lsn, _seq)
+SEQUENCES = (DEFAULT_SEQUENCE, ("pos",))
 
 
-def to_arrow(rows: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist([{f.name: r.get(f.name) for f in SCHEMA} for r in rows], schema=SCHEMA)
+def to_arrow(rows: list[dict], schema: pa.Schema = SCHEMA) -> pa.Table:
+    return pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema=schema)
 
 
-def apply_all(batches: list[list[dict]], scd: int, keys=("h", "id"), crash: bool = False, collect: bool = False
+def apply_all(batches: list[list[dict]], scd: int, keys=("h", "id"), crash: bool = False, collect: bool = False,
+              schema: pa.Schema = SCHEMA, table: list[str] = TABLE, sequence=DEFAULT_SEQUENCE
               ) -> tuple[ArrowTarget, list]:
     """Apply the batches in turn; `crash`: each batch first fails between its state write and its table write
     (the state holds its deletes and truncates, the table not), then is applied again; `collect`: after each
     batch, the state before its first change is collected (the pipeline job's rule: only the current batch can
     come again)."""
-    plan = make_plan(SCHEMA.names, list(keys), DEFAULT_SEQUENCE, scd, TABLE)
+    plan = make_plan(schema.names, list(keys), sequence, scd, table)
     target = ArrowTarget(plan)
     resolutions = []
     for rows in batches:
-        batch = to_arrow(rows)
+        batch = to_arrow(rows, schema)
         if crash:
-            target.apply_state(resolve(batch, plan, target.stored(batch.select(list(keys))), TABLE))
-        res = resolve(batch, plan, target.stored(batch.select(list(keys))), TABLE)
-        target.apply(res, TABLE)
+            target.apply_state(resolve(batch, plan, target.stored(batch.select(list(keys))), table))
+        res = resolve(batch, plan, target.stored(batch.select(list(keys))), table)
+        target.apply(res, table)
         resolutions.append(res)
         if collect:
-            target.collect(first_position(batch))
+            target.collect(first_position(batch, sequence))
     return target, resolutions
 
 
@@ -71,66 +83,204 @@ def _one_table(histories: list[list[list[dict]]]) -> None:
             offset += len(rows)
 
 
+def same_key_preimages(txs: list[list[dict]], rnd: random.Random, share: float) -> list[list[dict]]:
+    """The transactions with a `share` of their updates (those that keep their key) preceded by a preimage of the
+    same key, as PostgreSQL sends them for a table of REPLICA IDENTITY FULL; `_seq` numbered again."""
+    out = []
+    for rows in txs:
+        new: list[dict] = []
+        for i, r in enumerate(rows):
+            paired = i > 0 and rows[i - 1]["_change_type"] == "update_preimage"
+            if r["_change_type"] == "update_postimage" and not paired and rnd.random() < share:
+                new.append({**r, "_change_type": "update_preimage", "_unchanged_toast": None, "name": None,
+                            "doc": None})
+            new.append(dict(r))
+        for seq, r in enumerate(new):
+            r["_seq"] = seq
+        out.append(new)
+    return out
+
+
+def position_text(lsn: int, seq: int) -> str:
+    """The text position of SEQUENCES: ordered as (lsn, seq)."""
+    return f"{lsn:09d}.{seq:06d}"
+
+
+def composite_key(i: int | None) -> tuple:
+    """(ks, kn) of the id `i` (KEY_KINDS' composite key: one-to-one, NULL in either column for some ids)."""
+    if i is None:
+        return None, None
+    return None if i % 3 == 0 else f"s{i % 3}", None if i // 3 == 1 else i // 3
+
+
+def keyed(rows: list[dict], key_kind: str, sequence) -> list[dict]:
+    """The rows with the key columns of `key_kind` and the position columns of `sequence` (see KEY_KINDS)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        i = r["id"]
+        if key_kind == "text with NULL" and i is not None:
+            r["id"] = None if i == 1 else f"key {i:03d}"
+        elif key_kind == "composite with NULL":
+            r["ks"], r["kn"] = composite_key(i)
+        if sequence == ("pos",):
+            r["pos"] = position_text(r["_commit_lsn"], r["_seq"])
+        out.append(r)
+    return out
+
+
+def table_of(key_kind: str, sequence) -> tuple[pa.Schema, tuple, list[str]]:
+    """The change schema, the key and the table columns of a key kind and position."""
+    schema, keys, table = SCHEMA, ("h", "id"), list(TABLE)
+    if key_kind == "text with NULL":
+        schema = schema.set(schema.get_field_index("id"), pa.field("id", pa.string()))
+    elif key_kind == "composite with NULL":
+        schema = schema.append(pa.field("ks", pa.string())).append(pa.field("kn", pa.int64()))
+        keys, table = ("h", "ks", "kn"), table + ["ks", "kn"]
+    if sequence == ("pos",):
+        schema = schema.append(pa.field("pos", pa.string()))
+    return schema, keys, table
+
+
+def shuffled(batches: list[list[dict]], rnd: random.Random) -> list[int]:
+    """A random order of the batches (indices) in which a batch carrying an unchanged TOAST value of a key comes
+    after every earlier batch touching that key (or, for a key change, the old key), and a key change carrying one
+    before every later batch touching the old key: apply.py resolves such a value from the version before it when
+    it is applied, which must then be there (its documented limit; SCD 1 keeps a key's latest version only). Any
+    other batch may come before earlier ones: later updates, deletes and truncates first, TOAST chains among them."""
+    touched = [{r["id"] for r in rows if r["_change_type"] != "truncate"} for rows in batches]
+    carried: list[set] = []
+    moved_from: list[set] = []
+    for rows in batches:
+        carried.append(set())
+        moved_from.append(set())
+        for i, r in enumerate(rows):
+            if r["_change_type"] == "update_postimage" and r.get("_unchanged_toast"):
+                carried[-1].add(r["id"])
+                if i > 0 and rows[i - 1]["_change_type"] == "update_preimage":
+                    moved_from[-1].add(rows[i - 1]["id"])
+    n = len(batches)
+    needs = [{i for i in range(j) if (carried[j] | moved_from[j]) & touched[i]} |
+             {i for i in range(j) if moved_from[i] & touched[j]} for j in range(n)]
+    order: list[int] = []
+    left = list(range(n))
+    while left:
+        j = rnd.choice([j for j in left if needs[j] <= set(order)])
+        order.append(j)
+        left.remove(j)
+    return order
+
+
+def schedule(txs: list[list[dict]], rnd: random.Random, how: str, most: int) -> list[list[dict]]:
+    """One history's batches as they are applied: its transactions 1 to `most` at a time (the size drawn per
+    history), `how` (ORDERS): in order, each once or twice (as Spark retries a micro-batch), out of order, or each
+    holding some of its rows twice."""
+    size = rnd.randint(1, most)
+    batches = [sum(txs[i:i + size], []) for i in range(0, len(txs), size)]
+    if how == "replayed":
+        return [b for b in batches for _ in range(rnd.randint(1, 2))]
+    if how == "out of order":
+        return [batches[i] for i in shuffled(batches, rnd)]
+    if how == "duplicated rows":
+        return [b + rnd.sample(b, k=len(b) // 3) for b in batches]
+    return batches
+
+
+def toast_before_earlier_changes(batches: list[list[dict]]) -> bool:
+    """Whether a batch carrying an unchanged TOAST value is applied before a batch of earlier changes."""
+    first = [min((r["_commit_lsn"], r["_seq"]) for r in rows) for rows in batches]
+    toast = [any(r.get("_unchanged_toast") for r in rows) for rows in batches]
+    return any(toast[i] and first[i] > first[j] for i in range(len(batches)) for j in range(i + 1, len(batches)))
+
+
+def side_by_side(schedules: list[list[list[dict]]]) -> list[list[dict]]:
+    """The batches of one table: the i-th holds every history's i-th batch."""
+    return [sum((s[i] for s in schedules if i < len(s)), []) for i in range(max(map(len, schedules)))]
+
+
 def utc(v):
     return v.astimezone(dt.timezone.utc) if isinstance(v, dt.datetime) else v
 
 
-def by_history(target: ArrowTarget, scd: int) -> dict[int, object]:
-    rows = target.table.to_pylist() if target.table is not None else []
-    out: dict[int, object] = {}
-    if scd == 1:
-        for r in rows:
-            out.setdefault(r["h"], {})[r["id"]] = tuple(r[c] for c in COLUMNS)
-    else:
-        start, end = scd2_columns()
-        for r in rows:
-            out.setdefault(r["h"], set()).add(tuple(utc(r[c]) for c in (*COLUMNS, *start, *end)))
+def expected_versions(rows: list[dict], sequence=DEFAULT_SEQUENCE) -> Counter:
+    """The oracle's SCD 2 versions of `rows`, their start and end in the columns of `sequence`."""
+    out: Counter = Counter()
+    for v in replay_scd2(rows):
+        values, (slsn, sseq, sts), (elsn, eseq, ets) = v[:len(COLUMNS)], v[-6:-3], v[-3:]
+        if sequence == ("pos",):
+            start = (position_text(slsn, sseq), sts)
+            end = (position_text(elsn, eseq) if elsn is not None else None, ets)
+        else:
+            start, end = (slsn, sseq, sts), (elsn, eseq, ets)
+        out[tuple(utc(x) for x in (*values, *start, *end))] += 1
     return out
+
+
+def by_history(target: ArrowTarget, scd: int) -> dict[int, Counter]:
+    """Per history, its rows: SCD 1 (id, name, doc), SCD 2 those and the validity columns (a multiset: a row
+    twice counts twice)."""
+    rows = target.table.to_pylist() if target.table is not None else []
+    start, end = scd2_columns(target.plan.seq)
+    cols = COLUMNS if scd == 1 else (*COLUMNS, *start, *end)
+    out: dict[int, Counter] = {}
+    for r in rows:
+        out.setdefault(r["h"], Counter())[tuple(utc(r[c]) for c in cols)] += 1
+    return out
+
+
+def expected_rows(rows: list[dict], scd: int, sequence=DEFAULT_SEQUENCE) -> Counter:
+    """The oracle's rows of one history, as by_history gives them."""
+    if scd == 1:
+        return Counter(replay_scd1(rows).values())
+    return expected_versions(rows, sequence)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(seed=st.integers(0, 2**32 - 1), transactions=st.integers(2, 24), batch=st.integers(1, 8),
-       toast=st.booleans(), keys=st.integers(1, 12), truncates=st.lists(st.integers(1, 23), max_size=3),
-       mode=st.sampled_from(["in order", "replayed", "out of order", "duplicated rows",
-                             "retried after a crash between the state and the table"]))
-def test_resolution_equals_the_replay_of_10000_histories(seed, transactions, batch, toast, keys, truncates, mode):
+@given(seed=st.integers(0, 2**32 - 1), transactions=st.integers(2, 24), most=st.integers(1, 8),
+       keys=st.integers(1, 12), truncates=st.lists(st.integers(1, 23), max_size=3),
+       mode=st.sampled_from(["mixed orders", "replayed and collected",
+                             "retried after a crash between the state and the table"]),
+       key_kind=st.sampled_from(KEY_KINDS), sequence=st.sampled_from(SEQUENCES))
+def test_resolution_equals_the_replay_of_10000_histories(seed, transactions, most, keys, truncates, mode, key_kind,
+                                                         sequence):
+    """Mixed orders: each history in order, replayed, out of order (with TOAST values too) or with duplicated
+    rows; replayed and collected: each history in order or replayed, the state collected after every batch (the
+    replay of the current batch is still possible, and must still be resolved right); retried: the same, each
+    batch failing once between the state and the table."""
     rnd = random.Random(seed)
     truncate_at = frozenset(t for t in truncates if t < transactions)
-    histories = [workload(rnd.getrandbits(32), transactions, toast=toast, keys=rnd.randint(1, keys),
+    histories = [workload(rnd.getrandbits(32), transactions, toast=rnd.random() < 0.6, keys=rnd.randint(1, keys),
                           truncate_at=truncate_at) for _ in range(HISTORIES_PER_EXAMPLE)]
+    histories = [same_key_preimages(txs, rnd, rnd.choice((0, 0.3))) for txs in histories]
     _one_table(histories)
-    histories = [[sum(txs[i:i + batch], []) for i in range(0, transactions, batch)] for txs in histories]
-    order = list(range(len(histories[0])))
-    if mode == "replayed":          # each batch once or twice, as Spark retries a micro-batch
-        order = [i for i in order for _ in range(rnd.randint(1, 2))]
-    elif mode == "out of order":    # later changes before earlier ones (without TOAST values: see apply.py)
-        rnd.shuffle(order)
-        if toast:
-            order = sorted(order)
-    combined = [sum((hist[i] for hist in histories), []) for i in order]
-    if mode == "duplicated rows":   # a batch holding some of its rows twice
-        combined = [rows + rnd.sample(rows, k=len(rows) // 3) for rows in combined]
-    kinds = {r["_change_type"] for rows in combined for r in rows}
-    # replayed batches and crashes with the state collected after every batch (the replay of the current batch
-    # is still possible, and must still be resolved right); in order and duplicated rows without
-    collect = mode == "replayed" or mode.startswith("retried")
+    histories = [[keyed(rows, key_kind, sequence) for rows in txs] for txs in histories]
+    hows = [rnd.choice(ORDERS if mode == "mixed orders" else IN_STREAM_ORDER) for _ in histories]
+    combined = side_by_side([schedule(txs, rnd, how, most) for txs, how in zip(histories, hows)])
+    schema, key, table = table_of(key_kind, sequence)
+    collect = mode != "mixed orders"
     for scd in (1, 2):
-        target, _ = apply_all(combined, scd, crash=mode.startswith("retried"), collect=collect)
-        if collect and target.state is not None and order[-1] != order[0]:
+        target, _ = apply_all(combined, scd, key, crash=mode.startswith("retried"), collect=collect, schema=schema,
+                              table=table, sequence=sequence)
+        first = to_arrow(combined[0], schema)
+        collected = collected_position(target.state, target.plan)
+        if collected is not None and first_position(first, sequence) < collected:
             # a batch from before the collected position cannot arrive from a stream any more: refused
-            first = to_arrow(combined[0])
             with pytest.raises(StaleChangesError):
-                resolve(first, target.plan, target.stored(first.select(["h", "id"])), TABLE)
+                resolve(first, target.plan, target.stored(first.select(list(key))), table)
         got = by_history(target, scd)
-        for h, hist in enumerate(histories):
-            everything = sum(hist, [])
-            if scd == 1:
-                expected = replay_scd1(everything)
-                assert got.get(h, {}) == expected, (h, mode, kinds)
-            else:
-                expected = {tuple(utc(v) for v in t) for t in replay_scd2(everything)}
-                assert got.get(h, set()) == expected, (h, mode, kinds)
+        for h, txs in enumerate(histories):
+            expected = expected_rows(sum(txs, []), scd, sequence)
+            assert got.get(h, Counter()) == expected, (h, hows[h], mode, key_kind, sequence)
+
+
+def test_out_of_order_histories_apply_toast_values_before_earlier_changes():
+    """A check of the test above: a history out of order applies batches carrying unchanged TOAST values before
+    batches of earlier changes (its order is not sorted back)."""
+    rnd = random.Random(11)
+    hits = sum(toast_before_earlier_changes(schedule(workload(rnd.getrandbits(32), 16, keys=4), rnd, "out of order", 3))
+               for _ in range(200))
+    assert hits >= 40, hits
 
 
 def test_the_histories_reach_every_path():

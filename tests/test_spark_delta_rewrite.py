@@ -1,13 +1,17 @@
 """`apply_changes` into Delta through delta-rs rewrites the data files holding a batch's keys itself
-(spockwire/spark/delta_rewrite.py) instead of running delta-rs's MERGE: random histories give the oracle's tables
-and the same tables as MERGE, partial rewrites keep the other files, the new files' statistics prune later
-lookups, and tables whose features a rewrite would bypass are merged by delta-rs. No Spark session (the module runs
-with the Spark extras, which bring deltalake)."""
+(spockwire/spark/delta_rewrite.py) instead of running delta-rs's MERGE: random histories give the tables a
+plain-Python replay gives (read back through deltalake, row for row), through the rewrite and through delta-rs's own
+writers alike; partial rewrites keep the other files, the new files' statistics prune later lookups, and tables
+whose features a rewrite would bypass are merged by delta-rs. No Spark session (the module runs with the Spark
+extras, which bring deltalake)."""
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import random
+import time
+from collections import Counter
 
 import deltalake
 import numpy as np
@@ -17,31 +21,44 @@ import pytest
 
 from spockwire.spark import delta_target
 from spockwire.spark.apply import apply_changes
-from spockwire.spark.delta_rewrite import file_stats, rewritable
-from spockwire.spark.resolve import scd2_columns
-from tests.apply_oracle import COLUMNS, T0, replay_scd1, replay_scd2, workload
-from tests.test_apply_resolve import _bulk, _one_table, to_arrow, utc
+from spockwire.spark.delta_rewrite import delta_stats_json, rewritable
+from spockwire.spark.maintenance import vacuum
+from spockwire.spark.resolve import DEFAULT_SEQUENCE, scd2_columns
+from tests.apply_oracle import COLUMNS, T0, replay_scd2, workload
+from tests.test_apply_resolve import (ORDERS, _bulk, _one_table, composite_key, expected_versions, keyed,
+                                      same_key_preimages, schedule, side_by_side, table_of, to_arrow,
+                                      toast_before_earlier_changes, utc)
 
 EXAMPLES = 4
 HISTORIES = 30
+#: the target's key: (key kind of test_apply_resolve, key columns); `k` is one integer column, NULL for one key
+KEYINGS = {"one key column with NULL": ("integers", ("k",)), "two key columns": ("integers", ("h", "id")),
+           "text key with NULL": ("text with NULL", ("h", "id")),
+           "composite key with NULL": ("composite with NULL", ("h", "ks", "kn"))}
+
+
+def single_key(h: int, i: int | None) -> int | None:
+    """The one-column key `k` of history h's id i: h * 1000 + id, NULL for history 0's id 1."""
+    return None if i is None or (h, i) == (0, 1) else h * 1000 + i
 
 
 def _with_single_key(batch: pa.Table) -> pa.Table:
-    """The batch with a one-column key ``k`` = h * 1000 + id (NULL for a truncate)."""
-    k = pc.add(pc.multiply(batch.column("h").cast(pa.int64()), 1000), batch.column("id").cast(pa.int64()))
-    return batch.append_column("k", k)
+    """The batch with its one-column key `k` (single_key)."""
+    return batch.append_column("k", pa.array([single_key(h, i) for h, i in zip(batch.column("h").to_pylist(),
+                                                                                  batch.column("id").to_pylist())],
+                                             pa.int64()))
 
 
-def _apply(batch: pa.Table, path: str, keys, scd: int, token=None, merge_only: bool = False):
+def _apply(batch: pa.Table, path: str, keys, scd: int, sequence, token=None, merge_only: bool = False):
     if not merge_only:
         return apply_changes(batch, path, format="delta", engine="delta-rs", keys=list(keys),
-                             stored_as_scd_type=scd, idempotence=token)
+                             stored_as_scd_type=scd, sequence_by=list(sequence), idempotence=token)
     # delta-rs's own writers throughout, as with a deltalake that cannot commit our remove actions
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(delta_target, "rewritable", lambda table: False)
         mp.setattr(delta_target, "rewrite_supported", lambda: False)
         return apply_changes(batch, path, format="delta", engine="delta-rs", keys=list(keys),
-                             stored_as_scd_type=scd, idempotence=token)
+                             stored_as_scd_type=scd, sequence_by=list(sequence), idempotence=token)
 
 
 def _rows(path: str, scd: int) -> list[tuple]:
@@ -51,58 +68,81 @@ def _rows(path: str, scd: int) -> list[tuple]:
                   key=lambda t: tuple((v is None, str(v)) for v in t))
 
 
-def _by_history(path: str, scd: int) -> dict[int, object]:
-    out: dict[int, object] = {}
-    for r in deltalake.DeltaTable(path).to_pyarrow_table().to_pylist():
-        if scd == 1:
-            out.setdefault(r["h"], {})[r["id"]] = tuple(r[c] for c in COLUMNS)
-        else:
-            start, end = scd2_columns()
-            out.setdefault(r["h"], set()).add(tuple(utc(r[c]) for c in (*COLUMNS, *start, *end)))
+def _key_columns(keys) -> list[str]:
+    return [k for k in keys if k not in ("h", "id")]
+
+
+def _key_values(keys, h: int, i) -> tuple:
+    """The values of the key columns besides h and id (_key_columns) of history h's id i."""
+    if "k" in keys:
+        return (single_key(h, i),)
+    return composite_key(i) if "ks" in keys else ()
+
+
+def _read_back(path: str, scd: int, keys, sequence) -> Counter:
+    """Every row of the Delta table as deltalake reads it: h, the key columns besides h and id, id, name, doc,
+    then SCD 1 the position columns, SCD 2 the validity columns (a multiset: a row twice counts twice)."""
+    start, end = scd2_columns(sequence)
+    book = list(sequence) if scd == 1 else start + end
+    cols = ["h", *_key_columns(keys), *COLUMNS, *book]
+    return Counter(tuple(utc(r[c]) for c in cols) for r in deltalake.DeltaTable(path).to_pyarrow_table().to_pylist())
+
+
+def _replayed(histories: list, scd: int, keys, sequence) -> Counter:
+    """The rows the table must hold, as _read_back gives them, from a plain-Python replay of every history: SCD 2
+    its versions, SCD 1 the versions still open (with the position that started them)."""
+    out: Counter = Counter()
+    width = len(sequence) + 1
+    for h, txs in enumerate(histories):
+        for version, n in expected_versions(sum(txs, []), sequence).items():
+            values, start, end = version[:len(COLUMNS)], version[len(COLUMNS):-width], version[-width:]
+            key = _key_values(keys, h, values[0])
+            if scd == 2:
+                out[(h, *key, *values, *start, *end)] += n
+            elif end[0] is None:
+                out[(h, *key, *values, *start[:-1])] += n
     return out
 
 
-@pytest.mark.parametrize("keys", [("k",), ("h", "id")], ids=["one key column", "two key columns"])
+@pytest.mark.parametrize("keying", list(KEYINGS))
 @pytest.mark.parametrize("scd", [1, 2])
-def test_rewrites_equal_the_replay_and_delta_rs_merge(tmp_path, monkeypatch, keys, scd):
-    """Random histories (TOAST chains, key changes, deletes, truncates; batches in order, replayed and out of
-    order) into Delta tables of small files: the rewritten table equals the oracle's history by history and the
-    table delta-rs's MERGE gives, row for row."""
+def test_rewrites_equal_the_replay_in_every_order(tmp_path, monkeypatch, keying, scd):
+    """Random histories (TOAST chains, key changes, same-key preimages, deletes, truncates), each history batched
+    its own way and applied in order, replayed, out of order (TOAST values too) or with rows twice, into Delta
+    tables of small files: the table read back equals a plain-Python replay of the changes, row for row, through
+    the rewrite and through delta-rs's own writers."""
     monkeypatch.setattr(delta_target, "TARGET_FILE_BYTES", 4096)
+    key_kind, keys = KEYINGS[keying]
     rnd = random.Random(27 + scd)
-    rewrites = partial = 0
+    rewrites = partial = disordered = 0
     for example in range(EXAMPLES):
         transactions = 12
-        toast = example % 2 == 0
-        mode = ("in order", "replayed", "out of order", "in order")[example]
-        histories = [workload(rnd.getrandbits(32), transactions, toast=toast, keys=rnd.randint(2, 8),
-                              truncate_at=frozenset({7} if example == 1 else ())) for _ in range(HISTORIES)]
+        sequence = ("pos",) if example % 2 else DEFAULT_SEQUENCE
+        histories = [workload(rnd.getrandbits(32), transactions, toast=rnd.random() < 0.7, keys=rnd.randint(2, 8),
+                              truncate_at=frozenset({7} if example in (1, 2) else ())) for _ in range(HISTORIES)]
+        histories = [same_key_preimages(txs, rnd, 0.3) for txs in histories]
         _one_table(histories)
-        size = 3
-        histories = [[sum(txs[i:i + size], []) for i in range(0, transactions, size)] for txs in histories]
-        order = list(range(len(histories[0])))
-        if mode == "replayed":
-            order = [i for i in order for _ in range(2)]
-        elif mode == "out of order" and not toast:
-            rnd.shuffle(order)
+        histories = [[keyed(rows, key_kind, sequence) for rows in txs] for txs in histories]
+        hows = [ORDERS[(h + example) % len(ORDERS)] for h in range(HISTORIES)]
+        schedules = [schedule(txs, rnd, how, 4) for txs, how in zip(histories, hows)]
+        disordered += sum(map(toast_before_earlier_changes, schedules))
+        schema = table_of(key_kind, sequence)[0]
         rewritten, merged = str(tmp_path / f"rw{example}"), str(tmp_path / f"mg{example}")
-        for n, i in enumerate(order):
-            batch = _with_single_key(to_arrow(sum((hist[i] for hist in histories), [])))
-            m = _apply(batch, rewritten, keys, scd, token=("app", n))
-            _apply(batch, merged, keys, scd, token=("app", n), merge_only=True)
+        for n, rows in enumerate(side_by_side(schedules)):
+            batch = to_arrow(rows, schema)
+            if keys == ("k",):
+                batch = _with_single_key(batch)
+            m = _apply(batch, rewritten, keys, scd, sequence, token=("app", n))
+            _apply(batch, merged, keys, scd, sequence, token=("app", n), merge_only=True)
             if m.merge.get("rewritten"):
                 rewrites += 1
                 partial += m.merge["num_target_files_removed"] < m.files_in_table
-        assert _rows(rewritten, scd) == _rows(merged, scd), (example, mode)
-        got = _by_history(rewritten, scd)
-        for h, hist in enumerate(histories):
-            everything = sum(hist, [])
-            if scd == 1:
-                assert got.get(h, {}) == replay_scd1(everything), (example, h)
-            else:
-                assert got.get(h, set()) == {tuple(utc(v) for v in t) for t in replay_scd2(everything)}, (example, h)
-    # the check of the test: the rewrite ran, and also rewrote some files of a table while leaving others
-    assert rewrites >= 8 and partial >= 2, (rewrites, partial)
+        expected = _replayed(histories, scd, keys, sequence)
+        assert _read_back(rewritten, scd, keys, sequence) == expected, (example, "rewritten")
+        assert _read_back(merged, scd, keys, sequence) == expected, (example, "delta-rs's writers")
+    # the check of the test: the rewrite ran, and also rewrote some files of a table while leaving others; some
+    # histories applied unchanged TOAST values before earlier changes
+    assert rewrites >= 8 and partial >= 2 and disordered >= 5, (rewrites, partial, disordered)
 
 
 def test_new_files_are_sorted_with_statistics_that_prune_the_next_lookup(tmp_path, monkeypatch):
@@ -150,7 +190,7 @@ def test_file_statistics_leave_out_what_json_cannot_bound():
                   "l": pa.array([[1], None, []]), "naive": pa.array([1, 2, 3], pa.timestamp("us")),
                   "ts": pa.array([1_500, 2_000_001, None], pa.timestamp("us", tz="UTC")),
                   "day": pa.array([dt.date(2024, 1, 2), dt.date(2023, 5, 6), None])})
-    stats = json.loads(file_stats(t))
+    stats = json.loads(delta_stats_json(t))
     assert stats["numRecords"] == 3
     assert stats["minValues"] == {"i": 1, "s": "a", "ts": "1970-01-01T00:00:00.001Z", "day": "2023-05-06"}
     assert stats["maxValues"] == {"i": 3, "s": "b", "ts": "1970-01-01T00:00:02.001Z", "day": "2024-01-02"}
@@ -186,27 +226,43 @@ def test_tables_with_features_a_rewrite_would_bypass_are_merged_by_delta_rs(tmp_
         == [20]
 
 
+def _data_files(table: deltalake.DeltaTable) -> set[str]:
+    """The data files of the table's version, as its log names them."""
+    return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+
+
 def test_a_replayed_rewrite_after_a_crash_before_its_commit_leaves_no_trace(tmp_path):
     """Files written by a rewrite that died before its commit are not part of the table: the batch applied again
-    gives the same table (and VACUUM removes the orphans later)."""
+    gives the same table, and VACUUM removes the orphans once older than its retention."""
     path = str(tmp_path / "t")
     apply_changes(_bulk(1000).append_column("k", pa.array(np.arange(1000, dtype=np.int64))), path, keys=["k"],
                   engine="delta-rs", idempotence=("app", 1))
     upd = _bulk(500, "update_postimage", lsn=20).append_column("k", pa.array(np.arange(500, dtype=np.int64)))
-    table = deltalake.DeltaTable(path)
-    saved = table.create_write_transaction
+    version = deltalake.DeltaTable(path).version()
+    offered = []
     with pytest.MonkeyPatch.context() as mp:
-        def die(*args, **kwargs):
+        def die(table, actions, *args, **kwargs):
+            offered.extend(a.path for a in actions if hasattr(a, "stats"))     # the add actions
             raise OSError("killed before the commit")
         mp.setattr(deltalake.DeltaTable, "create_write_transaction", die)
         with pytest.raises(OSError):
             apply_changes(upd, path, keys=["k"], engine="delta-rs", idempotence=("app", 2))
-    assert saved is not None
-    assert deltalake.DeltaTable(path).to_pyarrow_table().column("_commit_lsn").to_pylist() == [10] * 1000
+    # the rewrite wrote its files and died at the commit: the files are there, the table knows none of them
+    assert offered and all(os.path.exists(os.path.join(path, f)) for f in offered)
+    table = deltalake.DeltaTable(path)
+    assert table.version() == version and not set(offered) & _data_files(table)
+    assert table.to_pyarrow_table().column("_commit_lsn").to_pylist() == [10] * 1000
     m = apply_changes(upd, path, keys=["k"], engine="delta-rs", idempotence=("app", 2))
     assert m.merge["rewritten"]
     lsn = deltalake.DeltaTable(path).to_pyarrow_table().sort_by("k").column("_commit_lsn").to_pylist()
     assert lsn == [20] * 500 + [10] * 500
+    assert not set(offered) & _data_files(deltalake.DeltaTable(path))
+    two_hours_ago = time.time() - 7200
+    for f in offered:
+        os.utime(os.path.join(path, f), (two_hours_ago, two_hours_ago))
+    vacuum(path, 1)
+    assert not any(os.path.exists(os.path.join(path, f)) for f in offered)
+    assert deltalake.DeltaTable(path).to_pyarrow_table().sort_by("k").column("_commit_lsn").to_pylist() == lsn
 
 
 def test_new_keys_are_appended_as_sorted_files_and_odd_types_by_delta_rs(tmp_path):
