@@ -33,11 +33,11 @@ def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str |
             transport: Literal["replication", "sql"] = "replication",
             sql_batch_changes: int = 4_000_000, type_catalog: Any = "auto", heartbeat_interval: float | None = None,
             sql_split_bytes: int = 16 << 20, proto_format: Literal["native", "json"] = "native",
+            failover: bool = False, require_failover_safety: bool = False, start_timeline: int | None = None,
             types: Literal["typed", "raw"] = "typed",
             numeric: Literal["decimal", "text"] = "decimal",
             on_unrepresentable: Literal["text", "error"] = "text",
-            column_types: Mapping[str, Literal["text", "raw"]] | None = None, failover: bool = False,
-            require_failover_safety: bool = False, start_timeline: int | None = None) -> ReplicationStream:
+            column_types: Mapping[str, Literal["text", "raw"]] | None = None) -> ReplicationStream:
     """Open a replication stream on `slot` and return it, streaming (spockwire.connection.connect)."""
 
 
