@@ -13,7 +13,8 @@ from __future__ import annotations
 from ..errors import SpockwireError
 
 __all__ = ["ReplicationError", "StartupRejected", "ConnectionLost", "ServerError", "PluginNotAllowed",
-           "plugin_not_allowed", "RETRYABLE_SQLSTATE_CLASSES"]
+           "plugin_not_allowed", "FailoverNotSupported", "FailoverUnsafe", "TimelineDiverged",
+           "RETRYABLE_SQLSTATE_CLASSES"]
 
 #: SQLSTATE classes after which reconnecting makes sense: 08 connection exception, 57 operator intervention
 #: (admin/crash shutdown, cannot connect now), 53 insufficient resources (too many connections).
@@ -69,3 +70,22 @@ def plugin_not_allowed(exc: BaseException, library: str, allowed: str | None = N
     return PluginNotAllowed(f"the server does not allow the output plugin {library!r}: add it to its "
                             f"output_plugin_libraries setting (postgresql.conf: output_plugin_libraries = '{line}') "
                             "and reload the server", sqlstate="42501")
+
+
+class FailoverNotSupported(ServerError):
+    """A failover slot was asked of a server before PostgreSQL 17."""
+
+
+class FailoverUnsafe(ServerError):
+    """``require_failover_safety``: no standby would hold this slot after a failover (see FailoverSafety)."""
+
+
+class TimelineDiverged(ServerError):
+    """The server's timeline history branches before a position the consumer already acknowledged: the consumer
+    holds changes the server never had (it read a primary that a lagging standby replaced)."""
+
+    def __init__(self, message: str, *, acked: int, switch_point: int, timeline: int) -> None:
+        super().__init__(message, sqlstate=None)
+        self.acked = acked
+        self.switch_point = switch_point
+        self.timeline = timeline

@@ -17,42 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ServerError
-from .slots import format_lsn, parse_lsn
+from .errors import FailoverNotSupported, FailoverUnsafe, TimelineDiverged
+from .slots import FAILOVER_MIN_VERSION, format_lsn, parse_lsn, require_failover_version, set_failover
 
 __all__ = ["FailoverNotSupported", "TimelineDiverged", "FailoverUnsafe", "FailoverSafety", "FAILOVER_MIN_VERSION",
-           "identify_system", "timeline_history", "diverged_at", "set_failover", "failover_safety"]
-
-#: the first PostgreSQL release with failover slots
-FAILOVER_MIN_VERSION = 170000
-
-
-class FailoverNotSupported(ServerError):
-    """A failover slot was asked of a server before PostgreSQL 17."""
-
-
-class TimelineDiverged(ServerError):
-    """The server's timeline history branches before a position the consumer already acknowledged: the consumer
-    holds changes the server never had (it read a primary that a lagging standby replaced)."""
-
-    def __init__(self, message: str, *, acked: int, switch_point: int, timeline: int) -> None:
-        super().__init__(message, sqlstate=None)
-        self.acked = acked
-        self.switch_point = switch_point
-        self.timeline = timeline
-
-
-class FailoverUnsafe(ServerError):
-    """``require_failover_safety``: no standby would hold this slot after a failover (see FailoverSafety)."""
-
-
-def require_version(server_version_num: int) -> None:
-    """FailoverNotSupported below PostgreSQL 17."""
-    if server_version_num < FAILOVER_MIN_VERSION:
-        major = server_version_num // 10000
-        raise FailoverNotSupported(f"failover slots need PostgreSQL 17 or later; this server is PostgreSQL {major} "
-                                   "(leave out the failover slot option, and recreate the slot after a failover)")
-
+           "identify_system", "timeline_history", "diverged_at", "set_failover", "failover_safety",
+           "check_failover_safety", "require_failover_version"]
 
 def identify_system(cur: Any) -> tuple[str, int, int]:
     """(system identifier, timeline, WAL flush position) from IDENTIFY_SYSTEM on a replication connection."""
@@ -94,12 +64,6 @@ def diverged_message(server: str, acked: int, timeline: int, switch_point: int, 
             f"changes up to {format_lsn(acked)} of timeline {timeline} were already acknowledged: those past "
             f"{format_lsn(switch_point)} were never on the new primary (a standby that lagged was promoted). The "
             "tables they touched must be read again")
-
-
-def set_failover(repl_cur: Any, slot: str, server_version_num: int) -> None:
-    """Switch an idle slot to a failover slot (ALTER_REPLICATION_SLOT), over a replication connection."""
-    require_version(server_version_num)
-    repl_cur.execute('ALTER_REPLICATION_SLOT "%s" (FAILOVER true)' % slot.replace('"', '""'))
 
 
 @dataclass

@@ -8,10 +8,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
+from .errors import FailoverNotSupported
 from .options import plugin_protocol
 
 __all__ = ["SlotInfo", "create_slot", "set_failover_slot", "drop_slot", "list_slots", "slot_info", "create_publication",
            "drop_publication", "format_lsn", "parse_lsn"]
+
+#: the first PostgreSQL release with failover slots
+FAILOVER_MIN_VERSION = 170000
 
 #: Output plugin library for each plugin name a user may give.
 SLOT_PLUGIN = {"pgoutput": "pgoutput", "pglogical": "pglogical_output", "pglogical_output": "pglogical_output",
@@ -128,9 +132,7 @@ def create_slot(conn_or_dsn: Any, slot: str, plugin: str = "pgoutput", *, two_ph
     library = _slot_plugin(plugin)
     with _connection(conn_or_dsn) as conn:
         if failover:
-            from .failover import require_version
-
-            require_version(conn.server_version)
+            require_failover_version(conn.server_version)
         existing = slot_info(conn, slot)
         if existing is not None:
             if not if_missing:
@@ -156,13 +158,26 @@ def create_slot(conn_or_dsn: Any, slot: str, plugin: str = "pgoutput", *, two_ph
         return info
 
 
+def require_failover_version(server_version_num: int) -> None:
+    """FailoverNotSupported below PostgreSQL 17."""
+    if server_version_num < FAILOVER_MIN_VERSION:
+        major = server_version_num // 10000
+        raise FailoverNotSupported(f"failover slots need PostgreSQL 17 or later; this server is PostgreSQL {major} "
+                                   "(leave out the failover slot option, and recreate the slot after a failover)")
+
+
+def set_failover(repl_cur: Any, slot: str, server_version_num: int) -> None:
+    """Switch an idle slot to a failover slot (ALTER_REPLICATION_SLOT), over a replication connection's cursor."""
+    require_failover_version(server_version_num)
+    repl_cur.execute('ALTER_REPLICATION_SLOT "%s" (FAILOVER true)' % slot.replace('"', '""'))
+
+
 def set_failover_slot(dsn: str, slot: str) -> None:
     """Make an existing, idle slot a failover slot (``ALTER_REPLICATION_SLOT``, over a replication connection to
     `dsn`; PostgreSQL 17+)."""
     import psycopg2
     import psycopg2.extras
 
-    from .failover import set_failover
     from .session import pinned_kwargs
 
     conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,

@@ -333,9 +333,9 @@ def ensure_slot(spec: SlotSpec, failover: bool = False) -> int:
         if pos is None:
             library = SLOT_PLUGIN.get(spec.plugin, spec.plugin)
             if failover:
-                from ..connection.failover import require_version
+                from ..connection.slots import require_failover_version
 
-                require_version(conn.server_version)
+                require_failover_version(conn.server_version)
             with create_slot_errors(conn, library):
                 cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, false, false"
                             + (", true)" if failover else ")"), (spec.slot, library))
@@ -348,10 +348,9 @@ def make_failover_slot(spec: SlotSpec, conn: Any) -> bool:
     holds it: try again later)."""
     import psycopg2
 
-    from ..connection.failover import require_version
-    from ..connection.slots import set_failover_slot
+    from ..connection.slots import require_failover_version, set_failover_slot
 
-    require_version(conn.server_version)
+    require_failover_version(conn.server_version)
     with conn.cursor() as cur:
         cur.execute("SELECT failover, active FROM pg_replication_slots WHERE slot_name = %s", (spec.slot,))
         row = cur.fetchone()
