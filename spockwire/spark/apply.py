@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrow_target import STATE_KIND, ArrowTarget
+from .delta_features import check_target
 from .delta_target import STATE_DIR, DeltaTarget
 from .resolve import DEFAULT_SEQUENCE, make_plan, resolve, scd2_columns
 from .schema import CHANGE_COLUMNS, KEY_METADATA, TABLE_COLUMN, table_struct_name
@@ -239,6 +240,8 @@ def _apply_delta_rs(changes: "DataFrame | pa.Table", path: str, plan: Any,
                     idempotence: tuple[str, int] | None, read_ahead: "ReadAhead | None" = None) -> ApplyMetrics:
     metrics = ApplyMetrics()
     target = DeltaTarget(path, plan, read_ahead)
+    if target.dt is not None:
+        check_target(path, target.dt)          # a feature delta-rs cannot keep up: one line, before any read
     if target.applied(idempotence):
         metrics.skipped = True
         return metrics

@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrow_target import unify
+from .delta_features import check_target
 from .delta_rewrite import (FILE_COLUMN, StoredFiles, append_files, arrow_schema, exact_values, file_sizes,
                             keep_stats_exact, rewritable, rewrite_files)
 from .delta_target import DeltaTarget, _q, delta_dataset, deltalake_module, read_keys, target_file_size
@@ -260,6 +261,8 @@ def apply_keyless(changes: pa.Table, path: str, plan: Plan, idempotence: tuple[s
     """Apply `changes` to the Delta table at `path` as a bag of rows (see the module), filling `metrics` (an
     apply.ApplyMetrics)."""
     target = DeltaTarget(path, plan)
+    if target.dt is not None:
+        check_target(path, target.dt)
     if target.applied(idempotence):
         metrics.skipped = True
         return
