@@ -2,12 +2,14 @@
 
 Per batch: the stored rows of the touched keys are read from the files whose statistics may hold them (keys
 first, full rows only of the keys found), the state table ``_spockwire_state`` gives the keys' remembered deletes
-and the truncates; :func:`spockwire.spark.resolve.resolve` decides the rows to write. Then at most two commits:
+and the truncates; :func:`spockwire.spark.resolve.resolve` decides the rows to write. Then at most two commits, one
+on each table:
 
 1. the state (only when the batch deletes or truncates): its tombstones and truncates appended -- first, so a
    batch retried after a failure in between finds them and resolves the same rows again;
 2. the table: an append when every resolved row is a new key's (a snapshot, an insert-only stream: no file is
-   read or rewritten), else one MERGE; a batch's truncates are a delete (SCD 1) or an update (SCD 2) before it.
+   read or rewritten), a rewrite of the files holding the batch's keys, or one MERGE; a batch holding truncates is
+   one overwrite commit of the rows the truncates leave, closed or not, and the batch's rows.
 
 With an idempotence token ``(application id, version)`` the table's commit carries it as a Delta transaction
 action (``txn``, as Spark's own Delta sink does); a batch whose version the table already holds is skipped whole.
@@ -213,6 +215,41 @@ def target_file_size(dt: Any) -> int:
     return int((dt.metadata().configuration or {}).get("delta.targetFileSize") or TARGET_FILE_BYTES)
 
 
+def _without(t: pa.Table, drop: pa.Table, by: Sequence[str]) -> pa.Table:
+    """The rows of `t` whose values in `by` equal no row of `drop` (NULL equal to NULL), in their order."""
+    import numpy as np
+
+    left: dict[str, Any] = {}
+    right: dict[str, Any] = {}
+    for i, c in enumerate(by):
+        a, b = t.column(c), drop.column(c).cast(t.column(c).type)
+        left[f"n{i}"], right[f"n{i}"] = a.is_null(), b.is_null()
+        if a.null_count or b.null_count:        # a NULL joins nothing: it matches on its flag, any value beside it
+            present = pa.chunked_array(a.chunks + b.chunks, a.type).drop_null()
+            if not len(present):
+                continue
+            a, b = pc.fill_null(a, present[0]), pc.fill_null(b, present[0])
+        left[f"v{i}"], right[f"v{i}"] = a, b
+    keys = list(left)
+    left["_row"] = pa.array(np.arange(t.num_rows))
+    rows = pa.table(left).join(pa.table(right), keys=keys, join_type="left anti").column("_row")
+    return t.take(pc.take(rows, pc.sort_indices(rows)))
+
+
+def _closed(t: pa.Table, ended: Any, end_cols: Sequence[str], pos: tuple, ts: Any) -> pa.Table:
+    """SCD 2 versions `ended` (a row mask) closed at the truncate `pos` (its commit time `ts`)."""
+    import numpy as np
+
+    mask = pa.array(np.asarray(ended, dtype=bool))
+    if not pc.any(mask).as_py():
+        return t
+    for c, v in zip(end_cols, (*pos, ts)):
+        i = t.schema.get_field_index(c)
+        col = t.column(c)
+        t = t.set_column(i, t.schema.field(i), pc.if_else(mask, pa.scalar(v, col.type), col))
+    return t
+
+
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -344,13 +381,15 @@ class DeltaTarget:
         if token is not None:
             commit = dl.CommitProperties(app_transactions=[dl.Transaction(token[0], token[1])])
         cols = list(table_cols) + [c for c in plan.bookkeeping() if c not in table_cols]
-        if self.dt is not None:
-            for pos, ts in res.truncates:
-                self._truncate(pos, ts)
         deletes = pc.equal(rows.column(OP), DELETE)
         written = rows.filter(pc.invert(deletes)) if pc.any(deletes).as_py() else rows
         if self.dt is not None:
             keep_stats_exact(self.dt, rows.select([c for c in cols if c in rows.column_names]))
+        if self.dt is not None and res.truncates:
+            # the truncates, the rows and the token in one commit: a reader never sees the table emptied first
+            self._replace_truncated(res, written, cols, commit)
+            metrics.commits += 1
+            return
         if self.dt is None or append_only:
             # the target holds none of the keys: their rows are appended, no file read or rewritten
             if written.num_rows and self._append(written.select(cols), commit):
@@ -417,18 +456,43 @@ class DeltaTarget:
         metrics.commits += 1
         return True
 
-    def _truncate(self, pos: tuple, ts: Any) -> None:
-        """A truncate at `pos`: the rows it ends (arrow_target.truncated, as the Arrow target ends them) removed
-        (SCD 1) or closed at it (SCD 2)."""
+    def _replace_truncated(self, res: Resolution, written: pa.Table, cols: list[str], commit: Any) -> None:
+        """A batch holding truncates, in one overwrite commit that carries the token: the stored rows each truncate
+        ends (arrow_target.truncated, as the Arrow target ends them) left out (SCD 1) or closed at it (SCD 2), the
+        stored rows the batch replaces left out (SCD 1: its keys; SCD 2: its versions, by key and start), then the
+        batch's rows. The stored rows stream through one batch at a time."""
+        from .arrow_target import RowMasks
+
+        dl = deltalake_module()
         plan = self.plan
-        ended = truncated(plan, pos, SqlConditions())
-        if plan.scd == 1:
-            self.dt.delete(ended)
-            return
-        end = plan.end_cols
-        updates = {_q(c): _sql_literal(p) for c, p in zip(end[:-1], pos)}
-        updates[_q(end[-1])] = _sql_literal(ts)
-        self.dt.update(updates=updates, predicate=ended)
+        stored_schema = arrow_schema(self.dt.schema())
+        schema = pa.schema(list(stored_schema) + [written.schema.field(c) for c in cols
+                                                  if c not in stored_schema.names])
+        by = plan.keys if plan.scd == 1 else plan.keys + plan.start_cols[:-1]
+        replaced = (res.rows if plan.scd == 1 else written).select(by)
+        replaced = replaced.group_by(by).aggregate([]) if replaced.num_rows else replaced
+
+        files = delta_dataset(self.dt)       # (delta-rs is not called while its writer pulls the batches)
+
+        def stored() -> Any:
+            for batch in files.to_batches(columns=stored_schema.names):
+                t = pa.Table.from_batches([batch], schema=batch.schema)
+                for pos, ts in res.truncates:
+                    ended = truncated(plan, pos, RowMasks(t))
+                    if plan.scd == 1:
+                        t = t.filter(pa.array(~ended))
+                    else:
+                        t = _closed(t, ended, plan.end_cols, pos, ts)
+                if replaced.num_rows and t.num_rows:
+                    t = _without(t, replaced, by)
+                if t.num_rows:
+                    yield from unify(t, schema).to_batches()
+            if written.num_rows:
+                yield from unify(written.select(cols), schema).to_batches()
+
+        reader = pa.RecordBatchReader.from_batches(schema, stored())
+        dl.write_deltalake(self.dt, reader, mode="overwrite", schema_mode="merge", commit_properties=commit,
+                           target_file_size=target_file_size(self.dt))
 
     def _write_state(self, res: Resolution, new_truncates: list) -> None:
         dl = deltalake_module()
