@@ -29,6 +29,7 @@ new, else one MERGE; see :mod:`spockwire.spark.delta_target`).
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import time
 import uuid
@@ -120,6 +121,7 @@ class ApplyMetrics:
     fresh_keys: int = 0            #: keys resolved by the vectorised passes
     sequential_keys: int = 0       #: keys resolved one at a time (late changes, TOAST values across key changes)
     skipped: bool = False          #: the target already held this batch (its idempotence token)
+    commit_retries: int = 0        #: another writer committed first: the batch was read and resolved again
     unapplied: int = 0             #: a table without a key: updates and deletes that came without the old row
     unmatched: int = 0             #: a table without a key: old rows that equal no row the table holds
     seconds: dict = field(default_factory=dict)  #: Delta through delta-rs: seconds per step (stored, resolve, write)
@@ -205,9 +207,14 @@ def _apply_keyless(changes: "DataFrame | pa.Table", target: Any, format: str, en
                          "(format='delta', engine='delta-rs')")
     columns = changes.column_names if isinstance(changes, pa.Table) else changes.columns
     plan = keyless_plan(columns, sequence_by, scd, value_columns(changes))
-    metrics = ApplyMetrics()
-    apply_keyless(_arrow(changes), target, plan, idempotence, metrics)
-    return metrics
+    batch = _arrow(changes)
+
+    def once(_attempt: int) -> ApplyMetrics:
+        metrics = ApplyMetrics()
+        apply_keyless(batch, target, plan, idempotence, metrics)
+        return metrics
+
+    return retry_on_conflict(once, target)
 
 
 def _arrow(changes: "DataFrame | pa.Table") -> pa.Table:
@@ -236,8 +243,40 @@ def _table_columns(plan: Any, batch: pa.Table, existing: Sequence[str]) -> list[
     return have + [c for c in cols if c not in have]
 
 
+#: attempts at a batch whose commit met another writer's (each reads the table again, after a short random pause)
+COMMIT_ATTEMPTS = 8
+
+
+def retry_on_conflict(apply: Any, path: str) -> ApplyMetrics:
+    """`apply(attempt)` (one read, resolution and commit of a batch; with an idempotence token its commit takes no
+    silent retry) again while another writer committed to the table first: the next attempt reads the table as
+    that writer left it, so a key both wrote is never stored twice."""
+    from .delta_target import deltalake_module
+
+    failed = deltalake_module().exceptions.CommitFailedError
+    for attempt in range(COMMIT_ATTEMPTS):
+        try:
+            metrics = apply(attempt)
+        except failed as exc:
+            if attempt == COMMIT_ATTEMPTS - 1:
+                raise RuntimeError(f"{path}: another writer committed to the Delta table before each of "
+                                   f"{COMMIT_ATTEMPTS} attempts at this batch ({exc}); is a second job writing it?"
+                                   ) from exc
+            time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+            continue
+        metrics.commit_retries = attempt
+        return metrics
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def _apply_delta_rs(changes: "DataFrame | pa.Table", path: str, plan: Any,
                     idempotence: tuple[str, int] | None, read_ahead: "ReadAhead | None" = None) -> ApplyMetrics:
+    return retry_on_conflict(lambda attempt: _apply_delta_rs_once(changes, path, plan, idempotence,
+                                                                  read_ahead if attempt == 0 else None), path)
+
+
+def _apply_delta_rs_once(changes: "DataFrame | pa.Table", path: str, plan: Any,
+                         idempotence: tuple[str, int] | None, read_ahead: "ReadAhead | None" = None) -> ApplyMetrics:
     metrics = ApplyMetrics()
     target = DeltaTarget(path, plan, read_ahead)
     if target.dt is not None:

@@ -379,7 +379,8 @@ class DeltaTarget:
         metrics.seconds["state"] = time.perf_counter() - t0
         commit = None
         if token is not None:
-            commit = dl.CommitProperties(app_transactions=[dl.Transaction(token[0], token[1])])
+            # no silent retry over another writer's commit: the batch is read and resolved again (apply.py)
+            commit = dl.CommitProperties(app_transactions=[dl.Transaction(token[0], token[1])], max_commit_retries=0)
         cols = list(table_cols) + [c for c in plan.bookkeeping() if c not in table_cols]
         deletes = pc.equal(rows.column(OP), DELETE)
         written = rows.filter(pc.invert(deletes)) if pc.any(deletes).as_py() else rows

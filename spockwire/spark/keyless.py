@@ -273,7 +273,8 @@ def apply_keyless(changes: pa.Table, path: str, plan: Plan, idempotence: tuple[s
     metrics.truncates = int(np.count_nonzero(b.truncate))
     metrics.unapplied = b.unapplied
     dl = deltalake_module()
-    commit = dl.CommitProperties(app_transactions=[dl.Transaction(*idempotence)]) if idempotence else None
+    commit = dl.CommitProperties(app_transactions=[dl.Transaction(*idempotence)], max_commit_retries=0) \
+        if idempotence else None
     dt = target.dt
     pos = plan.seq if plan.scd == 1 else plan.start_cols[:-1]
     stored = _Stored(dt, b, walk, plan, pos, metrics) if dt is not None else None
