@@ -10,8 +10,8 @@ import pytest
 from spockwire.ingest.replay import replay_table
 from spockwire.ingest.staging import StagingState
 from spockwire.testing import PostgresCluster
-from tests.test_high_availability import (ROUNDS, Writer, _as_standby_of, _ingest, _multi_dsn, _ports, _primary,
-                                          _wait_synced)
+from tests.test_high_availability import (ROUNDS, Writer, _as_standby_of, _ingest, _multi_dsn, _ports, _wait_synced,
+                                          ha_clusters, new_standby)
 
 pytestmark = [pytest.mark.pg, pytest.mark.slow]
 
@@ -25,17 +25,8 @@ def test_ingest_survives_five_promotions_with_a_writer_running(tmp_path):
     records the timeline it was read on, and the worker reported each reconnect."""
     ports = _ports(ROUNDS + 2)
     clusters: list[PostgresCluster] = []
-    primary = _primary(ports[0])
-    clusters.append(primary)
     try:
-        primary.execute("CREATE DATABASE ha")
-        primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note text); "
-                        "INSERT INTO items SELECT g, g % 13, 'start' FROM generate_series(1, 2000) g; "
-                        "CREATE PUBLICATION pub FOR TABLE items", dbname="ha")
-        standby = primary.standby("sb0", port=ports[1])
-        clusters.append(standby)
-        primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'sb0'")
-        primary.execute("SELECT pg_reload_conf()")
+        primary, standby = ha_clusters(ports, clusters)
         dsn = _multi_dsn(ports, "ha")
         out = tmp_path / "staging"
         proc = _ingest(dsn, "cdc", out, "--create-slot", "--failover-slot", "--idle-exit", "20")
@@ -50,14 +41,11 @@ def test_ingest_survives_five_promotions_with_a_writer_running(tmp_path):
                 standby.promote()
                 if not r:      # the old primary comes back as a standby (read-only): never read from
                     _as_standby_of(primary, standby)
-                new_standby = standby.standby(f"sb{r + 1}", port=ports[r + 2])
-                clusters.append(new_standby)
-                standby.execute(f"ALTER SYSTEM SET synchronized_standby_slots = 'sb{r + 1}'")
-                standby.execute("SELECT pg_reload_conf()")
+                follower = new_standby(standby, r, ports, clusters)
                 # a walsender terminated in the middle of the stream: a reconnect as any other
                 standby.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_replication WHERE application_name "
                                 "<> 'standby'")
-                primary, standby = standby, new_standby
+                primary, standby = standby, follower
             time.sleep(2.0)
         finally:
             writer.stop.set()

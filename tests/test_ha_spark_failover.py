@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from spockwire.testing import PostgresCluster
-from tests.test_high_availability import ROOT, ROUNDS, Writer, _multi_dsn, _ports, _primary, _wait_synced
+from tests.test_high_availability import ROOT, ROUNDS, Writer, _multi_dsn, _ports, _wait_synced, ha_clusters, new_standby
 
 pytestmark = [pytest.mark.pg, pytest.mark.slow]
 
@@ -34,18 +34,9 @@ def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
     table equals the last primary's table."""
     ports = _ports(ROUNDS + 2)
     clusters: list[PostgresCluster] = []
-    primary = _primary(ports[0])
-    clusters.append(primary)
     job = None
     try:
-        primary.execute("CREATE DATABASE ha")
-        primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note text); "
-                        "INSERT INTO items SELECT g, g % 13, 'start' FROM generate_series(1, 2000) g; "
-                        "CREATE PUBLICATION pub FOR TABLE items", dbname="ha")
-        standby = primary.standby("sb0", port=ports[1])
-        clusters.append(standby)
-        primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'sb0'")
-        primary.execute("SELECT pg_reload_conf()")
+        primary, standby = ha_clusters(ports, clusters)
         dsn = _multi_dsn(ports, "ha")
         target = tmp_path / "delta"
         job = subprocess.Popen([sys.executable, "-m", "spockwire", "pipeline", "--dsn", dsn, "--slot", "cdc",
@@ -66,11 +57,7 @@ def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
                 assert job.poll() is None, job.stderr.read()[-3000:]
                 primary.stop(mode="immediate")
                 standby.promote()
-                new_standby = standby.standby(f"sb{r + 1}", port=ports[r + 2])
-                clusters.append(new_standby)
-                standby.execute(f"ALTER SYSTEM SET synchronized_standby_slots = 'sb{r + 1}'")
-                standby.execute("SELECT pg_reload_conf()")
-                primary, standby = standby, new_standby
+                primary, standby = standby, new_standby(standby, r, ports, clusters)
             time.sleep(2.0)
         finally:
             writer.stop.set()

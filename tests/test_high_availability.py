@@ -51,8 +51,11 @@ def _primary(port: int) -> PostgresCluster:
     return PostgresCluster({"full_page_writes": True, "wal_sender_timeout": "10s"}, major=18, port=port).start()
 
 
+_PRIMARY_SLOTS = "SELECT slot_name, active, restart_lsn, confirmed_flush_lsn, catalog_xmin FROM pg_replication_slots"
+
+
 def _wait_synced(primary: PostgresCluster, standby: PostgresCluster, slot: str, db: str,
-                 timeout: float = 120.0, advance: bool = False) -> None:
+                 timeout: float = 240.0, advance: bool = False) -> None:
     """Until the standby holds a usable synchronized copy of `slot` (a new copy waits until the slot on the primary
     has moved past the standby's start: a running-transactions record now and then helps it along; `advance`: the
     slot is moved to the end of the WAL each time, where no consumer reads it)."""
@@ -62,8 +65,10 @@ def _wait_synced(primary: PostgresCluster, standby: PostgresCluster, slot: str, 
                             "FROM pg_replication_slots WHERE slot_name = %s", (slot,), dbname=db)
         if row and row[0][0]:
             return
-        assert time.monotonic() < deadline, (f"the standby on {standby.port} has no usable copy of {slot}: "
-                                             f"{standby.query('SELECT * FROM pg_replication_slots')}")
+        assert time.monotonic() < deadline, (
+            f"the standby on {standby.port} has no usable copy of {slot}: "
+            f"{standby.query('SELECT * FROM pg_replication_slots')}; on the primary: "
+            f"{primary.query(_PRIMARY_SLOTS)}")
         primary.execute("SELECT pg_log_standby_snapshot()")
         time.sleep(0.5)
         if advance:
@@ -223,3 +228,31 @@ def test_a_spock_slot_is_a_failover_slot_too(spock_cluster):
     info = create_slot(spock_cluster.dsn(db), f"{db}_fo", "spock", failover=True)
     assert info.plugin == "spock_output" and info.failover
     spock_cluster.execute("SELECT pg_drop_replication_slot(%s)", (f"{db}_fo",), dbname=db)
+
+
+def ha_clusters(ports: list[int], clusters: list[PostgresCluster]) -> tuple[PostgresCluster, PostgresCluster]:
+    """The promotion campaigns' start: a primary on ports[0] with database ``ha`` (2,000 rows in ``items``, the
+    publication ``pub``) and its standby on ports[1], which synchronized_standby_slots names. Both are added to
+    `clusters` (stopped at the end by the caller)."""
+    primary = _primary(ports[0])
+    clusters.append(primary)
+    primary.execute("CREATE DATABASE ha")
+    primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note text); "
+                    "INSERT INTO items SELECT g, g % 13, 'start' FROM generate_series(1, 2000) g; "
+                    "CREATE PUBLICATION pub FOR TABLE items", dbname="ha")
+    standby = primary.standby("sb0", port=ports[1])
+    clusters.append(standby)
+    primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'sb0'")
+    primary.execute("SELECT pg_reload_conf()")
+    return primary, standby
+
+
+def new_standby(primary: PostgresCluster, r: int, ports: list[int],
+                clusters: list[PostgresCluster]) -> PostgresCluster:
+    """After promotion `r`: a standby of the new `primary` on ports[r + 2], named by its synchronized_standby_slots."""
+    standby = primary.standby(f"sb{r + 1}", port=ports[r + 2])
+    clusters.append(standby)
+    primary.execute(f"ALTER SYSTEM SET synchronized_standby_slots = 'sb{r + 1}'")
+    primary.execute("SELECT pg_reload_conf()")
+    return standby
+

@@ -426,23 +426,22 @@ def test_a_column_the_decoder_turns_to_text_stays_exact(spark, pg_db, tmp_path):
                                                                                         if r not in got][:3])
 
     reports: list = []
-    query = start(spark, cfg, reports.append)
-    try:
-        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
-        equal("snapshot", {"amount", "grid"})
-        pg_db.execute("UPDATE m SET amount = 'NaN', grid = '{{1,2},{3,4}}' WHERE id = 3")
-        pg_db.execute("UPDATE m SET amount = amount + 1 WHERE id IN (4, 5)")
-        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
-        equal("after the switch", set())
-    finally:
-        query.stop()
-    # a new session of the stream describes the table again, typed: its values are written as text
-    query = start(spark, cfg, reports.append)
-    try:
-        pg_db.execute("UPDATE m SET amount = 7.5, grid = '{5,-6}', note = 'typed again' WHERE id = 6")
-        pg_db.execute("INSERT INTO m VALUES (41, 0.01, '{}', 'new'), (42, -99999999.99, '{NULL,7}', NULL)")
-        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
-        equal("typed again", set())
-    finally:
-        query.stop()
+    # two sessions of the stream: the switch in the first; the second describes the table again, typed, and its
+    # values are written as text
+    sessions = [("after the switch", ["UPDATE m SET amount = 'NaN', grid = '{{1,2},{3,4}}' WHERE id = 3",
+                                      "UPDATE m SET amount = amount + 1 WHERE id IN (4, 5)"]),
+                ("typed again", ["UPDATE m SET amount = 7.5, grid = '{5,-6}', note = 'typed again' WHERE id = 6",
+                                 "INSERT INTO m VALUES (41, 0.01, '{}', 'new'), (42, -99999999.99, '{NULL,7}', NULL)"])]
+    for n, (what, statements) in enumerate(sessions):
+        query = start(spark, cfg, reports.append)
+        try:
+            if not n:
+                wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+                equal("snapshot", {"amount", "grid"})
+            for statement in statements:
+                pg_db.execute(statement)
+            wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+            equal(what, set())
+        finally:
+            query.stop()
     assert not any(r.reread for r in reports), [r.reread for r in reports if r.reread]
