@@ -34,7 +34,7 @@ def test_ingest_survives_five_promotions_with_a_writer_running(tmp_path):
         writer.start()
         try:
             for r in range(ROUNDS):
-                _wait_synced(primary, standby, "cdc", "ha")
+                _wait_synced(primary, standby, "cdc", "ha", consumer=proc)
                 time.sleep(random.Random(r).uniform(0.5, 2.0))
                 assert proc.poll() is None, proc.stderr.read()[-3000:]
                 primary.stop(mode="immediate") if r else primary._shutdown("immediate")

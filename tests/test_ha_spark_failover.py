@@ -52,7 +52,7 @@ def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
         writer.start()
         try:
             for r in range(ROUNDS):
-                _wait_synced(primary, standby, "cdc", "ha")
+                _wait_synced(primary, standby, "cdc", "ha", consumer=job)
                 time.sleep(random.Random(r).uniform(0.5, 2.0))
                 assert job.poll() is None, job.stderr.read()[-3000:]
                 primary.stop(mode="immediate")

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 import pytest
@@ -55,7 +56,7 @@ _PRIMARY_SLOTS = "SELECT slot_name, active, restart_lsn, confirmed_flush_lsn, ca
 
 
 def _wait_synced(primary: PostgresCluster, standby: PostgresCluster, slot: str, db: str,
-                 timeout: float = 240.0, advance: bool = False) -> None:
+                 timeout: float = 240.0, advance: bool = False, consumer: Any = None) -> None:
     """Until the standby holds a usable synchronized copy of `slot` (a new copy waits until the slot on the primary
     has moved past the standby's start: a running-transactions record now and then helps it along; `advance`: the
     slot is moved to the end of the WAL each time, where no consumer reads it)."""
@@ -65,6 +66,8 @@ def _wait_synced(primary: PostgresCluster, standby: PostgresCluster, slot: str, 
                             "FROM pg_replication_slots WHERE slot_name = %s", (slot,), dbname=db)
         if row and row[0][0]:
             return
+        if consumer is not None and consumer.poll() is not None:      # (a process that ended moves no slot)
+            raise AssertionError(f"the consumer ended with {consumer.returncode}: {consumer.stderr.read()[-4000:]}")
         assert time.monotonic() < deadline, (
             f"the standby on {standby.port} has no usable copy of {slot}: "
             f"{standby.query('SELECT * FROM pg_replication_slots')}; on the primary: "
