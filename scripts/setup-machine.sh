@@ -66,8 +66,11 @@ PIP_PACKAGES=(
 )
 
 # The Spark integration (the test command installs it: the Spark tests are part of the suite). Delta tables
-# are written through delta-rs (deltalake); delta-spark's jars come from Maven, which a cluster provides.
-SPARK_PACKAGES=("pyspark[connect,pipelines]>=4.2,<5" "pandas>=2.2,<3" "deltalake>=1.6.6,<1.7")
+# are written through delta-rs (deltalake); delta-spark's jars come from Maven, which a cluster provides. The tests
+# read every Delta table again through DuckDB's delta extension (delta-kernel-rs), loaded from its wheel's file: the
+# wheel holds one build, for the duckdb of the same version (pyproject.toml's test extra pins both).
+SPARK_PACKAGES=("pyspark[connect,pipelines]>=4.2,<5" "pandas>=2.2,<3" "deltalake>=1.6.6,<1.7"
+                "duckdb==1.5.5" "duckdb-extension-delta==1.5.5")
 
 log() { printf 'setup-machine: %s\n' "$*" >&2; }
 
