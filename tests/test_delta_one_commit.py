@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pytest
 
 from spockwire.spark.apply import apply_changes
+from tests.delta_check import checked_table
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = 400
@@ -38,7 +39,7 @@ def generation(g: int) -> pa.Table:
 
 
 def current(path: str, scd: int) -> pa.Table:
-    t = deltalake.DeltaTable(path).to_pyarrow_table(columns=["id", "label"] + (["_end_commit_lsn"] if scd == 2 else []))
+    t = checked_table(path).select(["id", "label"] + (["_end_commit_lsn"] if scd == 2 else []))
     return t.filter(pc.is_null(t.column("_end_commit_lsn"))) if scd == 2 else t
 
 

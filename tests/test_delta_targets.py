@@ -10,6 +10,7 @@ import pytest
 
 from spockwire.spark.apply import apply_changes
 from spockwire.spark.delta_features import UnsupportedTableError
+from tests.delta_check import checked_table
 
 START = pa.table({"id": pa.array([1, 2], pa.int32()), "v": ["a", "b"]})
 
@@ -25,8 +26,7 @@ def changes(ids=(3, 1), values=("c", "z")) -> pa.Table:
 
 
 def _rows(path) -> list:
-    return sorted((r["id"], r["v"]) for r in deltalake.DeltaTable(str(path)).to_pyarrow_table(
-        columns=["id", "v"]).to_pylist())
+    return sorted((r["id"], r["v"]) for r in checked_table(path).select(["id", "v"]).to_pylist())
 
 
 @pytest.mark.parametrize("kind", ["plain", "partitioned", "change_data_feed", "check_constraint"])

@@ -14,6 +14,7 @@ import pytest
 
 from spockwire.spark import delta_target
 from spockwire.spark.apply import apply_changes
+from tests.delta_check import checked_table
 
 
 def batch(ids, label: str, lsn: int, kind: str = "insert") -> pa.Table:
@@ -62,7 +63,7 @@ def test_a_commit_between_read_and_commit_makes_the_batch_run_again(tmp_path, mo
         monkeypatch.setattr(keyless, "_typed", typed_after_another)
     metrics = apply_changes(batch([100, 11], "ours", 20), path, format="delta", keys=keys, idempotence=("job", 1))
     assert metrics.commit_retries == 1
-    got = deltalake.DeltaTable(path).to_pyarrow_table(columns=["id", "label"]).to_pylist()
+    got = checked_table(path).select(["id", "label"]).to_pylist()
     counts = Counter(r["id"] for r in got)
     if keys:        # one row per key: ours, the later position
         assert counts[100] == 1 and {r["label"] for r in got if r["id"] == 100} == {"ours"}
@@ -100,6 +101,6 @@ def test_a_writer_thread_beside_a_stream_of_batches_never_doubles_a_key(tmp_path
     finally:
         stop.set()
         thread.join()
-    counts = Counter(r["id"] for r in deltalake.DeltaTable(path).to_pyarrow_table(columns=["id"]).to_pylist())
+    counts = Counter(checked_table(path).column("id").to_pylist())
     assert max(counts.values()) == 1, [k for k, c in counts.items() if c > 1][:5]
     assert foreign[0] > 10 and retries >= 1, (foreign[0], retries)

@@ -10,6 +10,7 @@ import pytest
 
 from spockwire.spark.apply import STATE_DIR, apply_changes, scd2_columns
 from tests.apply_oracle import COLUMNS, replay_scd1, replay_scd2, workload
+from tests.delta_check import checked_table
 from tests.spark_session import spark_session
 
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
@@ -54,7 +55,7 @@ def utc(rows):
 def delta_rows(path, scd=1):
     import deltalake
 
-    rows = deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()
+    rows = checked_table(path).to_pylist()
     if scd == 1:
         return {r["id"]: tuple(r[c] for c in COLUMNS) for r in rows}
     start, end = scd2_columns()
@@ -209,7 +210,7 @@ def test_delta_added_column_and_reads_only_touched_keys(spark, tmp_path):
     assert metrics.files_read == 1          # keys 3, 7 and 1000: only the first file may hold any of them
     assert metrics.stored_rows_read == 2    # the rows of keys 3 and 7
     assert metrics.keys_touched == 3
-    got = {r["id"]: r for r in deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()}
+    got = {r["id"]: r for r in checked_table(path).to_pylist()}
     assert len(got) == 400
     assert (got[3]["name"], got[3]["doc"], got[3]["note"]) == ("three", "big", "hello")
     assert (got[1000]["note"], got[1000]["_commit_lsn"]) == ("fresh", 500)
@@ -234,7 +235,7 @@ def test_delta_is_written_through_delta_rs_whatever_the_engine_named(spark, tmp_
 
 
 def _rows(path) -> list:
-    return sorted(map(repr, deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()))
+    return sorted(map(repr, checked_table(path).to_pylist()))
 
 
 def test_delta_files_stay_small_so_one_change_rewrites_one(tmp_path, monkeypatch):

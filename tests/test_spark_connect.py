@@ -24,6 +24,7 @@ import spockwire
 from spockwire.connection.slots import parse_lsn
 from spockwire.spark.connect import start_query
 from spockwire.testing.spark_connect import SparkConnectServer
+from tests.delta_check import checked_table
 from tests.test_spark_source import COLUMNS, _norm, _pg_rows, _setup_orders, _slot, _workload
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
@@ -74,9 +75,7 @@ def _audit(audit: Path) -> list[tuple[int, int]]:
 
 
 def _delta_rows(path: str, columns) -> list[tuple]:
-    import deltalake
-
-    rows = deltalake.DeltaTable(path).to_pyarrow_table(columns=list(columns)).to_pylist()
+    rows = checked_table(path).select(list(columns)).to_pylist()
     return sorted(tuple(_norm(r[c]) for c in columns) for r in rows)
 
 
@@ -233,9 +232,7 @@ def test_the_job_with_a_connect_remote(connect_server, pg_db, tmp_path):
     assert _delta_rows(target_path(target, "public.orders"), COLUMNS) == _pg_rows(pg_db)
     items = sorted(pg_db.query("SELECT k, n FROM items"))
     assert _delta_rows(target_path(target, "public.items"), ("k", "n")) == items
-    import deltalake
-
-    history = deltalake.DeltaTable(target_path(target, "public.items", history=True)).to_pyarrow_table().to_pylist()
+    history = checked_table(target_path(target, "public.items", history=True)).to_pylist()
     assert sorted((r["k"], r["n"]) for r in history if r["_end_commit_lsn"] is None) == items
     assert len(history) == 200 + 40       # every snapshot row, and one more version per negated row
 

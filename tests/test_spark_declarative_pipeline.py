@@ -15,6 +15,7 @@ import yaml
 
 from spockwire.spark.job import target_path
 from spockwire.spark.sdp import known_completed_failure, run_pipeline
+from tests.delta_check import checked_table
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
@@ -23,9 +24,7 @@ EXAMPLE = ROOT / "examples" / "declarative-pipeline"
 
 
 def _delta(path: str, columns: list[str], current_only: bool = False) -> list[tuple]:
-    import deltalake
-
-    rows = deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()
+    rows = checked_table(path).to_pylist()
     if current_only:
         rows = [r for r in rows if r["_end_commit_lsn"] is None]
     return sorted(tuple(r[c] for c in columns) for r in rows)

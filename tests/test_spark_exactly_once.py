@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.delta_check import checked_table
+
 pytestmark = [pytest.mark.pg, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,9 +196,7 @@ def _source(db, table: str) -> dict:
 
 
 def _delta(path: Path, names: list[str], current_only: bool = False) -> dict:
-    from deltalake import DeltaTable
-
-    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    rows = checked_table(path).to_pylist()
     if current_only:    # SCD 2: the open-ended versions
         rows = [r for r in rows if r["_end_commit_lsn"] is None]
     out = {r[names[0]]: tuple(_norm(r[n]) for n in names) for r in rows}
@@ -216,9 +216,7 @@ def _source_bag(db, table: str) -> tuple[list, list[str]]:
 
 
 def _delta_bag(path: Path, names: list[str], current_only: bool = False) -> list:
-    from deltalake import DeltaTable
-
-    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    rows = checked_table(path).to_pylist()
     if current_only:
         rows = [r for r in rows if r["_end_commit_lsn"] is None]
     return sorted((tuple(_norm(r[n]) for n in names) for r in rows), key=repr)

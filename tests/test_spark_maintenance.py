@@ -23,6 +23,7 @@ from spockwire.spark.delta_target import STATE_DIR
 from spockwire.spark.maintenance import Maintenance, MaintenanceOptions, collect_state, optimize, table_files, vacuum
 from spockwire.spark.resolve import first_position
 from tests.apply_oracle import T0
+from tests.delta_check import checked_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = pa.schema([("_change_type", pa.string()), ("_commit_lsn", pa.int64()),
@@ -42,9 +43,7 @@ def changes(kind: str, ids, lsn: int) -> pa.Table:
 
 def rows(path: str, fmt: str = "delta", scd: int = 1) -> dict:
     if fmt == "delta":
-        import deltalake
-
-        table = deltalake.DeltaTable(path).to_pyarrow_table()
+        table = checked_table(path)
     else:
         import pyarrow.dataset as pads
 
@@ -56,12 +55,11 @@ def rows(path: str, fmt: str = "delta", scd: int = 1) -> dict:
 
 
 def state_rows(path: str, fmt: str = "delta") -> int:
-    import deltalake
     import pyarrow.dataset as pads
 
     state = os.path.join(path, STATE_DIR)
     if fmt == "delta":
-        return deltalake.DeltaTable(state).to_pyarrow_table().num_rows
+        return checked_table(state).num_rows
     return pads.dataset(state, format="parquet").to_table().num_rows
 
 

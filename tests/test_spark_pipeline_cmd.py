@@ -31,6 +31,7 @@ from spockwire.cli.config import resolve
 from spockwire.cli.pipeline_cmd import job_config
 from spockwire.spark import job
 from spockwire.spark.job import LOCAL_DRIVER_JAVA_OPTIONS
+from tests.delta_check import checked_table
 from tests.spark_session import spark_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -279,13 +280,11 @@ def test_sigterm_finishes_the_batch_then_restart_exactly_once_and_the_password_i
     second = [json.loads(ln)["batch"] for ln in _lines(run / "second.out") if '"batch"' in ln]
     assert second and max(second) <= _committed(run / "ck")[-1]
 
-    import deltalake
-
     source = dict(pg_db.query("SELECT id, n FROM orders"))
-    scd1 = deltalake.DeltaTable(str(run / "delta" / "public.orders")).to_pyarrow_table(columns=["id", "n"])
+    scd1 = checked_table(run / "delta" / "public.orders").select(["id", "n"])
     assert dict(zip(*scd1.to_pydict().values())) == source
     # exactly once: one SCD 2 version per change of each row (the insert and each update added 1 to n)
-    history = deltalake.DeltaTable(str(run / "delta" / "public.orders_history")).to_pyarrow_table(columns=["id"])
+    history = checked_table(run / "delta" / "public.orders_history").select(["id"])
     versions: dict[int, int] = {}
     for key in history.column("id").to_pylist():
         versions[key] = versions.get(key, 0) + 1
@@ -394,7 +393,5 @@ def test_sigint_stops_the_job_as_sigterm_does(pg_db, tmp_path):
     first_ids = {ln["batch"] for ln in lines if "batch" in ln}
     second_ids = {json.loads(ln)["batch"] for ln in again.stdout.splitlines() if '"batch"' in ln}
     assert not first_ids & second_ids
-    import deltalake
-
-    got = deltalake.DeltaTable(str(target / "public.orders")).to_pyarrow_table(columns=["id", "n"]).to_pylist()
+    got = checked_table(target / "public.orders").select(["id", "n"]).to_pylist()
     assert sorted((r["id"], r["n"]) for r in got) == sorted(pg_db.query("SELECT id, n FROM orders"))

@@ -15,6 +15,7 @@ import pytest
 
 from spockwire.spark.job import JobConfig, flush_lsn, start, target_path, wait_caught_up
 from spockwire.spark.schema_changes import SHAPE_FILE, apply_shaped, read_shape, segments
+from tests.delta_check import checked_table
 from tests.spark_session import spark_session
 from tests.test_spark_source import _slot
 
@@ -59,9 +60,7 @@ def _source(db, table: str) -> tuple[list[str], list[tuple]]:
 
 
 def _delta(path: str, names: list[str], current_only: bool = False) -> tuple[list[str], list[tuple]]:
-    import deltalake
-
-    t = deltalake.DeltaTable(path).to_pyarrow_table()
+    t = checked_table(path)
     if current_only:
         t = t.filter(pa.compute.is_null(t.column("_end_commit_lsn")))
     have = [n for n in t.column_names if n not in BOOKKEEPING]
@@ -204,7 +203,7 @@ def test_a_run_of_another_shape_rereads_and_earlier_changes_are_left_out(tmp_pat
     assert done.reread_lsn == 500 and calls == ["public.t"]
     dt = open_delta(path)
     assert reread_point(dt) == 500 and dt.transaction_version("app") == 2
-    got = dt.to_pyarrow_table()
+    got = checked_table(path)
     assert sorted(c for c in got.column_names if c not in BOOKKEEPING) == ["id", "w"]
     assert sorted(zip(got.column("id").to_pylist(), got.column("w").to_pylist())) == [(1, "one"), (2, "two")]
     assert read_shape(path) == b
@@ -212,7 +211,7 @@ def test_a_run_of_another_shape_rereads_and_earlier_changes_are_left_out(tmp_pat
     done = apply_shaped(path, [_run(a, 40, id=[1], v=pa.array([9], pa.int32())), _run(b, 600, id=[2], w=["new"])],
                         ["id"], 1, ("app", 3), reread, "public.t", apply)
     assert done.dropped_rows == 1 and done.reread_lsn is None and calls == ["public.t"]
-    got = open_delta(path).to_pyarrow_table()
+    got = checked_table(path)
     assert sorted(zip(got.column("id").to_pylist(), got.column("w").to_pylist())) == [(1, "one"), (2, "new")]
     assert (tmp_path / "t" / SHAPE_FILE).exists()
 

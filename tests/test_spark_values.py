@@ -33,6 +33,7 @@ from spockwire.spark.apply import apply_changes, target_path
 from spockwire.spark.delta_target import STATE_DIR
 from spockwire.spark.maintenance import collect_state, optimize
 from spockwire.spark.resolve import first_position, scd2_columns
+from tests.delta_check import checked_table
 from tests.spark_session import spark_session
 from tests.apply_oracle import replay_scd1, replay_scd2, ts_of, workload
 from tests import pg_send as S
@@ -189,7 +190,7 @@ def _canonical(table: pa.Table, columns: list[str]) -> list[tuple]:
 
 def _read(path: str, expected: pa.Table, filters: Any = None) -> pa.Table:
     """The Delta table's rows in the columns and types of `expected`."""
-    got = deltalake.DeltaTable(path).to_pyarrow_table(filters=filters)
+    got = checked_table(path) if filters is None else deltalake.DeltaTable(path).to_pyarrow_table(filters=filters)
     return pa.table([got.column(f.name).cast(f.type) for f in expected.schema], schema=expected.schema)
 
 
@@ -338,7 +339,7 @@ def test_huge_toasted_values_land_and_stay_out_of_the_statistics(tmp_path, scd):
         apply_changes(pa.Table.from_pylist(rows, schema=schema), path, format="delta", engine="delta-rs",
                       keys=["id"], stored_as_scd_type=scd)
     rows = [r for t in txs for r in t]
-    table = deltalake.DeltaTable(path).to_pyarrow_table()
+    table = checked_table(path)
     if scd == 1:
         got = {r["id"]: (r["id"], r["name"], r["doc"]) for r in table.to_pylist()}
         assert got == replay_scd1(rows) and len(got) == 1
@@ -425,8 +426,8 @@ def assert_lands_as_postgres_holds(db, target: str, changed: bool) -> None:
     with psycopg2.connect(db.dsn) as conn, conn.cursor() as cur:
         expected = server_expected(cur, LIVE_CASES + DAY_CASES)
     for history in (False, True):
-        vals = deltalake.DeltaTable(target_path(target, "public.vals", history)).to_pyarrow_table()
-        days = deltalake.DeltaTable(target_path(target, "public.days", history)).to_pyarrow_table()
+        vals = checked_table(target_path(target, "public.vals", history))
+        days = checked_table(target_path(target, "public.days", history))
         if history:
             closed = pc.sum(pc.cast(pc.is_valid(vals.column(scd2_columns()[1][0])), pa.int64())).as_py()
             assert closed >= (len(expected["big_text"]) if changed else 0)
@@ -480,7 +481,7 @@ def test_a_live_table_of_awkward_values_lands_exactly_through_snapshot_stream_an
         for history in (False, True):
             path = target_path(cfg.target, table, history)
             assert_stats_bound_the_files(path)
-            got = deltalake.DeltaTable(path).to_pyarrow_table()
+            got = checked_table(path)
             for column, pivot in (("c_date", dt.date(1970, 1, 1)), ("c_float8", 0.0), ("d", dt.date(1970, 1, 1)),
                                   ("at", dt.datetime(1970, 1, 1, tzinfo=UTC))):
                 if column in got.column_names:
