@@ -565,7 +565,7 @@ class PostgresCluster:
             slot = slot or f"standby_{standby.port}"
             try:
                 standby._run(["pg_basebackup", "-D", str(standby.datadir), "-h", self.host, "-p", str(self.port),
-                              "-U", self.user, "-X", "stream", "-C", "-S", slot, "--no-sync"])
+                              "-U", self.user, "-X", "stream", "-C", "-S", slot, "--no-sync", "--checkpoint=fast"])
                 standby._write_as_server_user(standby.datadir / "standby.signal", "")
                 # the copy's own settings file is rewritten at start; its auto.conf holds nothing of the primary's
                 standby.settings.update({
