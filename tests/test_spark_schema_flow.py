@@ -38,8 +38,8 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 def test_spark_modules_import_one_way():
     """data source -> its readers (source_reader) -> readers (slot, staging, frame files, snapshot, batch files) ->
-    conform (schema) ; apply -> targets (Delta, Arrow, the Delta read-ahead; the keyless apply) -> resolve, and
-    apply -> schema. No
+    conform (schema) ; apply -> targets (Delta, Arrow, the Delta read-ahead; the keyless apply; the check of a Delta
+    table's features) -> resolve, and apply -> schema. No
     cycle, the data source is imported by nobody, and the conform layer and the resolution import no module of the
     package."""
     graph: dict[str, set[str]] = {}
@@ -53,8 +53,10 @@ def test_spark_modules_import_one_way():
     assert graph["delta_target"] <= {"resolve", "arrow_target", "delta_rewrite"}
     assert graph["read_ahead"] <= {"delta_rewrite", "delta_target"}
     assert graph["apply"] <= {"schema", "resolve", "arrow_target", "delta_target", "read_ahead", "environment",
-                              "keyless"}
-    assert graph["keyless"] <= {"schema", "resolve", "arrow_target", "delta_rewrite", "delta_target"}
+                              "keyless", "delta_features"}
+    assert graph["keyless"] <= {"schema", "resolve", "arrow_target", "delta_rewrite", "delta_target",
+                                "delta_features"}
+    assert graph["delta_features"] <= {"delta_target"}
     assert graph["batch_files"] <= {"schema", "manifest"}
     assert all("datasource" not in deps for name, deps in graph.items())
     # the data source itself loads no reader until Spark asks for one (its planning processes stay small)

@@ -13,7 +13,6 @@ first time in a run, :class:`Ownership` checks it:
 """
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 __all__ = ["OWNER_PROPERTY", "TableOwnedError", "Ownership"]
@@ -32,16 +31,16 @@ class Ownership:
 
     def __init__(self, take_over: bool = False) -> None:
         self.take_over = take_over
+        # (no lock: over Spark Connect the job's function, this with it, is pickled; a table checked twice by two
+        # threads at once is only set to the same owner twice)
         self._checked: set[str] = set()
-        self._lock = threading.Lock()
 
     def check(self, path: str, app_id: str) -> bool:
         """Raise TableOwnedError when another query owns the Delta table at `path`; record this one as its owner when
         the table has none (or, taking over, another). Once per table and run. False when there is no table yet:
         call :meth:`claim` once the query created it."""
-        with self._lock:
-            if path in self._checked:
-                return True
+        if path in self._checked:
+            return True
         from .delta_target import open_delta
 
         dt = open_delta(path)
@@ -55,8 +54,7 @@ class Ownership:
                     "checkpoint, would land every change twice. Stop the other one; to make this job the table's "
                     "writer deliberately, run it with --take-over (JobConfig.take_over)")
             dt.alter.set_table_properties({OWNER_PROPERTY: app_id}, raise_if_not_exists=False)
-        with self._lock:
-            self._checked.add(path)
+        self._checked.add(path)
         return True
 
     def claim(self, path: str, app_id: str) -> None:

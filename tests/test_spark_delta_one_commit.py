@@ -38,8 +38,12 @@ def generation(g: int) -> pa.Table:
                      "id": pa.array(ids, pa.int32()), "label": pa.array([None if i is None else f"g{g}" for i in ids])})
 
 
-def current(path: str, scd: int) -> pa.Table:
-    t = checked_table(path).select(["id", "label"] + (["_end_commit_lsn"] if scd == 2 else []))
+def current(path: str, scd: int, independent: bool = True) -> pa.Table:
+    """The table's current rows (`independent`: read by DuckDB too, and equal; the polling reader reads with
+    deltalake alone, to poll often)."""
+    cols = ["id", "label"] + (["_end_commit_lsn"] if scd == 2 else [])
+    t = checked_table(path).select(cols) if independent else \
+        deltalake.DeltaTable(path).to_pyarrow_table(columns=cols)
     return t.filter(pc.is_null(t.column("_end_commit_lsn"))) if scd == 2 else t
 
 
@@ -60,7 +64,7 @@ def test_a_reader_polling_never_sees_a_truncate_before_its_rows(tmp_path, scd):
 
     def poll() -> None:
         while not stop.is_set():
-            t = current(path, scd)
+            t = current(path, scd, independent=False)
             seen.append(whole_generation(t) or (t.num_rows, sorted(set(t.column("label").to_pylist()), key=str)))
 
     reader = threading.Thread(target=poll)
@@ -84,7 +88,7 @@ def test_a_reader_polling_never_sees_a_truncate_before_its_rows(tmp_path, scd):
 _WRITER = """
 import sys
 sys.path.insert(0, {root!r})
-from tests.test_delta_one_commit import generation
+from tests.test_spark_delta_one_commit import generation
 from spockwire.spark.apply import apply_changes
 path, scd = sys.argv[1], int(sys.argv[2])
 for g in range(1, 1000):
