@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import pytest
 
@@ -34,9 +35,9 @@ def test_ingest_survives_five_promotions_with_a_writer_running(tmp_path):
         writer.start()
         try:
             for r in range(ROUNDS):
-                _wait_synced(primary, standby, "cdc", "ha", consumer=proc)
+                _wait_synced(primary, standby, "cdc", "ha", consumer=(proc, f"{out}.log"))
                 time.sleep(random.Random(r).uniform(0.5, 2.0))
-                assert proc.poll() is None, proc.stderr.read()[-3000:]
+                assert proc.poll() is None, Path(f"{out}.log").read_text()[-3000:]
                 primary.stop(mode="immediate") if r else primary._shutdown("immediate")
                 standby.promote()
                 if not r:      # the old primary comes back as a standby (read-only): never read from
@@ -50,7 +51,8 @@ def test_ingest_survives_five_promotions_with_a_writer_running(tmp_path):
         finally:
             writer.stop.set()
             writer.join(30)
-        _, err = proc.communicate(timeout=300)
+        proc.wait(300)
+        err = Path(f"{out}.log").read_text()
         assert proc.returncode == 0, err[-4000:]
         assert writer.commits > 100 and writer.failures >= ROUNDS, (writer.commits, writer.failures)
         replayed = replay_table(out, "public.items", ("id",))

@@ -43,18 +43,19 @@ def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
                                 "--publication", "pub", "--table", "public.items", "--create-slot", "--failover-slot",
                                 "--starting-position", "snapshot", "--target", str(target), "--checkpoint",
                                 str(tmp_path / "ck"), "--trigger-seconds", "0.5", "--no-maintenance"],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               cwd=ROOT, stdout=open(tmp_path / "job.out", "w"), stderr=open(tmp_path / "job.err", "w"))
+        job_err = lambda: (tmp_path / "job.err").read_text()[-3000:]  # noqa: E731 - (files: a full pipe stalls it)
         deadline = time.monotonic() + 300
         while len(_delta_rows(target / "public.items")) < 2000:
-            assert job.poll() is None and time.monotonic() < deadline, job.stderr.read()[-3000:]
+            assert job.poll() is None and time.monotonic() < deadline, job_err()
             time.sleep(0.5)
         writer = Writer(dsn, 11)
         writer.start()
         try:
             for r in range(ROUNDS):
-                _wait_synced(primary, standby, "cdc", "ha", consumer=job)
+                _wait_synced(primary, standby, "cdc", "ha", consumer=(job, tmp_path / "job.err"))
                 time.sleep(random.Random(r).uniform(0.5, 2.0))
-                assert job.poll() is None, job.stderr.read()[-3000:]
+                assert job.poll() is None, job_err()
                 primary.stop(mode="immediate")
                 standby.promote()
                 primary, standby = standby, new_standby(standby, r, ports, clusters)
@@ -66,11 +67,12 @@ def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
         want = {r[0]: (r[1], r[2]) for r in primary.query("SELECT id, v, note FROM items", dbname="ha")}
         deadline = time.monotonic() + 300
         while _delta_rows(target / "public.items") != want:
-            assert job.poll() is None, job.stderr.read()[-3000:]
+            assert job.poll() is None, job_err()
             assert time.monotonic() < deadline, "the Delta table did not come to equal the last primary's table"
             time.sleep(1.0)
         job.send_signal(15)
-        out, err = job.communicate(timeout=180)
+        job.wait(180)
+        out, err = (tmp_path / "job.out").read_text(), (tmp_path / "job.err").read_text()
         assert job.returncode == 0, err[-3000:]
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         assert any(line.get("stopped") for line in lines)

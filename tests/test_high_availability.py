@@ -56,7 +56,8 @@ _PRIMARY_SLOTS = "SELECT slot_name, active, restart_lsn, confirmed_flush_lsn, ca
 
 
 def _wait_synced(primary: PostgresCluster, standby: PostgresCluster, slot: str, db: str,
-                 timeout: float = 240.0, advance: bool = False, consumer: Any = None) -> None:
+                 timeout: float = 240.0, advance: bool = False,
+                 consumer: tuple[subprocess.Popen, Path] | None = None) -> None:
     """Until the standby holds a usable synchronized copy of `slot` (a new copy waits until the slot on the primary
     has moved past the standby's start: a running-transactions record now and then helps it along; `advance`: the
     slot is moved to the end of the WAL each time, where no consumer reads it)."""
@@ -66,8 +67,9 @@ def _wait_synced(primary: PostgresCluster, standby: PostgresCluster, slot: str, 
                             "FROM pg_replication_slots WHERE slot_name = %s", (slot,), dbname=db)
         if row and row[0][0]:
             return
-        if consumer is not None and consumer.poll() is not None:      # (a process that ended moves no slot)
-            raise AssertionError(f"the consumer ended with {consumer.returncode}: {consumer.stderr.read()[-4000:]}")
+        if consumer is not None and consumer[0].poll() is not None:      # (a process that ended moves no slot)
+            raise AssertionError(f"the consumer ended with {consumer[0].returncode}: "
+                                 f"{Path(consumer[1]).read_text()[-4000:]}")
         assert time.monotonic() < deadline, (
             f"the standby on {standby.port} has no usable copy of {slot}: "
             f"{standby.query('SELECT * FROM pg_replication_slots')}; on the primary: "
@@ -133,10 +135,11 @@ def _as_standby_of(old: PostgresCluster, new: PostgresCluster) -> None:
 
 
 def _ingest(dsn: str, slot: str, out: Path, *extra: str) -> subprocess.Popen:
+    """`spockwire ingest` as a child process, its log in <out>.log (a file: a pipe nobody reads would stall it)."""
     return subprocess.Popen([sys.executable, "-m", "spockwire", "ingest", "--dsn", dsn, "--slot", slot,
                              "--publication", "pub", "--out", str(out), "--flush-seconds", "0.2",
                              "--log-format", "json", *extra],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(f"{out}.log", "w"))
 
 
 def test_failover_slots_are_created_or_switched_over_and_refused_before_17(tmp_path):
