@@ -85,7 +85,7 @@ def test_a_writer_thread_beside_a_stream_of_batches_never_doubles_a_key(tmp_path
             try:
                 _foreign(path, rng.sample(range(400), 5), "theirs")
                 foreign[0] += 1
-                stop.wait(0.02)
+                stop.wait(0.05)       # a busy writer of its own; one committing without pause would starve any other
             except deltalake.exceptions.CommitFailedError:
                 continue              # its own check found our commit first: it tries again
 
@@ -93,7 +93,9 @@ def test_a_writer_thread_beside_a_stream_of_batches_never_doubles_a_key(tmp_path
     thread.start()
     retries = 0
     try:
-        for n in range(1, 40):
+        n = 0
+        while (foreign[0] < 30 or retries < 1) and n < 400:       # until the two met, several times over
+            n += 1
             ids = sorted({rng.randrange(400) for _ in range(20)})
             m = apply_changes(batch(ids, f"ours{n}", 10 * (n + 1), "update_postimage"), path, format="delta",
                               keys=["id"], idempotence=("job", n))
@@ -103,4 +105,4 @@ def test_a_writer_thread_beside_a_stream_of_batches_never_doubles_a_key(tmp_path
         thread.join()
     counts = Counter(checked_table(path).column("id").to_pylist())
     assert max(counts.values()) == 1, [k for k, c in counts.items() if c > 1][:5]
-    assert foreign[0] > 10 and retries >= 1, (foreign[0], retries)
+    assert foreign[0] >= 30 and retries >= 1, (foreign[0], retries, n)
