@@ -215,27 +215,6 @@ def target_file_size(dt: Any) -> int:
     return int((dt.metadata().configuration or {}).get("delta.targetFileSize") or TARGET_FILE_BYTES)
 
 
-def _without(t: pa.Table, drop: pa.Table, by: Sequence[str]) -> pa.Table:
-    """The rows of `t` whose values in `by` equal no row of `drop` (NULL equal to NULL), in their order."""
-    import numpy as np
-
-    left: dict[str, Any] = {}
-    right: dict[str, Any] = {}
-    for i, c in enumerate(by):
-        a, b = t.column(c), drop.column(c).cast(t.column(c).type)
-        left[f"n{i}"], right[f"n{i}"] = a.is_null(), b.is_null()
-        if a.null_count or b.null_count:        # a NULL joins nothing: it matches on its flag, any value beside it
-            present = pa.chunked_array(a.chunks + b.chunks, a.type).drop_null()
-            if not len(present):
-                continue
-            a, b = pc.fill_null(a, present[0]), pc.fill_null(b, present[0])
-        left[f"v{i}"], right[f"v{i}"] = a, b
-    keys = list(left)
-    left["_row"] = pa.array(np.arange(t.num_rows))
-    rows = pa.table(left).join(pa.table(right), keys=keys, join_type="left anti").column("_row")
-    return t.take(pc.take(rows, pc.sort_indices(rows)))
-
-
 def _closed(t: pa.Table, ended: Any, end_cols: Sequence[str], pos: tuple, ts: Any) -> pa.Table:
     """SCD 2 versions `ended` (a row mask) closed at the truncate `pos` (its commit time `ts`)."""
     import numpy as np
@@ -485,7 +464,7 @@ class DeltaTarget:
                     else:
                         t = _closed(t, ended, plan.end_cols, pos, ts)
                 if replaced.num_rows and t.num_rows:
-                    t = _without(t, replaced, by)
+                    t = t.filter(pa.array(~keys_in(t, by, replaced)))
                 if t.num_rows:
                     yield from unify(t, schema).to_batches()
             if written.num_rows:
