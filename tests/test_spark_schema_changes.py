@@ -216,6 +216,35 @@ def test_a_run_of_another_shape_rereads_and_earlier_changes_are_left_out(tmp_pat
     assert (tmp_path / "t" / SHAPE_FILE).exists()
 
 
+@pytest.mark.parametrize("scd", [1, 2])
+def test_a_batch_of_only_a_truncate_keeps_the_columns_the_table_has(tmp_path, scd):
+    """A task whose first change of a table is a TRUNCATE writes it in a file of the table's columns as the query
+    started (a truncate has none of its own). Alone in its micro-batch, after the columns changed upstream, it ends
+    the rows and adds none of those old columns back."""
+    from spockwire.spark.apply import apply_changes
+
+    path = str(tmp_path / "t")
+    b = [["id", 23, -1, True], ["w", 25, -1, False]]
+
+    def apply(*args, **kw):
+        return apply_changes(*args, format="delta", engine="delta-rs", **kw)
+
+    def reread(table):
+        raise AssertionError("a truncate is no change of the columns")
+
+    apply_shaped(path, [_run(b, 10, id=[1, 2], w=["one", "two"])], ["id"], scd, ("app", 1), reread, "public.t",
+                 apply)
+    truncate = _run(None, 20, id=pa.array([None], pa.int32()), v=pa.array([None], pa.int32()))
+    truncate = truncate.set_column(0, "_change_type", pa.array(["truncate"]))
+    apply_shaped(path, [truncate], ["id"], scd, ("app", 2), reread, "public.t", apply)
+    got = checked_table(path)
+    assert sorted(c for c in got.column_names if c not in BOOKKEEPING) == ["id", "w"]
+    assert got.num_rows == (0 if scd == 1 else 2)
+    if scd == 2:
+        assert got.column("_end_commit_lsn").null_count == 0
+    assert read_shape(path) == b
+
+
 @pytest.mark.parametrize("crash", ["before-the-commit", "before-the-shape-is-recorded"])
 def test_a_crash_inside_a_reread_leaves_the_table_before_or_after_it(tmp_path, monkeypatch, crash):
     """The re-read's steps fail one at a time (what kill -9 leaves is on disk alone), then the micro-batch is

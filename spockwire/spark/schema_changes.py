@@ -323,12 +323,12 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
             step = in_place(shape, after)
             if step is not None and step[0] != "add" and pending:
                 # the rows before the statement, in the shape before it
-                result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd,
+                result.metrics.append(apply(_concat(pending, dt, scd), path, keys=keys, stored_as_scd_type=scd,
                                             idempotence=_part_token(token, result)))
                 pending = []
             if step is None:
                 if pending:
-                    result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd,
+                    result.metrics.append(apply(_concat(pending, dt, scd), path, keys=keys, stored_as_scd_type=scd,
                                                 idempotence=_part_token(token, result)))
                 return _reread_into(path, reread(table), keys, scd, token, keys_changed, result)
             _evolve(path, dt, step, scd, lambda cols: reread.column_fields(table, cols))
@@ -366,13 +366,13 @@ def apply_shaped(path: str, changes: Sequence[pa.Table], keys: Sequence[str], sc
                 pass
         # another shape: what came before it is applied, then the table is read again
         if pending:
-            result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd,
+            result.metrics.append(apply(_concat(pending, dt, scd), path, keys=keys, stored_as_scd_type=scd,
                                         idempotence=_part_token(token, result)))
             pending = []
         return _reread_into(path, reread(table), keys, scd, token, keys_changed, result)
     if pending:
-        result.metrics.append(apply(_concat(pending), path, keys=keys, stored_as_scd_type=scd, idempotence=token,
-                                    read_ahead=read_ahead))
+        result.metrics.append(apply(_concat(pending, dt, scd), path, keys=keys, stored_as_scd_type=scd,
+                                    idempotence=token, read_ahead=read_ahead))
     if shape is not None and (changed or not recorded):
         write_shape(path, shape)
     return result
@@ -568,13 +568,23 @@ def _reread_into(path: str, snap: TableSnapshot, keys: Sequence[str], scd: int, 
     return result
 
 
-def _concat(runs: list[pa.Table]) -> pa.Table:
-    """Runs applied together: a run of truncates only (no value of the table) takes the columns of the others."""
-    if len(runs) == 1:
-        return runs[0]
+def _concat(runs: list[pa.Table], dt: Any, scd: int) -> pa.Table:
+    """Runs applied together. A run of truncates only holds no value of the table (its file may carry the columns
+    the table had when the query started), so it brings none: it takes the columns of the others, or, alone, those
+    of the Delta table (`dt`, None: not written yet), all NULL."""
     heads = list(S.CHANGE_COLUMNS)
-    runs = [r.select(heads) if _only_truncates(r) else r for r in runs]
-    return pa.concat_tables(runs, promote_options="default")
+    values = [r for r in runs if not _only_truncates(r)]
+    if values:
+        runs = [r.select(heads) if _only_truncates(r) else r for r in runs]
+        return runs[0] if len(runs) == 1 else pa.concat_tables(runs, promote_options="default")
+    if dt is None:
+        return pa.concat_tables(runs, promote_options="default")
+    only = pa.concat_tables([r.select(heads) for r in runs])
+    held = arrow_schema_of(dt)
+    for name in _table_names(dt, scd):
+        f = held.field(name)
+        only = only.append_column(f, pa.nulls(only.num_rows, f.type))
+    return only
 
 
 def _only_truncates(run: pa.Table) -> bool:
