@@ -43,7 +43,8 @@ from .arrow_target import unify
 from .delta_features import check_target
 from .delta_rewrite import (FILE_COLUMN, StoredFiles, append_files, arrow_schema, exact_values, file_sizes,
                             keep_stats_exact, rewritable, rewrite_files)
-from .delta_target import DeltaTarget, _q, delta_dataset, deltalake_module, read_keys, target_file_size
+from .delta_target import DeltaTarget, _q, created_configuration, delta_dataset, deltalake_module, read_keys, \
+    target_file_size
 from .resolve_frame import OP, Plan, _dense_rank, _same_as_previous
 from .schema import read_table_relation
 
@@ -312,9 +313,9 @@ def _typed(rows: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
 
 
 def _create(path: str, rows: pa.Table, commit: Any) -> None:
-    if not append_files(path, None, rows, [], target_file_size(None), commit, DeltaTarget._created(rows)):
+    if not append_files(path, None, rows, [], target_file_size(None), commit, created_configuration(rows)):
         deltalake_module().write_deltalake(path, rows, mode="append", commit_properties=commit,
-                                           configuration=DeltaTarget._created(rows))
+                                           configuration=created_configuration(rows))
 
 
 def _replace(dt: Any, files: StoredFiles | None, removed: pa.Table, pos: list[str], rows: pa.Table, plan: Plan,

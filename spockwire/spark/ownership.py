@@ -10,6 +10,8 @@ first time in a run, :class:`Ownership` checks it:
 * a table owned by another query -- another job, the same job with a new checkpoint, a second copy of the job -- is
   refused with one line naming the owner, unless the job was told to take tables over (``--take-over``), which
   records the new owner first.
+
+A table without ``delta.checkpointInterval`` gets the job's (delta_target.CHECKPOINT_INTERVAL) in the same commit.
 """
 from __future__ import annotations
 
@@ -41,19 +43,25 @@ class Ownership:
         call :meth:`claim` once the query created it."""
         if path in self._checked:
             return True
-        from .delta_target import open_delta
+        from .delta_target import CHECKPOINT_INTERVAL, CHECKPOINT_PROPERTY, open_delta
 
         dt = open_delta(path)
         if dt is None:
             return False
-        owner = dt.metadata().configuration.get(OWNER_PROPERTY)
+        conf = dt.metadata().configuration or {}
+        owner = conf.get(OWNER_PROPERTY)
+        props = {}
         if owner != app_id:
             if owner is not None and not self.take_over:
                 raise TableOwnedError(
                     f"{path} is written by another streaming query ({owner}): a second job, or this job with a new "
                     "checkpoint, would land every change twice. Stop the other one; to make this job the table's "
                     "writer deliberately, run it with --take-over (JobConfig.take_over)")
-            dt.alter.set_table_properties({OWNER_PROPERTY: app_id}, raise_if_not_exists=False)
+            props[OWNER_PROPERTY] = app_id
+        if CHECKPOINT_PROPERTY not in conf:        # (a table written before, or by something else: its log replays
+            props[CHECKPOINT_PROPERTY] = str(CHECKPOINT_INTERVAL)      # stay short as the job commits to it)
+        if props:
+            dt.alter.set_table_properties(props, raise_if_not_exists=False)
         self._checked.add(path)
         return True
 

@@ -428,13 +428,13 @@ def overwrite(path: str, dt: Any, rows: pa.Table, commit: Any = None) -> None:
     `rows` can bound keep statistics, after it every column of `rows` that can be bounded has them (a table
     property commit each, when they change)."""
     from .delta_rewrite import STATS_COLUMNS, stats_configuration
-    from .delta_target import TARGET_FILE_BYTES, deltalake_module, open_delta
+    from .delta_target import created_configuration, deltalake_module, open_delta
 
     dl = deltalake_module()
     conf = stats_configuration(rows)
     if dt is None:
         dl.write_deltalake(path, rows, mode="overwrite", commit_properties=commit,
-                           configuration={"delta.targetFileSize": str(TARGET_FILE_BYTES), **conf})
+                           configuration=created_configuration(rows))
         return
     have = set(pa.schema(dt.schema().to_arrow()).names)
     wanted = [c for c in conf[STATS_COLUMNS].split(",") if c]
