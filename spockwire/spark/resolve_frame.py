@@ -30,13 +30,24 @@ _TRUNCATE = "truncate"
 _NO = -1   # "none" in rank and row-reference arrays
 
 
-def scd2_columns(sequence_by: Sequence[str] = DEFAULT_SEQUENCE) -> tuple[list[str], list[str]]:
+def scd2_columns(sequence_by: Sequence[str] | str = DEFAULT_SEQUENCE) -> tuple[list[str], list[str]]:
     """The validity columns of an SCD 2 table: (start columns, end columns). Each sequence column ``c`` gives
-    ``_start_<c>`` / ``_end_<c>`` (leading underscores dropped), then ``_start_commit_ts`` / ``_end_commit_ts``:
-    with the default sequence ``_start_commit_lsn, _start_seq, _start_commit_ts`` and the same with ``_end_``."""
-    start = [f"_start_{c.lstrip('_')}" for c in sequence_by] + ["_start_commit_ts"]
-    end = [f"_end_{c.lstrip('_')}" for c in sequence_by] + ["_end_commit_ts"]
-    return start, end
+    ``_start_<c>`` / ``_end_<c>`` (leading underscores dropped), then ``_start_commit_ts`` / ``_end_commit_ts``
+    (the commit time): with the default sequence ``_start_commit_lsn, _start_seq, _start_commit_ts`` and the same
+    with ``_end_``. A name already taken (by the commit time, or by an earlier sequence column) gets a leading
+    underscore back, one at a time, until it is free: ``("_commit_ts", "_seq")`` gives ``_start__commit_ts,
+    _start_seq, _start_commit_ts``."""
+    seq = [sequence_by] if isinstance(sequence_by, str) else list(sequence_by)
+    taken = {"commit_ts"}
+    stems = []
+    for c in seq:
+        stem = c.lstrip("_")
+        while stem in taken:
+            stem = "_" + stem
+        taken.add(stem)
+        stems.append(stem)
+    return ([f"_start_{s}" for s in stems] + ["_start_commit_ts"],
+            [f"_end_{s}" for s in stems] + ["_end_commit_ts"])
 
 
 @dataclass
@@ -77,6 +88,9 @@ def make_plan(columns: Sequence[str], keys: Sequence[str], sequence_by: Sequence
     missing = [c for c in seq if c not in columns]
     if missing:
         raise ValueError(f"sequence_by columns {missing} are not columns of the change DataFrame")
+    twice = sorted({c for c in seq if seq.count(c) > 1})
+    if twice:
+        raise ValueError(f"sequence_by names {', '.join(twice)} more than once")
     if not keys:
         raise ValueError("apply_changes needs the key columns: pass keys=[...] (the spockwire source marks the "
                          "table's replica-identity columns, but this DataFrame has no such marks), or keys=[] for a "
@@ -87,6 +101,12 @@ def make_plan(columns: Sequence[str], keys: Sequence[str], sequence_by: Sequence
     if "_change_type" not in columns:
         raise ValueError("the change DataFrame has no _change_type column")
     values = [c for c in value_columns if c not in keys]
+    if scd == 2:
+        start, end = scd2_columns(seq)
+        clash = [c for c in list(keys) + values if c in start + end]
+        if clash:
+            raise ValueError(f"the table's columns {clash} have the names of SCD 2 validity columns "
+                             f"({', '.join(start + end)}): rename them in the changes")
     return Plan(list(keys), values, seq, scd, "_commit_ts" in columns, "_unchanged_toast" in columns)
 
 
