@@ -7,7 +7,8 @@ class with the same text at the same offset.
 from __future__ import annotations
 
 __all__ = ["SpockwireError", "ProtocolError", "StaleChangesError", "TruncatedMessage", "FrameError",
-           "protocol_error", "truncated", "copy_truncated", "copy_error", "SparkEnvironmentError"]
+           "protocol_error", "truncated", "copy_truncated", "copy_error", "SparkEnvironmentError",
+           "HistoryTableError"]
 
 
 class SpockwireError(Exception):
@@ -17,6 +18,12 @@ class SpockwireError(Exception):
 class StaleChangesError(SpockwireError, ValueError):
     """Changes older than a target's collected state: their tombstones and truncates were removed on the promise
     that no change before that position could arrive any more (`spockwire.spark.collect_state`)."""
+
+
+class HistoryTableError(SpockwireError, ValueError):
+    """SCD 2 changes (`apply_changes(..., stored_as_scd_type=2)`) pointed at a table without the validity columns
+    of their `sequence_by` -- a plain table, an SCD 1 table, or a history kept with another `sequence_by`: refused
+    before anything is read or written."""
 
 
 class ProtocolError(SpockwireError, ValueError):

@@ -196,6 +196,26 @@ def _check_engine(engine: str) -> None:
         raise ValueError(f"unknown Delta engine {engine!r}: use delta-rs")
 
 
+def check_history(kind: str, where: str, columns: Sequence[str], plan: Any) -> None:
+    """HistoryTableError, before anything is read or written, when SCD 2 changes meet an existing table (`columns`:
+    all of its columns) that lacks the validity columns of their sequence: a plain or SCD 1 table holds no history
+    to add versions to (its rows' validity is unknown), and a history of another sequence orders its versions by
+    other columns."""
+    if plan.scd != 2:
+        return
+    have = set(columns)
+    missing = [c for c in plan.start_cols + plan.end_cols if c not in have]
+    if missing:
+        from ..errors import HistoryTableError
+
+        what = "a plain or SCD 1 table" if len(missing) == len(plan.start_cols) * 2 else \
+            "a history kept with another sequence_by"
+        raise HistoryTableError(
+            f"cannot apply SCD 2 changes to the {kind} table {where}: it lacks the validity columns "
+            f"{', '.join(missing)} of sequence_by={tuple(plan.seq)} ({what}); write the history to a new path, or to "
+            f"a history table apply_changes(stored_as_scd_type=2) made with this sequence_by")
+
+
 def _apply_keyless(changes: "DataFrame | pa.Table", target: Any, format: str, engine: str,
                    sequence_by: Sequence[str] | str, scd: int, idempotence: tuple[str, int] | None) -> ApplyMetrics:
     """A table without a key (``keys=[]``): its changes applied to Delta through delta-rs as a bag of rows."""
@@ -207,6 +227,12 @@ def _apply_keyless(changes: "DataFrame | pa.Table", target: Any, format: str, en
                          "(format='delta', engine='delta-rs')")
     columns = changes.column_names if isinstance(changes, pa.Table) else changes.columns
     plan = keyless_plan(columns, sequence_by, scd, value_columns(changes))
+    if plan.scd == 2:
+        from .delta_target import open_delta
+
+        dt = open_delta(target)
+        if dt is not None:
+            check_history("Delta", target, pa.schema(dt.schema().to_arrow()).names, plan)
     batch = _arrow(changes)
 
     def once(_attempt: int) -> ApplyMetrics:
@@ -281,6 +307,7 @@ def _apply_delta_rs_once(changes: "DataFrame | pa.Table", path: str, plan: Any,
     target = DeltaTarget(path, plan, read_ahead)
     if target.dt is not None:
         check_target(path, target.dt)          # a feature delta-rs cannot keep up: one line, before any read
+        check_history("Delta", path, pa.schema(target.dt.schema().to_arrow()).names, plan)
     if target.applied(idempotence):
         metrics.skipped = True
         return metrics
@@ -320,6 +347,8 @@ def _apply_arrow_target(target: ArrowTarget, batch: pa.Table, existing: Sequence
 
 
 def _apply_memory(spark: "SparkSession", batch: pa.Table, target: "DataFrame | None", plan: Any) -> "DataFrame":
+    if target is not None:
+        check_history("in-memory", "given as target", target.columns, plan)
     table = target.toArrow() if target is not None else None
     if table is not None and plan.scd == 1:
         missing = [c for c in plan.seq if c not in table.column_names]
@@ -344,7 +373,11 @@ def _apply_parquet(batch: pa.Table, target: str, plan: Any) -> ApplyMetrics:
     if target.startswith(("s3:", "s3a:", "gs:", "abfs:", "abfss:", "hdfs:", "dbfs:")):
         raise NotImplementedError("format='parquet' rewrites local or shared-filesystem paths only; use Delta")
     path = target[len("file:"):] if target.startswith("file:") else target
-    table = pads.dataset(path, format="parquet").to_table() if _has_parquet(path, top=True) else None
+    table = None
+    if _has_parquet(path, top=True):
+        data = pads.dataset(path, format="parquet")
+        check_history("Parquet", path, data.schema.names, plan)
+        table = data.to_table()
     state_path = os.path.join(path, STATE_DIR)
     state = pads.dataset(state_path, format="parquet").to_table() if _has_parquet(state_path) else None
     if table is not None and plan.scd == 1:
