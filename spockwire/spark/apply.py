@@ -210,10 +210,12 @@ def check_history(kind: str, where: str, columns: Sequence[str], plan: Any) -> N
 
         what = "a plain or SCD 1 table" if len(missing) == len(plan.start_cols) * 2 else \
             "a history kept with another sequence_by"
+        remedy = "start from target=None, or from a history apply_changes(stored_as_scd_type=2) returned" \
+            if kind == "in-memory" else \
+            "write the history to a new path, or to a history table apply_changes(stored_as_scd_type=2) made"
         raise HistoryTableError(
             f"cannot apply SCD 2 changes to the {kind} table {where}: it lacks the validity columns "
-            f"{', '.join(missing)} of sequence_by={tuple(plan.seq)} ({what}); write the history to a new path, or to "
-            f"a history table apply_changes(stored_as_scd_type=2) made with this sequence_by")
+            f"{', '.join(missing)} of sequence_by={tuple(plan.seq)} ({what}); {remedy} with this sequence_by")
 
 
 def _apply_keyless(changes: "DataFrame | pa.Table", target: Any, format: str, engine: str,
