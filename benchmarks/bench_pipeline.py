@@ -8,32 +8,58 @@ with the time this process read it (a batch's line is printed right after the ba
 throwaway PostgreSQL 15 holds the table ``t`` (a bigint key and 6 typed columns: int, numeric(12,2), text,
 timestamptz, bool, float8; SPOCKWIRE_BENCH_PIPELINE_ROWS rows written with generate_series), an empty table ``e``
 of the same shape (the empty source), and ``t_other`` (in t's publication, not in the job's tables: a change to it
-makes a micro-batch that holds no row of ``t``). Every net time is that of ``_net``: the median time from a job's
-query's start (its ``{"started": true}`` line less the ``query_started_s_ago`` it reports) to its exit minus the
-same of the empty source (the start before the query's is the same work with or without rows and varies by seconds
-here); the wall times and their difference are kept beside it. The
-tests run in this order, each building on the last:
+makes a micro-batch that holds no row of ``t``).
 
-* ``test_snapshot``: the job with ``--starting-position snapshot --until-caught-up`` on ``t`` (SCD 1), gross wall
-  time and net of the same command on ``e`` (the job's own start, snapshot planning and stop; the median of
-  SPOCKWIRE_BENCH_PIPELINE_SNAPSHOT_ROUNDS runs). The snapshot runs as many times, each right after an empty-source
-  run (its own slot and target; the last one's are kept for the later phases), and its gross is their median: one
-  job's start alone varies by a second or two here. Anchors:
+How the figures are timed (one definition for the job and for the readers it is compared with):
+
+* **ready to done**, the time every rate is taken over (rows or changes / ready to done): from the moment the tool
+  is ready to read to the durable commit of the last row or change in its target. The job is ready at its
+  streaming query's start (its ``{"started": true}`` line less the ``query_started_s_ago`` it reports) and done at
+  the line of its last micro-batch holding rows of its table. ``spockwire ingest`` is ready at its ``start`` log
+  line (written once its staging folder is open, right before it opens the replication stream; the worker's own
+  clock, to the millisecond) and done at the ``created_at`` of its last staging commit that wrote files (stamped
+  once the commit's Parquet files are durable, as its log entry, the commit point, is written).
+  ``spockwire.read_table`` and ``deltalake.write_deltalake``: the call, in this process. A run of the job fails the
+  benchmark when its ready to done is less than the work its micro-batches report (their ``seconds``, each from
+  the call of the micro-batch's function to its Delta commits; of a snapshot micro-batch written while Spark reads
+  the next one, ``deferred``, its ``read_seconds``; to the millisecond rounding of the job's figures): see
+  ``_loaded``.
+* **gross**: from the launch of the process to the same last commit; **start to exit**: to the process's exit
+  (spockwire ingest's includes the 5 s of ``--idle-exit 5`` it waits with nothing to read).
+* **the job's fixed cost**, from its runs on an empty source: **start to ready** (launch to the streaming query's
+  start: the JVM, the Spark session, registering the sources) and **stop** (the line of its last micro-batch to
+  the process's exit), medians of the runs (``_fixed``). Beside them the part of the job's start that comes after
+  its query's start and so is inside every ready to done: from the query's start to the call of its first
+  micro-batch's function (Spark starting the source, the job's check of Spark's Python workers, which the first
+  micro-batch waits for, and the micro-batch's planning); recorded for the loaded runs too.
+
+The rates that lead (each job against its reader) are at sizes where the job's fixed cost is small beside its work:
+the snapshot of SPOCKWIRE_BENCH_PIPELINE_BIG_ROWS rows (10M) against ``spockwire.read_table``, the backlog of
+SPOCKWIRE_BENCH_PIPELINE_CHANGES changes (2M) with and without ``--history`` against ``spockwire ingest``. The
+snapshot of ``t`` and the backlog of SPOCKWIRE_BENCH_PIPELINE_SMALL_CHANGES changes (500k; 0: not run) are
+secondary figures, without a target. Medians over the runs (``_timed``). The tests run in this order, each
+building on the last:
+
+* ``test_snapshot``: the job with ``--starting-position snapshot --until-caught-up`` on ``t`` (SCD 1),
+  SPOCKWIRE_BENCH_PIPELINE_SNAPSHOT_ROUNDS times, each right after the same command on ``e`` (a first start's
+  fixed cost), each run with its own slot and target (the last one's are kept for the later phases). Anchors:
   ``spockwire.read_table(dsn, "t", workers=2)`` and ``deltalake.write_deltalake`` of the rows it read (median of
   SPOCKWIRE_BENCH_PIPELINE_ANCHOR_ROUNDS each). A second job (``--history``, its own slot, checkpoint and target)
-  snapshots ``t`` too, for ``test_changes_history``.
-* ``test_changes``: both jobs restarted from their checkpoints with no change of ``t`` to read (the empty-source
-  time of each; one change of ``t_other`` gives them a micro-batch to end on: with nothing at all to read, the job's
-  ``--until-caught-up`` runs no micro-batch and waits for its ``--timeout``), a twin of the SCD 1 job's slot
-  (``pg_copy_logical_replication_slot``: the same position, so it sees the same WAL), then
-  SPOCKWIRE_BENCH_PIPELINE_CHANGES changes written while no job runs, in transactions of 1,000 (600 updates of keys
-  spread over the table, 200 deletes of the oldest keys, 200 inserts of new keys; the table keeps its size); the SCD
-  1 job restarted from its checkpoint with ``--until-caught-up``: gross and net, medians of
+  snapshots ``t`` too, for the backlogs.
+* ``test_changes_small``: a twin of the SCD 1 job's slot (``pg_copy_logical_replication_slot``: the same position,
+  so it sees the same WAL), then SPOCKWIRE_BENCH_PIPELINE_SMALL_CHANGES changes written while no job runs, in
+  transactions of 1,000 (600 updates of keys spread over the table, 200 deletes of the oldest keys, 200 inserts of
+  new keys; the table keeps its size); the SCD 1 job restarted from its checkpoint with ``--until-caught-up``,
   SPOCKWIRE_BENCH_PIPELINE_CHANGE_ROUNDS runs (all but the last from copies of the job's slot, checkpoint and
   tables made before the backlog was written; the last goes on to the later phases). Anchor: ``python -m spockwire
-  ingest`` from the twin slot, timed from its start to its last staging commit that wrote files.
-* ``test_changes_history``: the ``--history`` job (SCD 2 beside SCD 1) over the same backlog, gross and net (as many
-  runs, from copies as well).
+  ingest`` from the twin slot. The ``--history`` job then reads the backlog once, not timed, to stay at the SCD 1
+  job's position.
+* ``test_changes``: both jobs restarted from their checkpoints with no change of ``t`` to read,
+  SPOCKWIRE_BENCH_PIPELINE_EMPTY_ROUNDS times each (a restart's fixed cost; one change of ``t_other`` gives them a
+  micro-batch to end on: with nothing at all to read, the job's ``--until-caught-up`` runs no micro-batch and waits
+  for its ``--timeout``), then SPOCKWIRE_BENCH_PIPELINE_CHANGES changes measured as in ``test_changes_small``.
+* ``test_changes_history``: the ``--history`` job (SCD 2 beside SCD 1) over the same backlog (as many runs, from
+  copies as well). Anchors: spockwire ingest's rate on it and the SCD 1 job's.
 * ``test_batch_fixed_cost``: the SCD 1 job left running (no ``--until-caught-up``);
   SPOCKWIRE_BENCH_PIPELINE_FIXED_ROUNDS times (after a round that warms the job up, not counted), a one-row update
   of ``t`` (a micro-batch holding one change) and an insert into ``t_other`` (an empty micro-batch), each waited
@@ -52,15 +78,15 @@ tests run in this order, each building on the last:
   of the resident set sizes of the job's processes (its process group and every descendant, sampled every 0.2 s from
   /proc); beside it the peak of the sum of their PSS (a page shared by Spark's forked Python workers counted once,
   not once per worker; read at each new peak of the RSS and once a second, as it costs the kernel a walk of each
-  process's page tables).
-* ``test_big_snapshot``: a table ``big`` of SPOCKWIRE_BENCH_PIPELINE_BIG_ROWS rows (as ``t``, its own publication
-  and slot), snapshotted as in ``test_snapshot`` (net of the median of the empty-source runs, one more of them
-  right before it): the snapshot's target rate must hold. Anchors: the rate of ``test_snapshot``, and
-  ``spockwire.read_table(dsn, "big", workers=2)`` (median of SPOCKWIRE_BENCH_PIPELINE_ANCHOR_ROUNDS).
+  process's page tables). Its ready to done and gross are recorded too (one run).
+* ``test_big_snapshot``: a table ``big`` of SPOCKWIRE_BENCH_PIPELINE_BIG_ROWS rows (as ``t``, its own
+  publication), snapshotted as in ``test_snapshot``, SPOCKWIRE_BENCH_PIPELINE_BIG_SNAPSHOT_ROUNDS runs (each on a
+  slot and target of its own). Anchors: ``spockwire.read_table(dsn, "big", workers=2)`` (median of
+  SPOCKWIRE_BENCH_PIPELINE_ANCHOR_ROUNDS) and the rate of ``test_snapshot``.
 
 After every phase the Delta table (the current versions of the SCD 2 table too) must equal the source table
 (read with ``spockwire.read_table``): a mismatch fails the benchmark. ``extra_info["pipeline"]`` of each benchmark
-holds the measurement, its target and anchors; benchmarks/report.py makes the "Pipeline into Delta" table.
+holds the measurement, its target and anchors; benchmarks/report.py makes the "Pipeline into Delta" section.
 """
 from __future__ import annotations
 
@@ -87,7 +113,9 @@ def _env(name: str, default: str) -> str:
 
 
 ROWS = int(_env("ROWS", "1000000"))
-CHANGES = int(_env("CHANGES", "500000"))
+CHANGES = int(_env("CHANGES", "2000000"))
+#: the secondary backlog, measured before CHANGES (0: not measured)
+SMALL_CHANGES = int(_env("SMALL_CHANGES", "500000"))
 BIG_ROWS = int(_env("BIG_ROWS", "10000000"))
 BIG_CHANGES = int(_env("BIG_CHANGES", "5000000"))
 LAG_SECONDS = float(_env("LAG_SECONDS", "180"))
@@ -95,11 +123,12 @@ LAG_RATE = float(_env("LAG_RATE", "20000"))
 MAX_WAL_BYTES = int(_env("MAX_WAL_BYTES", str(64 << 20)))
 FIXED_ROUNDS = int(_env("FIXED_ROUNDS", "5"))
 ANCHOR_ROUNDS = int(_env("ANCHOR_ROUNDS", "3"))
-#: runs of each empty-source command (their median is subtracted: a job's start and stop alone varies by seconds)
+#: runs of each restart on an empty source (their medians: the job's fixed cost of a restart)
 EMPTY_ROUNDS = int(_env("EMPTY_ROUNDS", "5"))
-#: pairs of runs (the empty source, then the table) of the snapshot: its net is a second or less, within the
-#: spread of one job's start and stop
+#: pairs of runs (the empty source, then the table) of the ROWS-row snapshot
 SNAPSHOT_ROUNDS = int(_env("SNAPSHOT_ROUNDS", "7"))
+#: runs of the BIG_ROWS-row snapshot (all but the last on slots and targets of their own)
+BIG_SNAPSHOT_ROUNDS = int(_env("BIG_SNAPSHOT_ROUNDS", "3"))
 #: runs of each backlog job (SCD 1, --history): all but the last from copies of its slot, checkpoint and tables
 CHANGE_ROUNDS = int(_env("CHANGE_ROUNDS", "5"))
 MASTER = _env("MASTER", "local[2]")
@@ -108,6 +137,8 @@ JOB_TIMEOUT = float(_env("JOB_TIMEOUT", "3600"))
 pytestmark = pytest.mark.timeout(int(2 * JOB_TIMEOUT))
 TXN = 1000                     # changes per transaction: 600 updates, 200 deletes, 200 inserts
 GROUP = "pipeline into Delta"
+#: how the rates are timed (extra_info["pipeline"]["timing"]; benchmarks/report.py words its text by it)
+TIMING = "ready_to_done"
 COLUMNS = ["id", "b", "c", "d", "e", "f", "g"]
 TABLE_SQL = ("CREATE TABLE {name} (id bigint PRIMARY KEY, b int, c numeric(12,2), d text, e timestamptz, f bool, "
              "g float8)")
@@ -208,6 +239,7 @@ class Job:
                  until_caught_up: bool = True, extra: tuple[str, ...] = (), dsn: str | None = None,
                  publication: str = "pub") -> None:
         self.name = name
+        self.table = f"public.{table}"
         target = os.path.join(pl.work, name, "delta")
         self.checkpoint = os.path.join(pl.work, name, "checkpoint")
         self.target = target
@@ -220,7 +252,10 @@ class Job:
         self.lines: list[tuple[float, dict]] = []
         self.peak_rss = self.peak_pss = 0
         self.wall = 0.0
-        self.started_s: float | None = None     # from the launch to the job's query's start
+        # epoch seconds of the last run: its launch, its query's start (ready to read), its exit
+        self.launched = 0.0
+        self.ready_at: float | None = None
+        self.exited_at: float | None = None
         self._cond = threading.Condition()
         self.proc: subprocess.Popen | None = None
 
@@ -232,7 +267,8 @@ class Job:
         env["PYTHONPATH"] = os.pathsep.join([ROOT, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
         self.lines = []
         self.peak_rss = self.peak_pss = 0
-        self.started_s = None
+        self.ready_at = self.exited_at = None
+        self.launched = time.time()
         self._t0 = time.perf_counter()
         self._err = open(self.log, "a")
         self._err.write(f"\n=== {' '.join(self.cmd)}\n")
@@ -261,9 +297,9 @@ class Job:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if rec.get("started") and self.started_s is None:
+            if rec.get("started") and self.ready_at is None:
                 # the line comes once the worker check passed; the query started query_started_s_ago before it
-                self.started_s = time.perf_counter() - self._t0 - float(rec.get("query_started_s_ago") or 0.0)
+                self.ready_at = now - float(rec.get("query_started_s_ago") or 0.0)
             with self._cond:
                 self.lines.append((now, rec))
                 self._cond.notify_all()
@@ -301,6 +337,7 @@ class Job:
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"job {self.name} did not finish within {timeout:.0f}s; see {self.log}")
+        self.exited_at = time.time()
         self.wall = time.perf_counter() - self._t0
         self._reader.join(10)
         self._sampler.join(10)
@@ -314,9 +351,31 @@ class Job:
     def run(self) -> "Job":
         return self.start().wait()
 
-    def timing(self) -> tuple[float, float]:
-        """(wall, the part of it before the job's query started) of its last run."""
-        return self.wall, self.started_s if self.started_s is not None else 0.0
+    def timing(self) -> dict[str, float | None]:
+        """The last run's times, in seconds from its launch: ``ready``, its streaming query's start;
+        ``first_batch``, the call of its first micro-batch's function (a line's time less its ``seconds``: Spark
+        calls it once the micro-batch is planned, and the job's check of Spark's Python workers has passed);
+        ``done``, the line of its last micro-batch holding rows of its table (printed right after that
+        micro-batch's Delta commits); ``last_line``, the line of its last micro-batch of any kind; ``exit``, its
+        exit. ``work``: the job's own time for the micro-batches up to ``done``, the least the time from ``ready``
+        to ``done`` can be: their ``seconds`` (each from the call of the micro-batch's function to its Delta
+        commits; Spark calls it for one micro-batch at a time), but of a snapshot micro-batch written while Spark
+        reads the next one (``deferred``) only its ``read_seconds`` (the next micro-batch's call waits for that
+        read; the last micro-batch's ``seconds`` include the wait for the deferred writes). ``batches``: how many
+        micro-batches it printed. None: the run printed no such line."""
+        batches = self.batches()
+        data = [t for t, r in batches if int(r.get("rows", {}).get(self.table, 0)) > 0]
+        done = max(data) if data else None
+        work = sum(float(r.get("read_seconds") or 0) if r.get("deferred") else float(r.get("seconds") or 0)
+                   for t, r in batches if done is not None and t <= done)
+
+        def since(at: float | None) -> float | None:
+            return None if at is None else at - self.launched
+
+        return {"ready": since(self.ready_at), "done": since(done),
+                "first_batch": since(min(t - float(r.get("seconds") or 0) for t, r in batches)) if batches else None,
+                "last_line": since(max(t for t, _r in batches)) if batches else None,
+                "exit": since(self.exited_at), "work": work, "batches": len(batches)}
 
     def interrupt(self, timeout: float = 120) -> "Job":
         """Ctrl-C to the driver (it stops the query and Spark), the process group killed if it hangs."""
@@ -326,6 +385,7 @@ class Job:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
+        self.exited_at = time.time()
         self.wall = time.perf_counter() - self._t0
         self._reader.join(10)
         self._sampler.join(10)
@@ -429,28 +489,52 @@ def check_equal(dsn: str, table: str, path: str, history: bool = False, columns:
     return src.num_rows
 
 
-def _rate(n: int, net: float) -> float | None:
-    """n / net seconds; None when the net time is not above zero (the run was shorter than the empty source's: at
-    this scale the work is within the noise of the job's own start and stop)."""
-    return n / net if net > 0 else None
+def _loaded(job: Job) -> dict:
+    """The last run's Job.timing() of `job`, a run that read rows of its table. Checked: the time from its query's
+    start to its last micro-batch's line is at least the work its micro-batches report (``work``; to the rounding of
+    the job's figures, which it prints to the millisecond)."""
+    t = job.timing()
+    assert t["ready"] is not None, f"job {job.name} printed no start line; see {job.log}"
+    assert t["done"] is not None, f"job {job.name} printed no micro-batch holding rows of {job.table}; see {job.log}"
+    span = t["done"] - t["ready"]
+    assert span + 0.0005 * (t["batches"] + 1) >= t["work"], (
+        f"job {job.name}: {span:.3f} s from its query's start to the line of its last micro-batch, less than the "
+        f"{t['work']:.3f} s its micro-batches report; see {job.log}")
+    return t
 
 
-def _net(loaded: list[tuple[float, float]], empty: list[tuple[float, float]]) -> dict:
-    """Net seconds of the loaded runs over the empty-source runs (each a Job.timing()): the median time from a
-    job's query's start to its exit, minus the same of the empty source. The part before it (the JVM, the Spark
-    session, registering the sources, starting the query) is the same work with or without rows, and varies by
-    seconds from run to run here (a page cache the machine emptied, another process's burst); the wall times
-    and their net are kept beside it. The worker check runs beside the query (its first micro-batch may be under
-    way before the job prints "started"), so the time is taken from the query's start, not from that line."""
+def _timed(runs: list[dict], n: int) -> dict:
+    """The figures of loaded runs (each `_loaded`'s) that applied `n` rows or changes, medians over the runs:
+    ``ready_to_done_s`` (the query's start to the last micro-batch's line: the measured time, its rate
+    n / ready_to_done_s), ``start_to_ready_s`` (launch to the query's start), ``ready_to_first_batch_s`` (the
+    query's start to its first micro-batch's call, a part of ready to done), ``gross_s`` (launch to the last
+    micro-batch's line) and its rate, ``wall_s`` (launch to exit); each run's too."""
     med = statistics.median
-    gross, empty_wall = med(w for w, _ in loaded), med(w for w, _ in empty)
-    net = med(w - s for w, s in loaded) - med(w - s for w, s in empty)
-    return {"gross_s": round(gross, 3), "empty_s": round(empty_wall, 3), "wall_net_s": round(gross - empty_wall, 3),
-            "start_s": round(med(s for _, s in loaded), 3), "empty_start_s": round(med(s for _, s in empty), 3),
-            "net_s": round(net, 3), "gross_runs_s": [round(w, 3) for w, _ in loaded],
-            "empty_runs_s": [round(w, 3) for w, _ in empty],
-            "after_start_runs_s": [round(w - s, 3) for w, s in loaded],
-            "empty_after_start_runs_s": [round(w - s, 3) for w, s in empty]}
+    spans = [t["done"] - t["ready"] for t in runs]
+    gross = med(t["done"] for t in runs)
+    return {"ready_to_done_s": round(med(spans), 3), "start_to_ready_s": round(med(t["ready"] for t in runs), 3),
+            "ready_to_first_batch_s": round(med(t["first_batch"] - t["ready"] for t in runs), 3),
+            "gross_s": round(gross, 3), "gross_rate": round(n / gross),
+            "wall_s": round(med(t["exit"] for t in runs), 3),
+            "ready_to_done_runs_s": [round(x, 3) for x in spans],
+            "start_to_ready_runs_s": [round(t["ready"], 3) for t in runs],
+            "gross_runs_s": [round(t["done"], 3) for t in runs], "wall_runs_s": [round(t["exit"], 3) for t in runs],
+            "work_runs_s": [round(t["work"], 3) for t in runs]}
+
+
+def _fixed(runs: list[dict]) -> dict:
+    """The job's fixed cost from its runs on an empty source (each a Job.timing()), medians over the runs:
+    ``start_to_ready_s``, its launch to its streaming query's start; ``stop_s``, the line of its last micro-batch
+    to its exit; ``ready_to_first_batch_s``, the query's start to its first micro-batch's call (a part of every
+    ready to done). None: the runs printed no micro-batch."""
+    med = statistics.median
+    assert all(t["ready"] is not None for t in runs), "a run on the empty source printed no start line"
+    stops = [t["exit"] - t["last_line"] for t in runs if t["last_line"] is not None]
+    firsts = [t["first_batch"] - t["ready"] for t in runs if t["first_batch"] is not None]
+    return {"runs": len(runs), "start_to_ready_s": round(med(t["ready"] for t in runs), 3),
+            "stop_s": round(med(stops), 3) if stops else None,
+            "ready_to_first_batch_s": round(med(firsts), 3) if firsts else None,
+            "start_to_ready_runs_s": [round(t["ready"], 3) for t in runs], "stop_runs_s": [round(x, 3) for x in stops]}
 
 
 def _anchor(label: str, value: float, unit: str, measured: float | None) -> dict:
@@ -462,17 +546,28 @@ def _anchor(label: str, value: float, unit: str, measured: float | None) -> dict
 
 
 def _record(benchmark: Any, key: str, label: str, target: str, target_value: float | None, better: str,
-            measured: float | None, unit: str, anchors: list[dict], **details: Any) -> None:
-    """extra_info["pipeline"] of a measurement; `measured` None: not measurable in this run (net time <= 0)."""
-    met = (None if measured is None or target_value is None else
+            measured: float, unit: str, anchors: list[dict], **details: Any) -> None:
+    """extra_info["pipeline"] of a measurement; `target_value` None: a secondary figure, without a target."""
+    met = (None if target_value is None else
            measured >= target_value if better == "higher" else measured <= target_value)
     info = {"key": key, "label": label, "target": target, "target_value": target_value, "better": better,
-            "measured": None if measured is None else round(measured, 3), "unit": unit, "anchors": anchors,
-            "met": met, "master": MASTER, **details}
+            "measured": round(measured, 3), "unit": unit, "anchors": anchors, "met": met, "master": MASTER,
+            **details}
     benchmark.extra_info.update({"pipeline": info})
-    shown = "not measurable (net time <= 0)" if measured is None else f"{measured:,.3f} {unit}"
-    print(f"\n{label}: {shown} (target {target}: {'' if met is None else 'met' if met else 'not met'}); "
+    aim = "" if target_value is None else f" (target {target}: {'met' if met else 'not met'})"
+    print(f"\n{label}: {measured:,.3f} {unit}{aim}; "
           + "; ".join(f"{a['label']} {a['value']} {a['unit']} (ratio {a['ratio']})" for a in anchors))
+    if "ready_to_done_s" in details:
+        print(f"  ready to done {details['ready_to_done_s']} s (of which before the first micro-batch "
+              f"{details['ready_to_first_batch_s']} s), start to ready {details['start_to_ready_s']} s, "
+              f"gross (start to done) {details['gross_s']} s = {details['gross_rate']:,}/s, start to exit "
+              f"{details['wall_s']} s; the job's own seconds {details['work_runs_s']}")
+    for name in ("fixed_first_start", "fixed_restart"):
+        if details.get(name):
+            f = details[name]
+            print(f"  the job's fixed cost, {name[6:].replace('_', ' ')} ({f['runs']} runs on an empty source): "
+                  f"start to ready {f['start_to_ready_s']} s, stop {f['stop_s']} s; the query's start to its first "
+                  f"micro-batch {f['ready_to_first_batch_s']} s")
 
 
 @pytest.fixture(scope="module")
@@ -526,7 +621,7 @@ def _need(pl: Pipeline, *keys: str) -> None:
 
 
 def _common(pl: Pipeline) -> dict:
-    return {"server_version": pl.server_version, "rows": ROWS}
+    return {"server_version": pl.server_version, "rows": ROWS, "timing": TIMING}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -537,7 +632,7 @@ def test_snapshot(benchmark, pipeline):
     pl = pipeline
 
     def run() -> None:
-        empties, grosses = [], []
+        empties, loaded = [], []
         for r in range(SNAPSHOT_ROUNDS):
             empties.append(Job(pl, f"empty{r}", "e", slot=f"s_empty{r}", publication="pub_e").run().timing())
             _drop_slot(pl, f"s_empty{r}")      # it would hold back the WAL of every later phase
@@ -547,12 +642,11 @@ def test_snapshot(benchmark, pipeline):
             assert check_equal(pl.dsn, "t", job.path()) == ROWS
             snap_rows = sum(int(r.get("snapshot_rows", 0)) for _t, r in job.batches())
             assert snap_rows == ROWS, f"the job reported {snap_rows:,} snapshot rows, not {ROWS:,}"
-            grosses.append(job.timing())
+            loaded.append(_loaded(job))
             if not last:
                 _drop_slot(pl, f"s_scd1_{r}")
                 shutil.rmtree(os.path.join(pl.work, f"scd1_{r}"), ignore_errors=True)
         pl.jobs["scd1"] = job
-        pl.results["empty_snapshot_runs"] = empties
         hist = pl.jobs["scd2"] = Job(pl, "scd2", "t", slot="s_scd2", history=True)
         hist.run()
         assert check_equal(pl.dsn, "t", hist.path()) == ROWS
@@ -573,29 +667,139 @@ def test_snapshot(benchmark, pipeline):
             writes.append(time.perf_counter() - t0)
             shutil.rmtree(out, ignore_errors=True)
             del table
-        pl.results["snapshot"] = {"runs": grosses, "empty_runs": list(empties),
+        pl.results["snapshot"] = {"runs": loaded, "empty_runs": empties,
                                   "read_table": statistics.median(reads),
                                   "write_deltalake": statistics.median(writes), "job": job.reported(),
                                   "peak_rss": job.peak_rss, "peak_pss": job.peak_pss, "history_gross": hist.wall}
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     res = pl.results["snapshot"]
-    nets = _net(res["runs"], res["empty_runs"])
-    rate = _rate(ROWS, nets["net_s"])
+    timed = _timed(res["runs"], ROWS)
+    rate = ROWS / timed["ready_to_done_s"]
     pl.results["snapshot_rate"] = rate
-    _record(benchmark, "snapshot", f"snapshot of a {ROWS:,}-row, 7-column table into Delta (SCD 1), net",
-            ">= 1,000,000 rows/s", 1_000_000, "higher", rate, "rows/s",
+    _record(benchmark, "snapshot", f"snapshot of a {ROWS:,}-row table into Delta (SCD 1)", "none (secondary)", None,
+            "higher", rate, "rows/s",
             [_anchor("spockwire.read_table (2 workers)", ROWS / res["read_table"], "rows/s", rate),
              _anchor("deltalake.write_deltalake of the same rows", ROWS / res["write_deltalake"], "rows/s", rate)],
-            **nets, gross_rate=round(ROWS / nets["gross_s"]), job=res["job"], peak_rss_bytes=res["peak_rss"],
-            peak_pss_bytes=res["peak_pss"], history_snapshot_gross_s=round(res["history_gross"], 3),
-            seconds=nets["net_s"], **_common(pl))
+            **timed, fixed_first_start=_fixed(res["empty_runs"]), job=res["job"], peak_rss_bytes=res["peak_rss"],
+            peak_pss_bytes=res["peak_pss"], history_snapshot_wall_s=round(res["history_gross"], 3),
+            seconds=timed["ready_to_done_s"], **_common(pl))
+
+
+def _copy_job(pl: Pipeline, name: str) -> None:
+    """CHANGE_ROUNDS - 1 copies of a job's slot (at its position: the same WAL to read), checkpoint and tables."""
+    for k in range(CHANGE_ROUNDS - 1):
+        pl.pg.query(f"SELECT pg_copy_logical_replication_slot('s_{name}', 's_{name}_rep{k}')", dbname=pl.db)
+        shutil.copytree(os.path.join(pl.work, name), os.path.join(pl.work, f"{name}_rep{k}"))
+
+
+def _backlog(pl: Pipeline, job: Job, changes: int) -> dict:
+    """`job` run over a backlog of `changes` changes of t, its tables checked: its timing (`_loaded`)."""
+    job.run()
+    assert job.rows() == changes, f"the job applied {job.rows():,} changes, {changes:,} were written"
+    check_equal(pl.dsn, "t", job.path())
+    if "--history" in job.cmd:
+        check_equal(pl.dsn, "t", job.path(history=True), history=True)
+    return _loaded(job)
+
+
+def _replays(pl: Pipeline, name: str, changes: int, history: bool = False) -> list[dict]:
+    """The backlog job `name` run from each of its copies (each checked, then dropped): their timings."""
+    runs = []
+    for k in range(CHANGE_ROUNDS - 1):
+        runs.append(_backlog(pl, Job(pl, f"{name}_rep{k}", "t", slot=f"s_{name}_rep{k}", history=history), changes))
+        _drop_slot(pl, f"s_{name}_rep{k}")
+        shutil.rmtree(os.path.join(pl.work, f"{name}_rep{k}"), ignore_errors=True)
+    return runs
+
+
+def _ingest_ready(path: str) -> float:
+    """The time (epoch seconds, to the millisecond) of the ``start`` event in `spockwire ingest`'s log at `path`."""
+    with open(path) as fh:
+        for line in fh:
+            if '"event": "start"' in line:      # 2026-01-02 03:04:05,678 INFO spockwire.ingest: {"event": "start", ...
+                stamp, ms = line[:23].split(",")
+                return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000
+    raise AssertionError(f"spockwire ingest logged no start event; see {path}")
+
+
+def _ingest(pl: Pipeline, slot: str, changes: int) -> dict:
+    """`spockwire ingest` from `slot` until idle (--idle-exit 5), timed as the job is. Ready: its ``start`` log
+    line, written once its staging folder is open and right before it opens the replication stream (the worker's
+    own clock). Done: the ``created_at`` of its last staging commit that wrote files, stamped once the commit's
+    files are durable, as its log entry (the commit point) is written."""
+    from spockwire.ingest.staging import StagingState, read_log
+
+    out = os.path.join(pl.work, "ingest")
+    log_path = os.path.join(pl.work, f"ingest_{slot}_{changes}.stderr.log")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    launched = time.time()
+    with open(log_path, "w") as err:
+        proc = subprocess.run([sys.executable, "-m", "spockwire", "ingest", "--dsn", pl.dsn, "--slot", slot,
+                               "--publication", "pub", "--out", out, "--idle-exit", "5", "--flush-seconds", "0.5",
+                               "--no-progress"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                              timeout=JOB_TIMEOUT)
+    exited = time.time()
+    assert proc.returncode == 0, f"spockwire ingest exited with {proc.returncode}; see {log_path}"
+    ready = _ingest_ready(log_path)
+    log = read_log(out)
+    done = max(_dt.datetime.fromisoformat(e["created_at"]).timestamp() for e in log if e["files"])
+    state = StagingState.load(out)
+    rows = sum(f.rows for fs in state.files.values() for f in fs)
+    shutil.rmtree(out, ignore_errors=True)
+    assert rows == changes, f"ingest staged {rows:,} rows, {changes:,} changes were written"
+    return {"ready_to_done_s": round(done - ready, 3), "start_to_ready_s": round(ready - launched, 3),
+            "gross_s": round(done - launched, 3), "gross_rate": round(changes / (done - launched)),
+            "wall_s": round(exited - launched, 3), "commits": sum(1 for e in log if e["files"]),
+            "rate": changes / (done - ready)}
+
+
+def _record_backlog(benchmark: Any, pl: Pipeline, key: str, label: str, target: str, target_value: float | None,
+                    changes: int, res: dict, anchors: list[dict], **details: Any) -> float:
+    """_record of a backlog's runs (`res`: runs, job, peak_rss, peak_pss); returns its rate."""
+    timed = _timed(res["runs"], changes)
+    rate = changes / timed["ready_to_done_s"]
+    _record(benchmark, key, label, target, target_value, "higher", rate, "changes/s",
+            [_anchor(a, v, "changes/s", rate) for a, v in anchors], **timed, changes=changes, job=res["job"],
+            peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"], seconds=timed["ready_to_done_s"],
+            **details, **_common(pl))
+    return rate
+
+
+INGEST_ANCHOR = "spockwire ingest from a twin slot"
+
+
+@pytest.mark.benchmark(group=GROUP)
+def test_changes_small(benchmark, pipeline):
+    pl = pipeline
+    if not SMALL_CHANGES:
+        pytest.skip("SPOCKWIRE_BENCH_PIPELINE_SMALL_CHANGES=0: no secondary backlog")
+    _need(pl, "snapshot")
+    job, hist = pl.jobs["scd1"], pl.jobs["scd2"]
+
+    def run() -> None:
+        pl.pg.query("SELECT pg_copy_logical_replication_slot('s_scd1', 's_twin_small')", dbname=pl.db)
+        _copy_job(pl, "scd1")
+        write_s = pl.changes(SMALL_CHANGES)
+        runs = _replays(pl, "scd1", SMALL_CHANGES)
+        runs.append(_backlog(pl, job, SMALL_CHANGES))
+        ingest = _ingest(pl, "s_twin_small", SMALL_CHANGES)
+        _drop_slot(pl, "s_twin_small")
+        _backlog(pl, hist, SMALL_CHANGES)      # the --history job to the same position, not measured
+        pl.results["changes_small"] = {"runs": runs, "write_s": write_s, "ingest": ingest, "job": job.reported(),
+                                       "peak_rss": job.peak_rss, "peak_pss": job.peak_pss}
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    res = pl.results["changes_small"]
+    _record_backlog(benchmark, pl, "changes_small", f"{SMALL_CHANGES:,}-change backlog (SCD 1)", "none (secondary)",
+                    None, SMALL_CHANGES, res, [(INGEST_ANCHOR, res["ingest"]["rate"])],
+                    backlog_write_s=round(res["write_s"], 3), ingest=res["ingest"])
 
 
 @pytest.mark.benchmark(group=GROUP)
 def test_changes(benchmark, pipeline):
     pl = pipeline
-    _need(pl, "snapshot")
+    _need(pl, "snapshot", *(("changes_small",) if SMALL_CHANGES else ()))
     job, hist = pl.jobs["scd1"], pl.jobs["scd2"]
 
     def run() -> None:
@@ -612,74 +816,19 @@ def test_changes(benchmark, pipeline):
         for name in ("scd1", "scd2"):
             _copy_job(pl, name)
         write_s = pl.changes(CHANGES)
-        runs = _replays(pl, "scd1")
-        job.run()
-        assert job.rows() == CHANGES, f"the job applied {job.rows():,} changes, {CHANGES:,} were written"
-        check_equal(pl.dsn, "t", job.path())
-        runs.append(job.timing())
-        ingest = _ingest(pl, "s_twin")
+        runs = _replays(pl, "scd1", CHANGES)
+        runs.append(_backlog(pl, job, CHANGES))
+        ingest = _ingest(pl, "s_twin", CHANGES)
         _drop_slot(pl, "s_twin")
-        pl.results["changes"] = {"runs": runs, "empty_runs": empties, "write_s": write_s,
-                                 "ingest": ingest,
+        pl.results["changes"] = {"runs": runs, "empty_runs": empties, "write_s": write_s, "ingest": ingest,
                                  "job": job.reported(), "peak_rss": job.peak_rss, "peak_pss": job.peak_pss}
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     res = pl.results["changes"]
-    nets = _net(res["runs"], res["empty_runs"])
-    rate = _rate(CHANGES, nets["net_s"])
-    pl.results["changes_rate"] = rate
-    _record(benchmark, "changes", f"{CHANGES:,}-change backlog into the {ROWS:,}-row table (SCD 1), net",
-            ">= 250,000 changes/s", 250_000, "higher", rate, "changes/s",
-            [_anchor("spockwire ingest from a twin slot", res["ingest"]["rate"], "changes/s", rate)],
-            **nets, gross_rate=round(CHANGES / nets["gross_s"]), changes=CHANGES,
-            backlog_write_s=round(res["write_s"], 3), ingest=res["ingest"], job=res["job"],
-            peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"], seconds=nets["net_s"], **_common(pl))
-
-
-def _copy_job(pl: Pipeline, name: str) -> None:
-    """CHANGE_ROUNDS - 1 copies of a job's slot (at its position: the same WAL to read), checkpoint and tables."""
-    for k in range(CHANGE_ROUNDS - 1):
-        pl.pg.query(f"SELECT pg_copy_logical_replication_slot('s_{name}', 's_{name}_rep{k}')", dbname=pl.db)
-        shutil.copytree(os.path.join(pl.work, name), os.path.join(pl.work, f"{name}_rep{k}"))
-
-
-def _replays(pl: Pipeline, name: str, history: bool = False) -> list[tuple[float, float]]:
-    """The backlog job `name` run from each of its copies (each checked, then dropped): their timings."""
-    runs = []
-    for k in range(CHANGE_ROUNDS - 1):
-        rep = Job(pl, f"{name}_rep{k}", "t", slot=f"s_{name}_rep{k}", history=history).run()
-        assert rep.rows() == CHANGES, f"the job applied {rep.rows():,} changes, {CHANGES:,} were written"
-        check_equal(pl.dsn, "t", rep.path())
-        if history:
-            check_equal(pl.dsn, "t", rep.path(history=True), history=True)
-        runs.append(rep.timing())
-        _drop_slot(pl, f"s_{name}_rep{k}")
-        shutil.rmtree(os.path.join(pl.work, f"{name}_rep{k}"), ignore_errors=True)
-    return runs
-
-
-def _ingest(pl: Pipeline, slot: str) -> dict:
-    """`spockwire ingest` from `slot` until idle; rate to its last staging commit that wrote files."""
-    from spockwire.ingest.staging import StagingState, read_log
-
-    out = os.path.join(pl.work, "ingest")
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    started = time.time()
-    t0 = time.perf_counter()
-    with open(os.path.join(pl.work, "ingest.stderr.log"), "a") as err:
-        proc = subprocess.run([sys.executable, "-m", "spockwire", "ingest", "--dsn", pl.dsn, "--slot", slot,
-                               "--publication", "pub", "--out", out, "--idle-exit", "5", "--flush-seconds", "0.5",
-                               "--no-progress"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                              timeout=JOB_TIMEOUT)
-    wall = time.perf_counter() - t0
-    assert proc.returncode == 0, f"spockwire ingest exited with {proc.returncode}; see {pl.work}/ingest.stderr.log"
-    log = read_log(out)
-    last = max(_dt.datetime.fromisoformat(e["created_at"]).timestamp() for e in log if e["files"])
-    state = StagingState.load(out)
-    rows = sum(f.rows for fs in state.files.values() for f in fs)
-    shutil.rmtree(out, ignore_errors=True)
-    assert rows == CHANGES, f"ingest staged {rows:,} rows, {CHANGES:,} changes were written"
-    return {"seconds": round(last - started, 3), "wall_s": round(wall, 3), "rate": CHANGES / (last - started)}
+    pl.results["changes_rate"] = _record_backlog(
+        benchmark, pl, "changes", f"{CHANGES:,}-change backlog into the {ROWS:,}-row table (SCD 1)",
+        ">= 250,000 changes/s", 250_000, CHANGES, res, [(INGEST_ANCHOR, res["ingest"]["rate"])],
+        fixed_restart=_fixed(res["empty_runs"]), backlog_write_s=round(res["write_s"], 3), ingest=res["ingest"])
 
 
 @pytest.mark.benchmark(group=GROUP)
@@ -689,27 +838,19 @@ def test_changes_history(benchmark, pipeline):
     hist = pl.jobs["scd2"]
 
     def run() -> None:
-        runs = _replays(pl, "scd2", history=True)
-        hist.run()
-        assert hist.rows() == CHANGES, f"the job applied {hist.rows():,} changes, {CHANGES:,} were written"
-        check_equal(pl.dsn, "t", hist.path())
-        check_equal(pl.dsn, "t", hist.path(history=True), history=True)
-        runs.append(hist.timing())
+        runs = _replays(pl, "scd2", CHANGES, history=True)
+        runs.append(_backlog(pl, hist, CHANGES))
         pl.results["history"] = {"runs": runs, "job": hist.reported(), "peak_rss": hist.peak_rss,
                                  "peak_pss": hist.peak_pss}
         _drop_slot(pl, "s_scd2")       # not read again
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     res = pl.results["history"]
-    nets = _net(res["runs"], pl.results["history_empty_runs"])
-    rate = _rate(CHANGES, nets["net_s"])
-    ingest = pl.results["changes"]["ingest"]["rate"]
-    _record(benchmark, "changes_history", "the same backlog with --history (SCD 2 beside SCD 1), net",
-            ">= 150,000 changes/s", 150_000, "higher", rate, "changes/s",
-            [_anchor("spockwire ingest from a twin slot", ingest, "changes/s", rate),
-             _anchor("the SCD 1 job on the same backlog", pl.results["changes_rate"], "changes/s", rate)],
-            **nets, gross_rate=round(CHANGES / nets["gross_s"]), changes=CHANGES, job=res["job"],
-            peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"], seconds=nets["net_s"], **_common(pl))
+    _record_backlog(benchmark, pl, "changes_history", "the same backlog with --history (SCD 2 beside SCD 1)",
+                    ">= 150,000 changes/s", 150_000, CHANGES, res,
+                    [(INGEST_ANCHOR, pl.results["changes"]["ingest"]["rate"]),
+                     ("the SCD 1 job on the same backlog", pl.results["changes_rate"])],
+                    fixed_restart=_fixed(pl.results["history_empty_runs"]))
 
 
 def _running(pl: Pipeline, name: str) -> Job:
@@ -862,9 +1003,8 @@ def test_memory(benchmark, pipeline):
         job.run()
         assert job.rows() == BIG_CHANGES, f"the job applied {job.rows():,} changes, {BIG_CHANGES:,} were written"
         check_equal(pl.dsn, "t", job.path())
-        pl.results["memory"] = {"peak_rss": job.peak_rss, "peak_pss": job.peak_pss, "gross": job.wall,
-                                "write_s": write_s,
-                                "job": job.reported()}
+        pl.results["memory"] = {"peak_rss": job.peak_rss, "peak_pss": job.peak_pss, "run": _loaded(job),
+                                "write_s": write_s, "job": job.reported()}
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     res = pl.results["memory"]
@@ -872,15 +1012,16 @@ def test_memory(benchmark, pipeline):
     _record(benchmark, "memory", f"{BIG_CHANGES:,}-change backlog with maxWalBytesPerBatch={MAX_WAL_BYTES:,}: "
             "peak RSS of the job's processes", "<= 2 GB", 2.0, "lower", gb, "GB", [],
             changes=BIG_CHANGES, max_wal_bytes=MAX_WAL_BYTES, peak_rss_bytes=res["peak_rss"],
-            peak_pss_bytes=res["peak_pss"], gross_s=round(res["gross"], 3),
-            gross_rate=round(BIG_CHANGES / res["gross"]), backlog_write_s=round(res["write_s"], 3),
-            job=res["job"], seconds=res["gross"], **_common(pl))
+            peak_pss_bytes=res["peak_pss"], **_timed([res["run"]], BIG_CHANGES),
+            backlog_write_s=round(res["write_s"], 3), job=res["job"], seconds=round(res["run"]["exit"], 3),
+            **_common(pl))
 
 
 @pytest.mark.benchmark(group=GROUP)
 def test_big_snapshot(benchmark, pipeline):
     pl = pipeline
-    _need(pl, "snapshot_rate", "empty_snapshot_runs")
+    _need(pl, "snapshot_rate")
+    names = ["big" if r == BIG_SNAPSHOT_ROUNDS - 1 else f"big_{r}" for r in range(BIG_SNAPSHOT_ROUNDS)]
 
     def run() -> None:
         # beside t in the same database (DROP DATABASE afterwards would wait on the pglogical supervisor, which
@@ -891,15 +1032,18 @@ def test_big_snapshot(benchmark, pipeline):
         pl.pg.execute("VACUUM (FREEZE, ANALYZE) big", dbname=pl.db)
         pl.pg.execute("CREATE PUBLICATION pub_big FOR TABLE big", dbname=pl.db)
         load_s = time.perf_counter() - t0
-        # one more run on the empty source right before (the machine's load drifts over a long run)
-        r = len(pl.results["empty_snapshot_runs"])
-        pl.results["empty_snapshot_runs"].append(
-            Job(pl, f"empty{r}", "e", slot=f"s_empty{r}", publication="pub_e").run().timing())
-        _drop_slot(pl, f"s_empty{r}")
-        job = pl.jobs["big"] = Job(pl, "big", "big", slot="s_big", publication="pub_big")
-        job.run()
+        loaded = []
+        for name in names:        # each on a slot and target of its own; the last one's tables are checked
+            job = pl.jobs["big"] = Job(pl, name, "big", slot=f"s_{name}", publication="pub_big")
+            job.run()
+            snap_rows = sum(int(r.get("snapshot_rows", 0)) for _t, r in job.batches())
+            assert snap_rows == BIG_ROWS, f"the job reported {snap_rows:,} snapshot rows, not {BIG_ROWS:,}"
+            loaded.append(_loaded(job))
+            if name != "big":
+                _drop_slot(pl, f"s_{name}")
+                shutil.rmtree(os.path.join(pl.work, name), ignore_errors=True)
         assert check_equal(pl.dsn, "big", job.path("big")) == BIG_ROWS
-        # the anchor: the same table into Arrow, as for the 1M-row snapshot
+        # the anchor: the same table into Arrow, as for the ROWS-row snapshot
         import spockwire
 
         reads = []
@@ -908,25 +1052,24 @@ def test_big_snapshot(benchmark, pipeline):
             rows = spockwire.read_table(pl.dsn, "big", workers=2).num_rows
             reads.append(time.perf_counter() - t0)
             assert rows == BIG_ROWS
-        pl.results["big"] = {"runs": [job.timing()], "load_s": load_s, "job": job.reported(), "peak_rss": job.peak_rss,
+        pl.results["big"] = {"runs": loaded, "load_s": load_s, "job": job.reported(), "peak_rss": job.peak_rss,
                              "peak_pss": job.peak_pss, "read_table": statistics.median(reads)}
 
     try:
         benchmark.pedantic(run, rounds=1, iterations=1)
     finally:
-        _drop_slot(pl, "s_big")
+        for name in names:
+            _drop_slot(pl, f"s_{name}")
+            shutil.rmtree(os.path.join(pl.work, name), ignore_errors=True)
         pl.pg.execute("DROP PUBLICATION IF EXISTS pub_big; DROP TABLE IF EXISTS big", dbname=pl.db)
-        shutil.rmtree(os.path.join(pl.work, "big"), ignore_errors=True)
     res = pl.results["big"]
-    nets = _net(res["runs"], pl.results["empty_snapshot_runs"])
-    rate = _rate(BIG_ROWS, nets["net_s"])
-    base = pl.results["snapshot_rate"]
-    # the rate holds as tables grow: the snapshot's target rate, on ten times the rows (the 1M-row net hides part
-    # of its one micro-batch behind the empty source's; this one pays the fixed cost of each of its micro-batches)
-    _record(benchmark, "big_snapshot", f"snapshot of a {BIG_ROWS:,}-row table into Delta (SCD 1), net",
-            ">= 1,000,000 rows/s (the rate holds)", 1_000_000, "higher", rate, "rows/s",
-            [_anchor(f"the {ROWS:,}-row snapshot", base, "rows/s", rate),
-             _anchor("spockwire.read_table (2 workers) of the same table", BIG_ROWS / res["read_table"], "rows/s",
-                     rate)],
-            big_rows=BIG_ROWS, **nets, table_load_s=round(res["load_s"], 3), job=res["job"],
-            peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"], seconds=nets["net_s"], **_common(pl))
+    timed = _timed(res["runs"], BIG_ROWS)
+    rate = BIG_ROWS / timed["ready_to_done_s"]
+    _record(benchmark, "big_snapshot", f"snapshot of a {BIG_ROWS:,}-row table into Delta (SCD 1)",
+            ">= 1,000,000 rows/s", 1_000_000, "higher", rate, "rows/s",
+            [_anchor("spockwire.read_table (2 workers) of the same table", BIG_ROWS / res["read_table"], "rows/s",
+                     rate),
+             _anchor(f"the {ROWS:,}-row snapshot", pl.results["snapshot_rate"], "rows/s", rate)],
+            big_rows=BIG_ROWS, **timed, table_load_s=round(res["load_s"], 3), job=res["job"],
+            peak_rss_bytes=res["peak_rss"], peak_pss_bytes=res["peak_pss"], seconds=timed["ready_to_done_s"],
+            **_common(pl))
