@@ -219,7 +219,8 @@ def pipeline(infos: list[dict], out: Path, date: str) -> Path | None:
     ax.set_xlim(min(values + [t for _, t in targets]) / 2, max(values) * 4)
     ax.set_xlabel("rows/s or changes/s (log scale)")
     ax.set_title("The Spark pipeline into Delta (python -m spockwire.spark.job, local[2])", loc="left")
-    fig.text(0, -0.02, f"One pass of each phase, one run ({date[:10]}), 2 cores. Fixed cost, lag and memory: "
+    timed = " The job's rates: rows or changes / ready to done." if report.is_ready_to_done(infos) else ""
+    fig.text(0, -0.02, f"One pass of each phase, one run ({date[:10]}), 2 cores.{timed} Fixed cost, lag and memory: "
              "BENCHMARKS.md", fontsize=7, color="#57606a")
     return _save(fig, out, "bench_pipeline.svg")
 
@@ -316,7 +317,8 @@ def many_tables(run: dict | None, out: Path) -> Path | None:
 
 
 def _short(label: str) -> str:
-    return label.replace(" into Delta (SCD 1), net", "").replace(" (SCD 1), net", "").replace(", net", "")
+    return (label.replace(" into Delta (SCD 1), net", "").replace(" (SCD 1), net", "").replace(", net", "")
+            .replace(" into Delta (SCD 1)", "").replace(" (SCD 1)", ""))
 
 
 def draw(run: dict, pipeline_run: dict | None, out: Path) -> list[Path]:

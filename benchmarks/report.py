@@ -317,7 +317,17 @@ def _snapshot_section(benches: list[dict]) -> list[str]:
     return lines + [""]
 
 
-PIPELINE_ORDER = ("snapshot", "changes", "changes_history", "fixed_cost", "lag", "memory", "big_snapshot")
+#: the order of the pipeline's measurements: the rates at sizes where the job's fixed cost is small beside its
+#: work, the secondary ones, then the micro-batch, the lag and the memory
+PIPELINE_ORDER = ("big_snapshot", "changes", "changes_history", "snapshot", "changes_small", "fixed_cost", "lag",
+                  "memory")
+#: the order of a run whose rates are net of an empty-source run (bench_pipeline.py before "ready to done")
+NET_ORDER = ("snapshot", "changes", "changes_history", "fixed_cost", "lag", "memory", "big_snapshot")
+
+
+def is_ready_to_done(infos: list[dict]) -> bool:
+    """The run times its rates from ready to done (bench_pipeline.py's TIMING), not net of an empty source."""
+    return any(i.get("timing") == "ready_to_done" for i in infos)
 
 
 def _fmt_value(value: float | None, unit: str) -> str:
@@ -337,8 +347,163 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
         return []
     # a phase that failed after its timed part has no extra_info["pipeline"]: listed by name, without figures
     failed = [b["name"] for b in benches if not isinstance(b.get("extra_info", {}).get("pipeline"), dict)]
-    infos = sorted((b["extra_info"]["pipeline"] for b in benches if b["name"] not in failed),
-                   key=lambda i: PIPELINE_ORDER.index(i["key"]) if i.get("key") in PIPELINE_ORDER else 99)
+    infos = pipeline_infos([b for b in benches if b["name"] not in failed])
+    if not is_ready_to_done(infos):
+        return _net_pipeline_section(infos, failed, own_run)
+    master = infos[0].get("master", "local[2]") if infos else "local[2]"
+    lines = ["## Pipeline into Delta", "",
+             f"`python -m spockwire.spark.job` on `{master}` as users run it (a child process: the Python driver, "
+             "its JVM and Spark's Python workers), from a throwaway PostgreSQL 15 into Delta tables through "
+             "`deltalake` (benchmarks/bench_pipeline.py). One pass of each phase, each building on the last; after "
+             "every phase the Delta table equals the source table (checked, or the benchmark fails). The first rows "
+             "are at sizes where the job's fixed cost (below) is small beside its work; the smaller snapshot and "
+             "backlog are secondary.", "",
+             "Every rate is rows (or changes) / **ready to done**: the time from the moment the tool is ready to "
+             "read to the durable commit of the last row in its target. For the job: from its streaming query's "
+             "start to the line of its last micro-batch holding rows of the table, which it prints right after "
+             "that micro-batch's Delta commits; in every run this time is at least the work its micro-batches "
+             "report (their own `seconds`; checked, or the benchmark fails). For `spockwire ingest`, the backlogs' "
+             "anchor, from a copy of the job's slot (pg_copy_logical_replication_slot: the same WAL): from its "
+             "`start` log line, written once its staging folder is open and right before it opens the replication "
+             "stream, to the `created_at` of its last staging commit that wrote files (stamped once the commit's "
+             "Parquet files are durable, as its log entry is written). `spockwire.read_table` and "
+             "`deltalake.write_deltalake`: the call, in the benchmark's process. **Gross**, beside it in the second "
+             "table: from the process's launch to the same last commit. `ratio` is measured / anchor: for a rate "
+             "the fraction of the anchor's rate, for a time the multiple of the anchor's time."
+             + (_own_run_note(own_run) if own_run else ""), ""]
+    lines += _fixed_cost_line(infos)
+    lines += _measurement_table(infos, failed)
+    ratios = _job_against_readers(infos)
+    if ratios:
+        lines += ["", "The job against spockwire's own readers, each timed from ready to done:", "",
+                  "| the job | rate | the reader | rate | ratio |", "|---|---:|---|---:|---:|"]
+        lines += [f"| {job} | {ours} | {reader} | {theirs} | {ratio} |" for job, ours, reader, theirs, ratio in ratios]
+    lines += ["", "| measurement | ready to done (s) | of it, before the first micro-batch (s) | start to ready (s) "
+              "| gross: start to done (s) | gross rate | start to exit (s) | runs | micro-batches | their own seconds "
+              "| peak RSS of the job (GB) | peak PSS (GB) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for i in infos:
+        job = i.get("job") or {}
+        runs_n = len(i.get("ready_to_done_runs_s") or [])
+        cells = [_num(i.get("ready_to_done_s")), _num(i.get("ready_to_first_batch_s")),
+                 _num(i.get("start_to_ready_s")), _num(i.get("gross_s")),
+                 f"{i['gross_rate']:,}" if i.get("gross_rate") else "", _num(i.get("wall_s")),
+                 str(runs_n or ""), str(job.get("batches", "")), _num(job.get("batch_seconds")),
+                 f"{i['peak_rss_bytes'] / 1e9:.2f}" if i.get("peak_rss_bytes") else
+                 (f"{i['measured']:.2f}" if i.get("unit") == "GB" else ""),
+                 f"{i['peak_pss_bytes'] / 1e9:.2f}" if i.get("peak_pss_bytes") else ""]
+        lines.append(f"| {i['label']} | " + " | ".join(cells) + " |")
+        ing = i.get("ingest")
+        if ing:
+            lines.append(f"| anchor: spockwire ingest, the same {i.get('changes', 0):,} changes | "
+                         f"{_num(ing.get('ready_to_done_s'))} | | {_num(ing.get('start_to_ready_s'))} | "
+                         f"{_num(ing.get('gross_s'))} | {ing.get('gross_rate', 0):,} | {_num(ing.get('wall_s'))} "
+                         "| 1 | | | | |")
+    notes = ["Ready to done, start to ready, gross and start to exit: medians over the runs (the snapshots: each "
+             "on a slot and target of its own; a backlog: its job's runs from copies of its slot, checkpoint and "
+             "tables, then its last run). Their own seconds: the sum of the last run's micro-batches' `seconds` "
+             "(each from the call of the micro-batch's function to its Delta commits). A snapshot's micro-batches "
+             "but its last are written while Spark reads the next one (`deferred`), so over several micro-batches "
+             "the sum is more than the time they span; the check counts only such a micro-batch's read.",
+             "Peak RSS: the peak, sampled every 0.2 s, of the sum of the resident set sizes of the job's processes "
+             "(its process group and their descendants: the Python driver, the JVM, Spark's Python workers); a page "
+             "shared by forked Python workers counts once per worker. Peak PSS counts it once (read at each new "
+             "peak of the RSS and once a second).",
+             "spockwire ingest's start to exit includes the 5 s it waits with nothing to read before it exits "
+             "(`--idle-exit 5`)."]
+    for i in infos:
+        notes += _phase_notes(i)
+        if i.get("ingest"):
+            notes.append(f"{i['label']}: spockwire ingest wrote its files in "
+                         f"{_count(i['ingest'].get('commits', 0), 'staging commit')}.")
+        if i.get("key") in ("changes", "changes_small", "memory") and i.get("backlog_write_s"):
+            notes.append(f"{i['label'].split(':')[0]}: the backlog (transactions of 600 updates spread over the table, 200 "
+                         f"deletes, 200 inserts) was written in {i['backlog_write_s']:.1f} s while no job ran.")
+    return lines + [""] + [f"- {n}" for n in notes] + [""]
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}" + ("" if n == 1 else "s")
+
+
+def _fixed_cost_line(infos: list[dict]) -> list[str]:
+    """The job's fixed cost, from its runs on an empty source: start to ready and stop."""
+    parts = []
+    for key, name, what in (("fixed_first_start", "a first start", "a snapshot of a 0-row table"),
+                            ("fixed_restart", "a restart", "from its checkpoint, nothing of the table to read")):
+        for i in infos:
+            f = i.get(key)
+            if f:
+                with_history = " with --history" if i.get("key") == "changes_history" else ""
+                stop = (f"stop {_num(f['stop_s'])} s, the query's start to its first micro-batch "
+                        f"{_num(f.get('ready_to_first_batch_s'))} s" if f.get("stop_s") is not None
+                        else "no micro-batch")
+                parts.append(f"{name}{with_history} ({what}; {_count(f['runs'], 'run')}): start to ready "
+                             f"{_num(f['start_to_ready_s'])} s, {stop}")
+    if not parts:
+        return []
+    return ["**The job's fixed cost**, medians of its runs on an empty source (start to ready: from the process's "
+            "launch to its streaming query's start -- the JVM, the Spark session, registering the sources; stop: "
+            "from the line of its last micro-batch to the process's exit): " + "; ".join(parts) + ". The query's "
+            "start to its first micro-batch (Spark starting the source, the job's check of Spark's Python workers, "
+            "which the first micro-batch waits for, the micro-batch's planning) is part of the job's start that "
+            "every ready to done includes.", ""]
+
+
+def _measurement_table(infos: list[dict], failed: list[str], net: bool = False) -> list[str]:
+    lines = ["| measurement | target | measured | anchor measured in the same run | ratio | met |",
+             "|---|---|---:|---|---:|---|"]
+    for i in infos:
+        anchors = i.get("anchors") or []
+        anchor_cell = "<br>".join(f"{a['label']}: {_fmt_value(a.get('value'), a.get('unit', ''))}" for a in anchors)
+        ratio_cell = "<br>".join(f"{a['ratio']:.3f}" if a.get("ratio") is not None else "" for a in anchors)
+        met = i.get("met")
+        measured = _fmt_value(i.get("measured"), i.get("unit", ""))
+        if net and i.get("measured") is None and i.get("net_s") is not None and i["net_s"] <= 0:
+            measured = "not measurable: net time <= 0 (within the noise of the job's own start and stop)"
+        lines.append(f"| {i['label']} | {i.get('target', '')} | {measured} "
+                     f"| {anchor_cell} | {ratio_cell} | {'met' if met else 'not met' if met is not None else ''} |")
+    return lines + [f"| {name} | | no result: the benchmark failed | | | |" for name in failed]
+
+
+def _job_against_readers(infos: list[dict]) -> list[tuple[str, str, str, str, str]]:
+    """(the job's measurement, its rate, the reader, its rate, the ratio): the snapshot against
+    spockwire.read_table, each backlog against spockwire ingest, from a run timed from ready to done."""
+    rows = []
+    readers = {"big_snapshot": "spockwire.read_table", "changes": "spockwire ingest",
+               "changes_history": "spockwire ingest"}
+    for i in infos:
+        reader = readers.get(i.get("key"))
+        a = next((a for a in i.get("anchors") or [] if reader and a["label"].startswith(reader)), None)
+        if a and a.get("ratio") is not None:
+            rows.append((i["label"], _fmt_value(i["measured"], i.get("unit", "")), a["label"],
+                         _fmt_value(a.get("value"), a.get("unit", "")), f"{a['ratio']:.3f}"))
+    return rows
+
+
+def _phase_notes(i: dict) -> list[str]:
+    """The notes of the micro-batch's fixed cost and of the lag, the same in every run."""
+    if i.get("key") == "fixed_cost":
+        return [f"Fixed cost: median of {i.get('rounds')} rounds of the batches' own `seconds` (from "
+                "reading the micro-batch to its Delta commit); from the source's commit to the batch's "
+                f"line: {_num(i.get('one_change_commit_to_line_s'))} s with one change, "
+                f"{_num(i.get('empty_commit_to_line_s'))} s empty (the trigger interval included)."]
+    if i.get("key") == "lag":
+        job = i.get("job") or {}
+        own = (f"; the job's own lag_p95: median {job['lag_p95']['median']} s, max {job['lag_p95']['max']} s"
+               if isinstance(job.get("lag_p95"), dict) else "")
+        return [f"Lag: {i.get('transactions', 0):,} transactions of 1,000 changes, written at "
+                f"{i.get('write_rate_achieved', 0):,} changes/s (paced to "
+                f"{i.get('write_rate_target', 0):,.0f}); p50 {_num(i.get('lag_p50_s'))} s, max "
+                f"{_num(i.get('lag_max_s'))} s. A transaction's lag is the time the job printed the line "
+                "of the micro-batch holding it (right after its Delta commit) minus the time its COMMIT "
+                f"returned to the writer{own}."]
+    return []
+
+
+def _net_pipeline_section(infos: list[dict], failed: list[str], own_run: dict | None) -> list[str]:
+    """The section of a run whose rates are net of an empty-source run (bench_pipeline.py before "ready to
+    done"), in that run's own terms."""
     master = infos[0].get("master", "local[2]") if infos else "local[2]"
     lines = ["## Pipeline into Delta", "",
              f"`python -m spockwire.spark.job` on `{master}` as users run it (a child process: the Python driver, "
@@ -354,20 +519,8 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
              "table. "
              "`ratio` is "
              "measured / anchor: for a rate the fraction of the anchor's rate, for a time the multiple of the "
-             "anchor's time." + (_own_run_note(own_run) if own_run else ""), "",
-             "| measurement | target | measured | anchor measured in the same run | ratio | met |",
-             "|---|---|---:|---|---:|---|"]
-    for i in infos:
-        anchors = i.get("anchors") or []
-        anchor_cell = "<br>".join(f"{a['label']}: {_fmt_value(a.get('value'), a.get('unit', ''))}" for a in anchors)
-        ratio_cell = "<br>".join(f"{a['ratio']:.3f}" if a.get("ratio") is not None else "" for a in anchors)
-        met = i.get("met")
-        measured = _fmt_value(i.get("measured"), i.get("unit", ""))
-        if i.get("measured") is None and i.get("net_s") is not None and i["net_s"] <= 0:
-            measured = "not measurable: net time <= 0 (within the noise of the job's own start and stop)"
-        lines.append(f"| {i['label']} | {i.get('target', '')} | {measured} "
-                     f"| {anchor_cell} | {ratio_cell} | {'met' if met else 'not met' if met is not None else ''} |")
-    lines += [f"| {name} | | no result: the benchmark failed | | | |" for name in failed]
+             "anchor's time." + (_own_run_note(own_run) if own_run else ""), ""]
+    lines += _measurement_table(infos, failed, net=True)
     lines += ["", "| measurement | gross (s) | empty source (s) | net of the walls (s) | before the query's start: "
               "job, empty (s) | net (s) | micro-batches | their own seconds | peak RSS of the job (GB) | peak PSS (GB) |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -393,21 +546,7 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
              "shared by forked Python workers counts once per worker. Peak PSS counts it once (read at each new peak of "
              "the RSS and once a second)."]
     for i in infos:
-        if i.get("key") == "fixed_cost":
-            notes.append(f"Fixed cost: median of {i.get('rounds')} rounds of the batches' own `seconds` (from "
-                         "reading the micro-batch to its Delta commit); from the source's commit to the batch's "
-                         f"line: {_num(i.get('one_change_commit_to_line_s'))} s with one change, "
-                         f"{_num(i.get('empty_commit_to_line_s'))} s empty (the trigger interval included).")
-        if i.get("key") == "lag":
-            job = i.get("job") or {}
-            own = (f"; the job's own lag_p95: median {job['lag_p95']['median']} s, max {job['lag_p95']['max']} s"
-                   if isinstance(job.get("lag_p95"), dict) else "")
-            notes.append(f"Lag: {i.get('transactions', 0):,} transactions of 1,000 changes, written at "
-                         f"{i.get('write_rate_achieved', 0):,} changes/s (paced to "
-                         f"{i.get('write_rate_target', 0):,.0f}); p50 {_num(i.get('lag_p50_s'))} s, max "
-                         f"{_num(i.get('lag_max_s'))} s. A transaction's lag is the time the job printed the line "
-                         "of the micro-batch holding it (right after its Delta commit) minus the time its COMMIT "
-                         f"returned to the writer{own}.")
+        notes += _phase_notes(i)
         if i.get("key") in ("changes", "changes_history") and i.get("ingest"):
             ing = i["ingest"]
             notes.append(f"Ingest anchor: `spockwire ingest` from a copy of the job's slot "
@@ -656,7 +795,8 @@ def snapshot_rows(benches: list[dict]) -> dict[str, dict]:
 
 def pipeline_infos(benches: list[dict]) -> list[dict]:
     infos = [b["extra_info"]["pipeline"] for b in benches if isinstance(b.get("extra_info", {}).get("pipeline"), dict)]
-    return sorted(infos, key=lambda i: PIPELINE_ORDER.index(i["key"]) if i.get("key") in PIPELINE_ORDER else 99)
+    order = PIPELINE_ORDER if is_ready_to_done(infos) else NET_ORDER
+    return sorted(infos, key=lambda i: order.index(i["key"]) if i.get("key") in order else 99)
 
 
 def _summary(peers: list[dict], e2e: list[dict], snapshot: list[dict], pipeline: list[dict],
@@ -705,7 +845,11 @@ def _summary(peers: list[dict], e2e: list[dict], snapshot: list[dict], pipeline:
             rows.append((f"whole table: {ours['label']}", f"{ours['rps']:,.0f} rows/s",
                          f"{readers[key]['label']}: {readers[key]['rps']:,.0f} rows/s",
                          _fmt_ratio(ours["rps"] / readers[key]["rps"])))
-    for info in pipeline_infos(pipeline):
+    infos = pipeline_infos(pipeline)
+    if is_ready_to_done(infos):
+        for job, ours, reader, theirs, ratio in _job_against_readers(infos):
+            rows.append((f"Spark pipeline into Delta: {job}, ready to done", ours, f"{reader}: {theirs}", ratio))
+    for info in [] if is_ready_to_done(infos) else infos:
         if info.get("key") in ("snapshot", "changes") and info.get("measured") is not None:
             for a in info.get("anchors") or []:
                 if a.get("ratio") is not None:
