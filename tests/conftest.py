@@ -55,6 +55,19 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+def pytest_collection_finish(session):
+    """The local Spark driver's class archive (spockwire.spark.jvm_archive) is made once, before any test starts
+    Spark, when the selected tests include Spark's: a job a test starts then never makes it (and never prints the
+    line that says so among the output the test reads). Under pytest-xdist each worker waits for the one making it."""
+    if any(item.get_closest_marker("spark") for item in session.items):
+        from spockwire.spark.job import LOCAL_DRIVER_JAVA_OPTIONS
+        from spockwire.spark.jvm_archive import archive_path, make_archive
+
+        path = archive_path(LOCAL_DRIVER_JAVA_OPTIONS)
+        if path is not None:
+            make_archive(path, LOCAL_DRIVER_JAVA_OPTIONS, wait=True)
+
+
 IMPLEMENTATIONS = ("c", "python")
 
 

@@ -29,9 +29,11 @@ def spark_session() -> Any:
                 os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *paths])
             import spockwire
             from spockwire.spark.job import LOCAL_DRIVER_JAVA_OPTIONS
+            from spockwire.spark.jvm_archive import driver_java_options
 
             _SESSION = (SparkSession.builder.master("local[2]").appName("spockwire-tests")
-                        .config("spark.driver.defaultJavaOptions", LOCAL_DRIVER_JAVA_OPTIONS)   # as the job's session
+                        .config("spark.driver.defaultJavaOptions",        # as the job's session
+                                driver_java_options(LOCAL_DRIVER_JAVA_OPTIONS))
                         # the workers decode with the implementation this process selected, whatever the
                         # environment held when the JVM started
                         .config("spark.executorEnv.SPOCKWIRE_IMPL", spockwire.__impl__)

@@ -35,6 +35,7 @@ from ..connection.slots import format_lsn
 from ..errors import SparkEnvironmentError, SpockwireError
 from .apply import target_path
 from .environment import WorkerCheck, check_java
+from .jvm_archive import driver_java_options
 from .maintenance import (DEFAULT_SMALL_FILES, DEFAULT_VACUUM_RETENTION_HOURS, MIN_VACUUM_RETENTION_HOURS,
                           Maintenance, MaintenanceOptions, count_option, retention_option)
 from .memory import configure_delta_allocator, release_memory, stop_planning_workers
@@ -141,9 +142,10 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
     `remote` (``sc://host:port``): a Spark Connect session on that server instead
     (its workers run the server's Python; `master`, `impl` and `conf` are the server's settings). Unless `remote`, it
     also sets delta-rs's allocator in this process to give freed memory back (``_RJEM_MALLOC_CONF``, unless the
-    environment sets it: spockwire.spark.memory), and on a local master LOCAL_DRIVER_JAVA_OPTIONS as the driver
-    JVM's default options (``spark.driver.defaultJavaOptions``, which Spark puts before
-    ``spark.driver.extraJavaOptions``) unless `conf` sets them."""
+    environment sets it: spockwire.spark.memory), and on a local master LOCAL_DRIVER_JAVA_OPTIONS with the class
+    archive (spockwire.spark.jvm_archive, made on the first start) as the driver JVM's default options
+    (``spark.driver.defaultJavaOptions``, which Spark puts before ``spark.driver.extraJavaOptions``) unless `conf`
+    sets them."""
     from pyspark.sql import SparkSession
 
     import spockwire
@@ -161,7 +163,8 @@ def spark_session(master: str = "local[2]", app: str = "spockwire-pipeline", imp
     parallel = "2" if cores in ("*", "") else cores
     builder = SparkSession.builder
     if master.startswith("local") and "spark.driver.defaultJavaOptions" not in (conf or {}):
-        builder = builder.config("spark.driver.defaultJavaOptions", LOCAL_DRIVER_JAVA_OPTIONS)
+        # with the class archive of spark/jvm_archive.py (made on the first start): the driver starts sooner
+        builder = builder.config("spark.driver.defaultJavaOptions", driver_java_options(LOCAL_DRIVER_JAVA_OPTIONS))
     spark = (builder.master(master).appName(app)
              .config("spark.executorEnv.SPOCKWIRE_IMPL", impl or spockwire.__impl__)
              .config("spark.ui.enabled", "false")
