@@ -282,3 +282,25 @@ def test_the_jobs_maintenance_options_are_checked_at_start(capsys, option, value
         main(["--dsn", "host=nowhere", "--slot", "s", "--publication", "p", "--table", "t=id", "--target", "x",
               "--checkpoint", "y", option, value])
     assert message in capsys.readouterr().err
+
+
+def test_the_job_step_follows_a_table_made_again_and_commits_since_its_last_look(tmp_path):
+    """Maintenance keeps each table open between micro-batches (reading only its newer commits): it sees files
+    added since, and a table removed and made again (as a re-read does with the state) is opened again."""
+    import shutil
+
+    import deltalake
+
+    path = str(tmp_path / "t")
+    rows = pa.table({"id": pa.array([1, 2], pa.int64())})
+    m = Maintenance(MaintenanceOptions(small_files=0, vacuum_retention_hours=None))
+    deltalake.write_deltalake(path, rows)
+    assert m.after_batch(path, ["id"], None)["files"] == 1
+    deltalake.write_deltalake(path, rows, mode="append")
+    deltalake.write_deltalake(path, rows, mode="append")
+    assert m.after_batch(path, ["id"], None)["files"] == 3
+    shutil.rmtree(path)
+    deltalake.write_deltalake(path, rows)
+    assert m.after_batch(path, ["id"], None)["files"] == 1
+    shutil.rmtree(path)
+    assert m.after_batch(path, ["id"], None)["files"] == 0

@@ -208,6 +208,30 @@ class Maintenance:
 
     options: MaintenanceOptions = field(default_factory=MaintenanceOptions)
     batches: dict[str, int] = field(default_factory=dict)
+    # each table's DeltaTable, brought up to date (only its newer commits read) at each look at its files: opening
+    # it again every micro-batch costs several times that, for each table (the job writes with tables of its own)
+    _opened: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def _files(self, path: str) -> TableFiles:
+        # a table removed and made again (a re-read replaces the state) has another first commit
+        try:
+            first = os.stat(os.path.join(path, "_delta_log", f"{0:020d}.json"))
+            log: Any = (first.st_ino, first.st_mtime_ns)
+        except FileNotFoundError:
+            if not os.path.isdir(os.path.join(path, "_delta_log")):
+                self._opened.pop(path, None)
+                return TableFiles()
+            log = None          # (its first commit cleaned up: opened each time)
+        held = self._opened.get(path)
+        if held is not None and log is not None and held[0] == log:
+            dt = held[1]
+            dt.update_incremental()
+        else:
+            dt = open_delta(path)
+            if dt is None:
+                return TableFiles()
+            self._opened[path] = (log, dt)
+        return table_files(dt)
 
     def after_batch(self, path: str, keys: Sequence[str], first: tuple | None) -> dict:
         """Maintain the table at `path` after a micro-batch whose first change of it was at `first` (None: no
@@ -216,9 +240,9 @@ class Maintenance:
         t0 = time.monotonic()
         n = self.batches.get(path, 0) + 1
         self.batches[path] = n
-        table = table_files(open_delta(path))
+        table = self._files(path)
         state_path = os.path.join(path, STATE_DIR)
-        state = table_files(open_delta(state_path))
+        state = self._files(state_path)
         every = opt.optimize_every and n >= opt.optimize_every
         due_table = bool(every or (opt.small_files and table.small_files >= opt.small_files))
         due_state = bool(every or (opt.small_files and state.small_files >= opt.small_files))
@@ -235,8 +259,8 @@ class Maintenance:
             if opt.vacuum_retention_hours is not None:
                 out["vacuumed"] = vacuum(path, opt.vacuum_retention_hours) + \
                     vacuum(state_path, opt.vacuum_retention_hours)
-            table = table_files(open_delta(path))
-            state = table_files(open_delta(state_path))
+            table = self._files(path)
+            state = self._files(state_path)
         out.update(files=table.files, state_files=state.files, state_rows=state.rows,
                    seconds=round(time.monotonic() - t0, 3))
         return out
