@@ -29,7 +29,8 @@
 #   process, started 15 times; at the defaults about 15-20 minutes on two cores for a job that meets its targets, most
 #   of it the job's own starts and stops and the 3-minute lag run; a job at a few thousand changes/s takes hours):
 #   SPOCKWIRE_BENCH_PIPELINE_ROWS=1000000         rows of the table snapshotted, then changed
-#   SPOCKWIRE_BENCH_PIPELINE_CHANGES=500000       changes of the backlog applied with and without --history
+#   SPOCKWIRE_BENCH_PIPELINE_CHANGES=2000000      changes of the backlog applied with and without --history
+#   SPOCKWIRE_BENCH_PIPELINE_SMALL_CHANGES=500000 changes of the secondary backlog (0: not run)
 #   SPOCKWIRE_BENCH_PIPELINE_BIG_ROWS=10000000    rows of the large table snapshotted (the rate as tables grow)
 #   SPOCKWIRE_BENCH_PIPELINE_BIG_CHANGES=5000000  changes of the backlog applied under the batch bound (peak RSS)
 #   SPOCKWIRE_BENCH_PIPELINE_MAX_WAL_BYTES=67108864   that bound: the source's maxWalBytesPerBatch
@@ -37,9 +38,10 @@
 #   SPOCKWIRE_BENCH_PIPELINE_LAG_RATE=20000       their pace, changes/s (transactions of 1,000)
 #   SPOCKWIRE_BENCH_PIPELINE_FIXED_ROUNDS=5       one-change and empty micro-batches measured
 #   SPOCKWIRE_BENCH_PIPELINE_ANCHOR_ROUNDS=3      rounds of the read_table and write_deltalake anchors
-#   SPOCKWIRE_BENCH_PIPELINE_EMPTY_ROUNDS=5       runs of each empty-source command (their median is subtracted)
+#   SPOCKWIRE_BENCH_PIPELINE_EMPTY_ROUNDS=5       runs of each empty-source command (the job's fixed cost)
 #   SPOCKWIRE_BENCH_PIPELINE_SNAPSHOT_ROUNDS=7    pairs of runs (empty source, table) of the 1,000,000-row snapshot
-#   SPOCKWIRE_BENCH_PIPELINE_CHANGE_ROUNDS=3      runs of each backlog job (all but the last from copies)
+#   SPOCKWIRE_BENCH_PIPELINE_BIG_SNAPSHOT_ROUNDS=3   runs of the 10,000,000-row snapshot
+#   SPOCKWIRE_BENCH_PIPELINE_CHANGE_ROUNDS=5      runs of each backlog job (all but the last from copies)
 #   SPOCKWIRE_BENCH_PIPELINE_JOB_TIMEOUT=3600     seconds a job run (or the lag test's catch-up) may take before the
 #                                                 benchmark fails; SPOCKWIRE_BENCH_PIPELINE_KEEP=1 keeps its folders
 #   e.g. a quick look: ROWS=20000 CHANGES=10000 BIG_ROWS=50000 BIG_CHANGES=20000 LAG_SECONDS=10 LAG_RATE=5000
