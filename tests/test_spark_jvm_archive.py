@@ -71,3 +71,18 @@ def test_archives_are_per_options_and_off_turns_them_off(tmp_path, monkeypatch):
     monkeypatch.setenv(jvm_archive.ENV, "off")
     assert jvm_archive.archive_path(LOCAL_DRIVER_JAVA_OPTIONS) is None
     assert jvm_archive.driver_java_options("-Xmx1g") == f"-Xmx1g {jvm_archive.LOG_TO_STDERR}"
+
+
+def test_another_install_of_the_same_spark_has_an_archive_of_its_own(tmp_path, monkeypatch):
+    """The archive records the jars' paths: a JVM of another install (a virtualenv's pyspark, the same jars) cannot
+    map it, so it is another archive."""
+    import pyspark
+
+    here = jvm_archive.archive_path(LOCAL_DRIVER_JAVA_OPTIONS)
+    copy = tmp_path / "pyspark"
+    (copy / "jars").mkdir(parents=True)
+    for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar"):      # the same names and sizes (sparse)
+        with open(copy / "jars" / jar.name, "wb") as f:
+            f.truncate(jar.stat().st_size)
+    monkeypatch.setattr(pyspark, "__file__", str(copy / "__init__.py"))
+    assert jvm_archive.archive_path(LOCAL_DRIVER_JAVA_OPTIONS) != here

@@ -53,16 +53,18 @@ def _java() -> str | None:
 
 
 def archive_path(base_options: str) -> str | None:
-    """Where the archive for this Java, this Spark and the JVM options `base_options` is kept (None: archives are
-    off, or there is no Java)."""
+    """Where the archive for this Java, this Spark install and the JVM options `base_options` is kept (None:
+    archives are off, or there is no Java)."""
     folder, java = _folder(), _java()
     if folder is None or java is None:
         return None
     import pyspark
 
-    jars = sorted(glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "*.jar")))
+    # (the archive holds the jars' paths: another install of the same Spark needs an archive of its own)
+    folder_of_jars = os.path.realpath(os.path.join(os.path.dirname(pyspark.__file__), "jars"))
+    jars = sorted(glob.glob(os.path.join(folder_of_jars, "*.jar")))
     key = hashlib.sha256()
-    for part in [java, str(os.path.getmtime(java)), pyspark.__version__, base_options,
+    for part in [java, str(os.path.getmtime(java)), pyspark.__version__, base_options, folder_of_jars,
                  *(f"{os.path.basename(j)}:{os.path.getsize(j)}" for j in jars)]:
         key.update(part.encode() + b"\0")
     return os.path.join(folder, f"spark-driver-{key.hexdigest()[:20]}.jsa")
