@@ -350,11 +350,8 @@ def _pipeline_section(benches: list[dict], own_run: dict | None = None) -> list[
     infos = pipeline_infos([b for b in benches if b["name"] not in failed])
     if not is_ready_to_done(infos):
         return _net_pipeline_section(infos, failed, own_run)
-    master = infos[0].get("master", "local[2]") if infos else "local[2]"
     lines = ["## Pipeline into Delta", "",
-             f"`python -m spockwire.spark.job` on `{master}` as users run it (a child process: the Python driver, "
-             "its JVM and Spark's Python workers), from a throwaway PostgreSQL 15 into Delta tables through "
-             "`deltalake` (benchmarks/bench_pipeline.py). One pass of each phase, each building on the last; after "
+             _pipeline_job(infos) + "One pass of each phase, each building on the last; after "
              "every phase the Delta table equals the source table (checked, or the benchmark fails). The first rows "
              "are at sizes where the job's fixed cost (below) is small beside its work; the smaller snapshot and "
              "backlog are secondary.", "",
@@ -501,14 +498,19 @@ def _phase_notes(i: dict) -> list[str]:
     return []
 
 
+def _pipeline_job(infos: list[dict]) -> str:
+    """The pipeline section's first sentence: the job as it was run."""
+    master = infos[0].get("master", "local[2]") if infos else "local[2]"
+    return (f"`python -m spockwire.spark.job` on `{master}` as users run it (a child process: the Python driver, "
+            "its JVM and Spark's Python workers), from a throwaway PostgreSQL 15 into Delta tables through "
+            "`deltalake` (benchmarks/bench_pipeline.py). ")
+
+
 def _net_pipeline_section(infos: list[dict], failed: list[str], own_run: dict | None) -> list[str]:
     """The section of a run whose rates are net of an empty-source run (bench_pipeline.py before "ready to
     done"), in that run's own terms."""
-    master = infos[0].get("master", "local[2]") if infos else "local[2]"
     lines = ["## Pipeline into Delta", "",
-             f"`python -m spockwire.spark.job` on `{master}` as users run it (a child process: the Python driver, "
-             "its JVM and Spark's Python workers), from a throwaway PostgreSQL 15 into Delta tables through "
-             "`deltalake` (benchmarks/bench_pipeline.py). One pass of each phase, in this order, each building on "
+             _pipeline_job(infos) + "One pass of each phase, in this order, each building on "
              "the last; after every phase the Delta table equals the source table (checked, or the benchmark "
              "fails). `net` is the job's time from its streaming query's start to its exit minus the same of the same "
              "command on an empty source (a table of 0 rows; a restart from the checkpoint with no change of the "
