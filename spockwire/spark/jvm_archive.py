@@ -60,12 +60,13 @@ def archive_path(base_options: str) -> str | None:
         return None
     import pyspark
 
-    # (the archive holds the jars' paths: another install of the same Spark needs an archive of its own)
+    # (the archive holds the jars' paths and times: another install of the same Spark, or the same one installed
+    # again, needs an archive of its own)
     folder_of_jars = os.path.realpath(os.path.join(os.path.dirname(pyspark.__file__), "jars"))
     jars = sorted(glob.glob(os.path.join(folder_of_jars, "*.jar")))
     key = hashlib.sha256()
     for part in [java, str(os.path.getmtime(java)), pyspark.__version__, base_options, folder_of_jars,
-                 *(f"{os.path.basename(j)}:{os.path.getsize(j)}" for j in jars)]:
+                 *(f"{os.path.basename(j)}:{os.path.getsize(j)}:{os.path.getmtime(j)}" for j in jars)]:
         key.update(part.encode() + b"\0")
     return os.path.join(folder, f"spark-driver-{key.hexdigest()[:20]}.jsa")
 
