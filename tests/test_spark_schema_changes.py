@@ -68,6 +68,22 @@ def _delta(path: str, names: list[str], current_only: bool = False) -> tuple[lis
     return have, sorted((tuple(_value(r[n]) for n in names if n in have) for r in rows), key=repr)
 
 
+def _write_then_lsn(db, sql: str) -> int:
+    """Run `sql` and return a WAL position inside its transaction: the stream has applied it once the query's end
+    offset reaches this. (The server's flush position read after it may lie past WAL the stream has no output for,
+    such as the temporary slot of the job's own re-read, which the source moves over only once more WAL comes.)"""
+    conn = db.connect(autocommit=False)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            cur.execute("SELECT pg_current_wal_insert_lsn()")
+            hi, lo = cur.fetchone()[0].split("/")
+        conn.commit()
+    finally:
+        conn.close()
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
 def _assert_equal(db, cfg, table: str, what: str) -> None:
     names, want = _source(db, table)
     have, got = _delta(target_path(cfg.target, f"public.{table}"), names)
@@ -127,16 +143,15 @@ def test_schema_changes_flow_through_the_running_job(spark, pg_db, tmp_path, cap
             # a change after the migration (the stream describes the table again with it) and one to the other table
             pg_db.execute(f"UPDATE t SET v = v + 1 WHERE id = {i + 2}")
             pg_db.execute(f"INSERT INTO t (id, v) VALUES ({1000 + i}, {i})")
-            pg_db.execute(f"UPDATE other SET n = n + 1 WHERE k = {i + 1}")
-            wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+            wait_caught_up(query, _write_then_lsn(pg_db, f"UPDATE other SET n = n + 1 WHERE k = {i + 1}"),
+                           timeout=300)
             _assert_equal(pg_db, cfg, "t", what)
             _assert_equal(pg_db, cfg, "other", what)
             if sum(bool(r.reread) for r in reports) == before:
                 in_place.append(what)
         # a column added to a table that does not change afterwards
         pg_db.execute("ALTER TABLE other ADD COLUMN z int")
-        pg_db.execute("UPDATE t SET v = v + 1 WHERE id = 3")
-        wait_caught_up(query, flush_lsn(cfg.dsn), timeout=300)
+        wait_caught_up(query, _write_then_lsn(pg_db, "UPDATE t SET v = v + 1 WHERE id = 3"), timeout=300)
         if capture:
             _assert_equal(pg_db, cfg, "other", "a column added to a table without changes")
     finally:
