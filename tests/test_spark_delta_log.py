@@ -12,6 +12,7 @@ import pytest
 from spockwire.spark.apply import apply_changes
 from spockwire.spark.delta_target import CHECKPOINT_INTERVAL, CHECKPOINT_PROPERTY, STATE_DIR
 from spockwire.spark.ownership import OWNER_PROPERTY, Ownership
+from tests.delta_check import checked_table
 
 
 def _changes(lsn: int, ids: list[int], kind: str) -> pa.Table:
@@ -42,6 +43,7 @@ def test_tables_the_job_creates_checkpoint_every_interval(tmp_path, scd):
     # delta-rs checkpoints the version that is a multiple of the interval, less one
     assert [v for v in _checkpoints(path) if v < dt.version()][-2:] == \
         [v for v in range(dt.version() + 1) if (v + 1) % CHECKPOINT_INTERVAL == 0][-2:]
+    checked_table(path)         # read from its checkpoints by delta-kernel too, and the same as deltalake reads
     state = os.path.join(path, STATE_DIR)
     assert deltalake.DeltaTable(state).metadata().configuration[CHECKPOINT_PROPERTY] == str(CHECKPOINT_INTERVAL)
 

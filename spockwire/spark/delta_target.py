@@ -425,7 +425,6 @@ class DeltaTarget:
         created = created_configuration(rows) if self.dt is None else None
         return append_files(self.path, self.dt, rows, self.plan.keys, target_file_size(self.dt), commit, created)
 
-
     def _rewrite(self, res: Resolution, written: pa.Table, cols: list[str], commit: Any, metrics: Any) -> bool:
         """The batch's rows by rewriting the files holding its keys (delta_rewrite.py), when the table allows it
         and the batch neither truncates (its delete or update has just changed the files) nor adds columns."""

@@ -3,8 +3,8 @@
 Most of a local Spark driver's start is the JVM loading, verifying and linking the same ~15,000 classes every
 time. Java 17 can keep them, ready to map, in a dynamic class-data-sharing archive made by a JVM that loaded them
 (``-XX:ArchiveClassesAtExit``); a JVM started with ``-XX:SharedArchiveFile`` maps it instead. Measured here on
-two cores: a local session's first query ready in 4.8-5.1 s instead of 7.8-9.3 s, with about 40% less CPU
-(benchmarks/analysis.md).
+two cores: a local session with the job's JVM options had its first query's result in 4.8-5.1 s instead of
+9.2-9.3 s, with about 40% less CPU (benchmarks/analysis.md).
 
 :func:`driver_java_options` gives the options for the local driver JVM: the archive when there is one for this
 Java and this Spark, made first when there is none (once per machine and Spark install, about 15 s, in a child
@@ -109,6 +109,8 @@ def make_archive(path: str, base_options: str, wait: bool = False) -> bool:
                       f"it. {done.stderr.decode(errors='replace').strip()[-300:]}", file=sys.stderr, flush=True)
             return ok
         except subprocess.TimeoutExpired:
+            print(f"spockwire: the class archive was not made within {MAKE_TIMEOUT_S} s: Spark starts without it",
+                  file=sys.stderr, flush=True)
             return False
         finally:
             if os.path.exists(tmp):
