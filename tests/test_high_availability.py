@@ -177,12 +177,14 @@ def test_failover_slots_are_created_or_switched_over_and_refused_before_17(tmp_p
 
 
 @pytest.mark.timeout(600)
-def test_a_lagging_standby_promoted_is_detected_as_divergence(tmp_path):
+@pytest.mark.parametrize("transport", ["replication", "sql"])
+def test_a_lagging_standby_promoted_is_detected_as_divergence(tmp_path, transport):
     """Without synchronized_standby_slots the consumer may run ahead of a standby: here the standby stops receiving
     WAL (its primary_conninfo emptied), the stream goes on reading the primary, then the primary is lost and the standby
     promoted. The stream, reconnecting, finds that the new timeline left the old one before what it already
     acknowledged and raises TimelineDiverged with one line; started again from its recorded position and timeline,
-    it refuses the same way."""
+    it refuses the same way. Both transports (the SQL one reads the timeline through SQL and the history over a
+    replication connection of its own)."""
     import spockwire
 
     ports = _ports(2)
@@ -199,7 +201,8 @@ def test_a_lagging_standby_promoted_is_detected_as_divergence(tmp_path):
         # the standby stops receiving WAL: it lags from here on
         standby.execute("ALTER SYSTEM SET primary_conninfo = ''")
         standby.execute("SELECT pg_reload_conf()")
-        with spockwire.connect(dsn, slot="cdc", publication="pub", failover=True, reconnect_timeout=60) as stream:
+        with spockwire.connect(dsn, slot="cdc", publication="pub", failover=True, reconnect_timeout=60,
+                               transport=transport) as stream:
             primary.execute("INSERT INTO items SELECT g, 2, 'ahead' FROM generate_series(101, 200) g")
             rows = 0
             deadline = time.monotonic() + 60
@@ -219,7 +222,67 @@ def test_a_lagging_standby_promoted_is_detected_as_divergence(tmp_path):
                     stream.read()
         with pytest.raises(TimelineDiverged):
             spockwire.connect(dsn, slot="cdc", publication="pub", start_lsn=acked, start_timeline=timeline,
-                              reconnect=False)
+                              reconnect=False, transport=transport)
+    finally:
+        if standby is not None:
+            standby.stop()
+        primary.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_failover_slot_is_planned_no_further_than_its_standbys_confirmed():
+    """The Spark source's planning (spark/slot.py, no Spark needed) of a failover slot stops where every physical
+    standby slot the primary's synchronized_standby_slots names has confirmed: with the standby cut off, changes
+    committed after that wait -- and the planning does not wait for them inside the server (its peek past that
+    point would, until the statement timeout here) -- and are planned once the standby has them."""
+    from spockwire.spark.slot import SlotSpec, plan_end
+
+    ports = _ports(2)
+    primary = _primary(ports[0])
+    standby = None
+
+    def confirmed(name: str = "sb") -> int:
+        from spockwire.connection.slots import parse_lsn
+
+        row = primary.query("SELECT restart_lsn::text, active FROM pg_replication_slots WHERE slot_name = %s",
+                            (name,))
+        return parse_lsn(row[0][0])
+
+    def standby_has_all() -> None:
+        deadline = time.monotonic() + 60
+        while primary.query("SELECT restart_lsn < pg_current_wal_flush_lsn() FROM pg_replication_slots "
+                            "WHERE slot_name = 'sb'")[0][0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+    try:
+        primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int); CREATE PUBLICATION pub FOR TABLE items")
+        standby = primary.standby("sb", port=ports[1])
+        create_slot(primary.dsn("postgres"), "cdc", failover=True)
+        primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'sb'")
+        primary.execute("SELECT pg_reload_conf()")
+        spec = SlotSpec(dsn=primary.dsn("postgres") + " options='-c statement_timeout=5000'", slot="cdc",
+                        publication=("pub",))
+        start = slot_info(primary.dsn("postgres"), "cdc").confirmed_flush_lsn
+        primary.execute("INSERT INTO items SELECT g, 1 FROM generate_series(1, 10) g")
+        standby_has_all()
+        first = plan_end(spec, start)
+        assert first.end > start and first.messages > 0
+        conninfo = standby.query("SHOW primary_conninfo")[0][0]
+        standby.execute("ALTER SYSTEM SET primary_conninfo = ''")
+        standby.execute("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + 60
+        while primary.query("SELECT active FROM pg_replication_slots WHERE slot_name = 'sb'")[0][0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        primary.execute("INSERT INTO items SELECT g, 2 FROM generate_series(11, 20) g")
+        held = plan_end(spec, first.end)
+        assert held.end <= confirmed() < held.flush and held.messages == 0
+        standby.execute("ALTER SYSTEM SET primary_conninfo = %s", (conninfo,))
+        standby.execute("SELECT pg_reload_conf()")
+        standby_has_all()
+        later = plan_end(spec, held.end)
+        assert later.end > held.end and later.messages > 0
     finally:
         if standby is not None:
             standby.stop()

@@ -616,7 +616,7 @@ def test_a_range_cut_short_of_the_flush_is_followed_by_an_empty_one(pg_db):
     the stream reader's next planning moves over that WAL in one empty range (else the query stays short of the
     flush, and the slot holds that WAL, until idleAdvanceBytes of WAL went by). A reader of a restarted query, which
     does not know how its checkpoint's last range ended, does the same. From the flush, a little WAL without output
-    makes no range, as before."""
+    makes no range, as before, until idleAdvanceSeconds of plannings found nothing else: then one empty range."""
     import dataclasses
 
     from spockwire.spark.source_reader import SpockwireStreamReader
@@ -626,9 +626,9 @@ def test_a_range_cut_short_of_the_flush_is_followed_by_an_empty_one(pg_db):
     again = dataclasses.replace(spec, slot=_slot(pg_db, "restart"))     # untouched so far: at `start` or before
 
     def offset(lsn: int) -> dict:
-        return {"lsn": format_lsn(lsn)}
+        return {"lsn": format_lsn(lsn), "timeline": 1}     # (an offset records the server's timeline with its LSN)
 
-    reader = SpockwireStreamReader(spec, None, options)
+    reader = SpockwireStreamReader(spec, None, {**options, "idleAdvanceSeconds": "1"})
     restarted = SpockwireStreamReader(again, None, {**options, "slot": again.slot})
     try:
         assert reader.latestOffset(offset(start), None) == offset(cut)
@@ -642,6 +642,9 @@ def test_a_range_cut_short_of_the_flush_is_followed_by_an_empty_one(pg_db):
         assert _slot_lsn(pg_db, opts["slot"]) == end
         pg_db.execute("INSERT INTO other VALUES (0, 'p')")
         assert reader.latestOffset(offset(end), None) == offset(end)      # idle: no micro-batch
+        time.sleep(1.2)            # ... until idleAdvanceSeconds of plannings found only WAL without output
+        quiet = parse_lsn(reader.latestOffset(offset(end), None)["lsn"])
+        assert quiet > end and reader.partitions(offset(end), offset(quiet)) == []
         # a restarted query's reader, from a checkpoint whose last range ended at the cut (the slot moved there)
         restarted.commit(offset(cut))
         assert _slot_lsn(pg_db, again.slot) == cut

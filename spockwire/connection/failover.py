@@ -22,6 +22,7 @@ from .slots import FAILOVER_MIN_VERSION, format_lsn, parse_lsn, require_failover
 
 __all__ = ["FailoverNotSupported", "TimelineDiverged", "FailoverUnsafe", "FailoverSafety", "FAILOVER_MIN_VERSION",
            "identify_system", "timeline_history", "diverged_at", "set_failover", "failover_safety",
+           "sql_identify_system", "replication_timeline_history", "check_position",
            "check_failover_safety", "require_failover_version"]
 
 def identify_system(cur: Any) -> tuple[str, int, int]:
@@ -47,6 +48,51 @@ def timeline_history(cur: Any, timeline: int) -> list[tuple[int, int]]:
         if len(parts) >= 2 and parts[0].isdigit():
             out.append((int(parts[0]), parse_lsn(parts[1])))
     return out
+
+
+def sql_identify_system(cur: Any) -> tuple[str | None, int | None]:
+    """(system identifier, timeline) through SQL on an ordinary connection. The timeline is the one a primary
+    writes WAL on now (the first eight hex digits of its current WAL file's name; pg_control's checkpoint timeline
+    stays the old one until the first checkpoint after a promotion); None on a standby, which has no such file.
+    The system identifier is None where the role may not call ``pg_control_system()``."""
+    cur.execute("SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_lsn()) END")
+    name = cur.fetchone()[0]
+    timeline = None if name is None else int(str(name)[:8], 16)
+    try:
+        cur.execute("SELECT system_identifier::text FROM pg_control_system()")
+        system = str(cur.fetchone()[0])
+    except Exception:  # noqa: BLE001 - a role without the right: the timeline alone is checked
+        system = None
+    return system, timeline
+
+
+def replication_timeline_history(dsn: str, timeline: int, connect_kwargs: Any = None) -> tuple[list[tuple[int, int]], str]:
+    """:func:`timeline_history` over a replication connection of its own (the SQL interface has no TIMELINE_HISTORY;
+    a role that may read a logical slot may open one), and the host and port it reached, for messages."""
+    import psycopg2
+    import psycopg2.extras
+
+    from .session import pinned_kwargs
+
+    conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                            **pinned_kwargs(dsn, dict(connect_kwargs or {})))
+    try:
+        return timeline_history(conn.cursor(), timeline), f"{conn.info.host}:{conn.info.port}"
+    finally:
+        conn.close()
+
+
+def check_position(dsn: str, position: int, timeline: int, now: int, connect_kwargs: Any = None) -> None:
+    """A position read on `timeline`, against a server (`dsn`) now on timeline `now`: TimelineDiverged when the
+    server's history left `timeline` before `position` (the changes past that point were never on this server);
+    nothing when `now` is `timeline` or its history holds `position`."""
+    if now == timeline:
+        return
+    history, server = replication_timeline_history(dsn, now, connect_kwargs)
+    switch = diverged_at(history, timeline, position)
+    if switch is not None:
+        raise TimelineDiverged(diverged_message(f"the server ({server})", position, timeline, switch, now),
+                               acked=position, switch_point=switch, timeline=now)
 
 
 def diverged_at(history: list[tuple[int, int]], timeline: int, position: int) -> int | None:

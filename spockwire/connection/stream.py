@@ -390,7 +390,10 @@ class ReplicationStream(BetweenReads):
             if not self.options:
                 self.options = self._build_options(self.server_version_num)
             cur = conn.cursor()
-            self._check_timeline(cur, conn)
+            from .failover import identify_system, timeline_history
+
+            system, timeline, _flush = identify_system(cur)
+            self._check_timeline(system, timeline, _host_of(conn), lambda t: timeline_history(cur, t))
             if self.create_slot or (self.failover and not self._failover_checked):
                 _create_slot(self.dsn, self.slot, self.plugin, two_phase=bool(self._want["two_phase"]),
                              failover=self.failover)
@@ -411,23 +414,26 @@ class ReplicationStream(BetweenReads):
         log.info("streaming slot %s (%s) from %s", self.slot, self.plugin,
                  format_lsn(start) if start else "its confirmed position")
 
-    def _check_timeline(self, cur: Any, conn: Any) -> None:
-        """IDENTIFY_SYSTEM on the replication connection: another cluster than before is an error; a new timeline
-        whose history leaves the old one before the acknowledged position is TimelineDiverged (the changes past the
-        switch point were never on this server); otherwise positions from now on are on the server's timeline."""
-        from .failover import TimelineDiverged, diverged_at, diverged_message, identify_system, timeline_history
+    def _check_timeline(self, system: str | None, timeline: int | None, server: str,
+                        history: Callable[[int], list[tuple[int, int]]]) -> None:
+        """The server's system identifier and timeline at a connection (IDENTIFY_SYSTEM on the replication
+        transport, SQL on the other): another cluster than before is an error; a new timeline whose history
+        (`history(timeline)`) leaves the old one before the acknowledged position is TimelineDiverged (the changes
+        past the switch point were never on this server); otherwise positions from now on are on its timeline."""
+        from .failover import TimelineDiverged, diverged_at, diverged_message
 
-        system, timeline, _flush = identify_system(cur)
-        if self.system_identifier is not None and system != self.system_identifier:
+        if system is not None and self.system_identifier is not None and system != self.system_identifier:
             raise ServerError(f"the server is another cluster (system identifier {system}, not "
                               f"{self.system_identifier}): the DSN leads to a server that is not a copy of the "
                               "one this stream read")
-        self.system_identifier = system
+        self.system_identifier = system if system is not None else self.system_identifier
+        if timeline is None:          # (a standby read over SQL: no timeline to compare)
+            return
         if self.timeline is not None and timeline != self.timeline:
-            switch = diverged_at(timeline_history(cur, timeline), self.timeline, self._acked)
+            switch = diverged_at(history(timeline), self.timeline, self._acked)
             if switch is not None:
-                raise TimelineDiverged(diverged_message(f"the server ({_host_of(conn)})", self._acked,
-                                                        self.timeline, switch, timeline),
+                raise TimelineDiverged(diverged_message(f"the server ({server})", self._acked, self.timeline,
+                                                        switch, timeline),
                                        acked=self._acked, switch_point=switch, timeline=timeline)
             log.warning("slot %s: the server is on timeline %d (was %d): a standby was promoted; the acknowledged "
                         "%s is in its history", self.slot, timeline, self.timeline, format_lsn(self._acked))
@@ -455,6 +461,12 @@ class ReplicationStream(BetweenReads):
             self.server_encoding = conn.get_parameter_status("server_encoding") or "UTF8"
             if not self.options:
                 self.options = self._build_options(self.server_version_num)
+            from .failover import replication_timeline_history, sql_identify_system
+
+            with conn.cursor() as cur:
+                system, timeline = sql_identify_system(cur)
+            self._check_timeline(system, timeline, _host_of(conn), lambda t: replication_timeline_history(
+                self.dsn, t, self._connect_kwargs)[0])
             if self.create_slot or (self.failover and not self._failover_checked):
                 _create_slot(conn, self.slot, self.plugin, two_phase=bool(self._want["two_phase"]),
                              failover=self.failover)
@@ -737,12 +749,11 @@ _DECODER_DEFAULTS: dict[str, Any] = dict(column_types=None, on_unrepresentable="
 
 
 def _host_of(conn: Any) -> str:
-    """The host and port a connection reached (for messages)."""
+    """The host and port a connection reached (for messages; of a multi-host DSN, the one it connected to)."""
     try:
-        params = conn.get_dsn_parameters()
+        return f"{conn.info.host}:{conn.info.port}"
     except Exception:  # noqa: BLE001
-        params = {}
-    return f"{params.get('host', '?')}:{params.get('port', '?')}"
+        return "?:?"
 
 
 def connect(dsn: str, *, slot: str, plugin: str = "pgoutput", publication: str | Sequence[str] | None = None,

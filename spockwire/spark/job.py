@@ -933,7 +933,7 @@ def _failure(query: Any) -> JobError | None:
     if STOPPING in text:
         return None
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    python = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Lost): ", ln)]
+    python = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Lost|Diverged|Unsafe): ", ln)]
     return JobError(f"the streaming query failed: {(python or lines or ['?'])[-1]}")
 
 

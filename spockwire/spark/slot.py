@@ -11,6 +11,7 @@ This module needs no Spark: the Spark data source calls it on the driver (planni
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -29,7 +30,7 @@ from . import schema as S
 
 __all__ = ["SlotSpec", "SlotAheadError", "make_decoder", "read_range", "advance_slot", "slot_position",
            "plan_end", "Plan", "ReusedConnection", "pooled_connection", "decoder_types_supported",
-           "IDLE_ADVANCE_BYTES", "PLAN_WINDOW_BYTES", "SPLIT_WAL_BYTES", "split_range", "drop_stale_range_copies",
+           "IDLE_ADVANCE_BYTES", "IDLE_ADVANCE_SECONDS", "PLAN_WINDOW_BYTES", "SPLIT_WAL_BYTES", "split_range", "drop_stale_range_copies",
            "with_password", "refuse_password_in_dsn"]
 
 #: rows fetched from the server per round trip while reading a range (kept for the signature; the read is a COPY)
@@ -38,6 +39,8 @@ FETCH_ROWS = 2000
 COPY_BATCH_BYTES = 4 << 20
 #: WAL without output for the stream after which an empty range moves the slot on (one WAL segment)
 IDLE_ADVANCE_BYTES = 16 << 20
+#: ... or after this many seconds of plannings that found only WAL without output (a quiet server)
+IDLE_ADVANCE_SECONDS = 10.0
 
 
 def with_password(dsn: str, password: str | None) -> str:
@@ -393,6 +396,45 @@ def decodable_wal_end(cur: Any) -> int:
     return insert
 
 
+_STANDBY_BOUND = """
+SELECT s.failover, current_setting('synchronized_standby_slots', true),
+       (SELECT array_agg(p.slot_name || '=' || coalesce(p.restart_lsn::text, ''))
+          FROM pg_replication_slots p
+         WHERE p.slot_type = 'physical'
+           AND p.slot_name = ANY(string_to_array(replace(current_setting('synchronized_standby_slots', true),
+                                                         ' ', ''), ',')))
+  FROM pg_replication_slots s WHERE s.slot_name = %s"""
+
+
+_WARNED_MISSING: set[tuple[str, ...]] = set()
+
+
+def standby_bound(cur: Any, slot: str) -> int | None:
+    """Where a failover slot may be read to: the WAL every physical standby slot the primary's
+    ``synchronized_standby_slots`` names has confirmed (the position its standby flushed), as PostgreSQL's own
+    senders wait for before they send a change. None when there is no such bound (not a failover slot, the setting
+    empty, PostgreSQL before 17); a named slot that does not exist or holds no position bounds it at 0, with one
+    warning (the server itself then holds every advance and read of the slot back)."""
+    if cur.connection.server_version < 170000:
+        return None
+    cur.execute(_STANDBY_BOUND, (slot,))
+    row = cur.fetchone()
+    if row is None or not row[0] or not (row[1] or "").strip():
+        return None
+    names = [n.strip() for n in row[1].split(",") if n.strip()]
+    found = dict(item.split("=", 1) for item in row[2] or [])
+    missing = [n for n in names if not found.get(n)]
+    if missing:
+        if tuple(missing) not in _WARNED_MISSING:
+            _WARNED_MISSING.add(tuple(missing))
+            logging.getLogger("spockwire.spark").warning(
+                "slot %s: synchronized_standby_slots names %s, which the primary has no physical slot with a "
+                "position for: no change is read until it has (as PostgreSQL's own senders wait)", slot,
+                ", ".join(missing))
+        return 0
+    return min(parse_lsn(found[n]) for n in names)
+
+
 def advance_slot(spec: SlotSpec, lsn: int, connection: ReusedConnection | None = None) -> int:
     """Move the slot forward to `lsn` (never backward); return its new confirmed position. `connection`: the
     connection to use (kept by the caller); a new one otherwise."""
@@ -512,11 +554,14 @@ def plan_end(spec: SlotSpec, start: int, *, max_messages: int | None = None, max
 def _plan(conn: Any, cur: Any, spec: SlotSpec, start: int, max_messages: int | None, max_wal_bytes: int | None,
           until: int | None, idle_advance_bytes: int) -> Plan:
     drop_stale_range_copies(cur, spec.slot)     # every earlier batch is committed: no read runs
+    standby = standby_bound(cur, spec.slot)     # (before the advance, which the server holds back for it too)
     _advance(cur, spec, start)
     flush = decodable_wal_end(cur)
     upto = flush
     if until is not None:
         upto = min(upto, until)
+    if standby is not None:         # never ahead of the standbys a failover would promote
+        upto = min(upto, standby)
     if max_wal_bytes:
         upto = min(upto, start + max(1, int(max_wal_bytes)))
     if upto <= start:

@@ -4,17 +4,19 @@ chunks), planning on the driver, decoding on the executors, the rows in the quer
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
+from ..connection.failover import check_position, sql_identify_system
 from ..connection.slots import format_lsn, parse_lsn
 from ..export.arrow import repeated
 from ..model import Relation
 from . import schema as S
-from .slot import IDLE_ADVANCE_BYTES, SPLIT_WAL_BYTES, ReusedConnection, SlotSpec, _catalog, _connect, \
+from .slot import IDLE_ADVANCE_BYTES, IDLE_ADVANCE_SECONDS, SPLIT_WAL_BYTES, ReusedConnection, SlotSpec, _catalog, _connect, \
     advance_slot, decodable_wal_end, decoder_types_supported, drop_stale_range_copies, ensure_slot, \
     make_failover_slot, plan_end, read_range, slot_position, split_range
 from .memory import release_memory
@@ -212,6 +214,10 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.max_wal_bytes = int(opts["maxwalbytesperbatch"]) if opts.get("maxwalbytesperbatch") else None
         idle = opts.get("idleadvancebytes")
         self.idle_advance = int(idle) if idle not in (None, "") else IDLE_ADVANCE_BYTES
+        idle_s = opts.get("idleadvanceseconds")
+        self.idle_advance_seconds = float(idle_s) if idle_s not in (None, "") else IDLE_ADVANCE_SECONDS
+        # (start, since when): the plannings from `start` that found WAL without output and made no range
+        self._idle_since: tuple[int, float] | None = None
         self.split_bytes = _split_bytes(opts)
         self.starting = parse_lsn(opts["startinglsn"]) if opts.get("startinglsn") else None
         position = str(opts.get("startingposition") or "slot").lower()
@@ -232,11 +238,35 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._empty: set[tuple[int, int]] = set()
         # the end of the last range that reached the flush LSN its planning read (None: none yet in this process)
         self._settled: int | None = None
+        # the server's timeline as the last planning read it: every offset records it with its LSN, and an offset of
+        # another timeline is checked against the server's history once (a promoted standby that lagged never had
+        # the changes past its switch point)
+        self._timeline: int | None = None
+        self._in_history: set[tuple[int, str]] = set()
 
     # offsets ---------------------------------------------------------------------------------------------------
-    @staticmethod
-    def _offset(lsn: int) -> dict:
-        return {"lsn": format_lsn(lsn)}
+    def _offset(self, lsn: int) -> dict:
+        if self._timeline is None:
+            return {"lsn": format_lsn(lsn)}
+        return {"lsn": format_lsn(lsn), "timeline": self._timeline}
+
+    def _read_timeline(self) -> None:
+        def timeline(conn: Any) -> int | None:
+            with conn.cursor() as cur:
+                return sql_identify_system(cur)[1]
+
+        self._timeline = self._conn.run(timeline)
+
+    def _check_timeline(self, offset: dict) -> None:
+        """TimelineDiverged when `offset` was read on a timeline the server's history left before its LSN: the
+        changes up to it are applied, but past the switch point the new primary never had them."""
+        read_on = offset.get("timeline")
+        if read_on is None or self._timeline is None or read_on == self._timeline:
+            return
+        key = (int(read_on), offset["lsn"])
+        if key not in self._in_history:
+            check_position(self.spec.conninfo, parse_lsn(offset["lsn"]), int(read_on), self._timeline)
+            self._in_history.add(key)
 
     def initialOffset(self) -> dict:
         if self.snapshot is not None:
@@ -253,6 +283,7 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             confirmed = pos[0]
         start = max(confirmed, self.starting or 0)
         self._known_start = start
+        self._read_timeline()
         return self._offset(start)
 
     def _slot_position(self) -> tuple[int, str] | None:
@@ -290,7 +321,9 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             self.snapshot.close()        # read: the slot's changes follow from its consistent point
         if not self._failover_done:         # the slot exists and no snapshot holds it: a failover slot from now on
             self._failover_done = self._conn.run(lambda conn: make_failover_slot(self.spec, conn))
+        self._read_timeline()
         if start is not None:
+            self._check_timeline(start)
             begin = parse_lsn(start["lsn"])
         elif self._known_start is not None:
             begin = self._known_start
@@ -308,9 +341,20 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # WAL, so the query would stay short of the flush (and the slot hold that WAL) until more WAL came: from
         # such a start, and from one this process did not plan (a checkpoint's), any WAL without output up to the
         # bound becomes one empty range. From a start that reached the flush the idle rule holds as before.
+        # ... and after idleAdvanceSeconds of plannings that found only such WAL (a quiet server: the slot, and what a
+        # standby's copy of it may resume from, move on within that time)
         idle_advance = self.idle_advance if begin == self._settled else 0
+        now = time.monotonic()
+        if (idle_advance and self._idle_since is not None and self._idle_since[0] == begin
+                and now - self._idle_since[1] >= self.idle_advance_seconds):
+            idle_advance = 0
         plan = plan_end(self.spec, begin, max_messages=max_messages, max_wal_bytes=self.max_wal_bytes,
                         until=self._until, idle_advance_bytes=idle_advance, connection=self._conn)
+        if plan.end == begin and plan.flush > begin:
+            if self._idle_since is None or self._idle_since[0] != begin:
+                self._idle_since = (begin, now)
+        else:
+            self._idle_since = None
         if plan.end >= plan.flush:
             self._settled = plan.end
         if plan.empty and plan.end > begin:
@@ -327,6 +371,10 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             if self.snapshot is None:
                 raise ValueError("this checkpoint holds a snapshot: run the query with startingPosition=snapshot")
             return self.snapshot.partitions(end)
+        if self._timeline is None:          # a micro-batch of the checkpoint read again, before any planning
+            self._read_timeline()
+        # a range planned on the old timeline may have been applied already (the checkpoint had not recorded it)
+        self._check_timeline(end)
         lo, hi = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
         if hi <= lo or (lo, hi) in self._empty:
             return []
