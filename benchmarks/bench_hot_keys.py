@@ -15,7 +15,10 @@ of every touched key given, as the Delta target reads them):
   keys of every transaction).
 
 Measured: the median of 5 rounds of ``resolve``; per change in microseconds; the keys on the sequential path (must
-be 0: a hot key stays on the vectorised path, or the benchmark fails). ``extra_info["hot_keys"]``.
+be 0: a hot key stays on the vectorised path, or the benchmark fails). ``extra_info["hot_keys"]``; the hot batch's
+also holds its per-change cost divided by the uniform one's in the same run (``per_change_ratio_to_uniform``). A run
+saved with ``--benchmark-json`` at the default sizes holding both batches is kept as benchmarks/results/hot_keys.json
+(benchmarks/runs.py), which BENCHMARKS.md's "Hot keys" section is rendered from.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ CHANGES = int(os.environ.get("SPOCKWIRE_BENCH_HOT_CHANGES", "500000"))
 KEYS = int(os.environ.get("SPOCKWIRE_BENCH_HOT_KEYS", "200000"))
 HOT = 10
 HOT_SHARE = 0.9
+#: per change in microseconds of each batch measured in this run: the hot batch's ratio to the uniform one
+PER_CHANGE_US: dict[str, float] = {}
 
 
 def _batch(kind: str, rng: np.random.Generator) -> pa.Table:
@@ -66,10 +71,15 @@ def test_hot_keys(benchmark, kind):
     median = benchmark.stats.stats.median
     counts = np.bincount(batch.column("id").to_numpy())
     top = np.sort(counts)[::-1]
-    info = {"kind": kind, "changes": CHANGES, "keys_touched": int(np.count_nonzero(counts)),
+    info = {"kind": kind, "changes": CHANGES, "table_keys": KEYS, "hot_keys": HOT if kind == "hot" else 0,
+            "hot_share": HOT_SHARE if kind == "hot" else 0.0, "keys_touched": int(np.count_nonzero(counts)),
             "top_10_keys_share": round(float(top[:HOT].sum()) / CHANGES, 3),
-            "rows_written": res.rows.num_rows, "sequential_keys": int(res.sequential_keys),
+            "rows_written": res.rows.num_rows, "fresh_keys": int(res.fresh_keys),
+            "sequential_keys": int(res.sequential_keys),
             "seconds": round(median, 4), "per_change_us": round(median / CHANGES * 1e6, 3)}
+    PER_CHANGE_US[kind] = median / CHANGES * 1e6
+    if kind == "hot" and "uniform" in PER_CHANGE_US:
+        info["per_change_ratio_to_uniform"] = round(PER_CHANGE_US["hot"] / PER_CHANGE_US["uniform"], 3)
     benchmark.extra_info["hot_keys"] = info
     print(f"\n{kind}: {info}")
     assert res.rows.num_rows == info["keys_touched"]          # one row per key: its last change

@@ -64,7 +64,7 @@ def render(data: dict, pipeline_run: dict | None = None, soak: dict | None = Non
     pipeline = [b for b in (pipeline_run or data)["benchmarks"] if runs.is_pipeline(b)]
     for bench in data["benchmarks"]:
         if runs.is_peer(bench) or runs.is_e2e(bench) or runs.is_snapshot(bench) or runs.is_pipeline(bench) \
-                or runs.is_many_tables(bench):
+                or runs.is_many_tables(bench) or runs.is_hot_keys(bench):
             continue
         groups[bench.get("group") or bench["name"]].append(bench)
     lines = ["# Benchmarks", "",
@@ -84,6 +84,7 @@ def render(data: dict, pipeline_run: dict | None = None, soak: dict | None = Non
                                   many_tables)
     lines += _soak_section(soak)
     lines += _failover_section(runs.load_failover())
+    lines += _hot_keys_section(runs.load_hot_keys())
     if groups:
         lines += ["## Synthetic decode workloads", "",
                   "Each table is one workload measured in one run; `ratio` is the row's rows/s divided by the "
@@ -710,6 +711,38 @@ def _failover_section(run: dict | None) -> list[str]:
                   f"{_num(r['to_first_batch_s'])} s | {_num(r['max_lag_p95_s'])} s |"
                   for k, r in enumerate(job["rounds"])]
         lines += [""]
+    return lines
+
+
+def _hot_keys_section(run: dict | None) -> list[str]:
+    """bench_hot_keys.py: the per-change cost of resolving a micro-batch whose changes land mostly on a few keys,
+    against a uniform one of as many changes, and the keys that left the vectorised path."""
+    if not run:
+        return []
+    infos = {b["extra_info"]["hot_keys"]["kind"]: b["extra_info"]["hot_keys"] for b in run["benchmarks"]
+             if isinstance(b.get("extra_info", {}).get("hot_keys"), dict)}
+    uniform, hot = infos.get("uniform"), infos.get("hot")
+    if not uniform or not hot:
+        return []
+    ratio = hot.get("per_change_ratio_to_uniform") or hot["per_change_us"] / uniform["per_change_us"]
+    lines = ["## Hot keys", "",
+             f"benchmarks/bench_hot_keys.py: the resolution of a micro-batch (spockwire.spark.resolve, the step of "
+             f"the Delta write between reading the touched keys' stored rows and writing files) of "
+             f"{hot['changes']:,} updates in stream order, in transactions of 10, over a table of "
+             f"{hot['table_keys']:,} stored keys (SCD 1), median of its rounds: once with each change's key drawn "
+             f"uniformly, once with {hot['hot_share']:.0%} of the changes on {hot['hot_keys']} keys (pgbench's "
+             "branches and tellers). `ratio` is the row's time per change divided by the uniform batch's; `keys "
+             "resolved one at a time` counts the keys that left the vectorised path (the benchmark fails unless it "
+             "is 0)." + _own_run_note(run), "",
+             "| batch | keys touched | changes on the 10 busiest keys | median time (s) | per change (us) | ratio "
+             "| keys resolved one at a time |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, i, r in (("uniform", uniform, 1.0), (f"hot: {hot['hot_share']:.0%} on {hot['hot_keys']} keys", hot,
+                                                   ratio)):
+        lines.append(f"| {name} | {i['keys_touched']:,} | {i['top_10_keys_share']:.1%} | {i['seconds']:.4f} | "
+                     f"{i['per_change_us']:.3f} | {_fmt_ratio(r)} | {i['sequential_keys']:,} |")
+    off = uniform["sequential_keys"] + hot["sequential_keys"]
+    lines += ["", "Every change of both batches stayed on the vectorised path: no key was resolved one at a time."
+              if off == 0 else f"{off:,} keys were resolved one at a time, off the vectorised path.", ""]
     return lines
 
 

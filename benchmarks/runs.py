@@ -5,12 +5,14 @@
     benchmarks/results/many_tables_run.json the last run of benchmarks/bench_many_tables.py (the same format)
     benchmarks/results/soak.json            the last soak of benchmarks/bench_soak.py (its own format: per batch)
     benchmarks/results/failover_run.json    the last run of each case of benchmarks/bench_failover.py
+    benchmarks/results/hot_keys.json        the last run of benchmarks/bench_hot_keys.py holding both of its batches
 
 A run saved with ``--benchmark-json`` at the default sizes (no SPOCKWIRE_BENCH_* setting) is kept here by ``keep``
 (called from benchmarks/conftest.py when pytest-benchmark writes its JSON): a run holding the decode peers, the end-to-end streams and the snapshot readers becomes
 bench_run.json; a run holding the pipeline's measurements also becomes pipeline_run.json (only those), and one
-holding the many-tables benchmark many_tables_run.json (only it). ``load`` gives the main run and the newest pipeline
-run, ``load_many_tables`` the many-tables run.
+holding the many-tables benchmark many_tables_run.json (only it), one holding both batches of the hot-keys benchmark
+hot_keys.json (only them). ``load`` gives the main run and the newest pipeline run, ``load_many_tables`` the
+many-tables run, ``load_hot_keys`` the hot-keys run.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ PIPELINE = RESULTS / "pipeline_run.json"
 SOAK = RESULTS / "soak.json"
 MANY_TABLES = RESULTS / "many_tables_run.json"
 FAILOVER = RESULTS / "failover_run.json"
+HOT_KEYS = RESULTS / "hot_keys.json"
+#: the batches of benchmarks/bench_hot_keys.py, kept only together (the section compares them)
+HOT_KEYS_KINDS = {"uniform", "hot"}
 
 
 def load_soak(path: str | Path | None = None) -> dict | None:
@@ -74,6 +79,19 @@ def load_failover(path: str | Path | None = None) -> dict | None:
     return json.loads(target.read_text()) if target.is_file() else None
 
 
+def is_hot_keys(bench: dict) -> bool:
+    """benchmarks/bench_hot_keys.py: resolving a micro-batch whose changes land mostly on a few keys, beside a
+    uniform one (its figures in ``extra_info["hot_keys"]``)."""
+    return isinstance(bench.get("extra_info", {}).get("hot_keys"), dict) or "bench_hot_keys.py" in bench.get(
+        "fullname", "")
+
+
+def load_hot_keys(path: str | Path | None = None) -> dict | None:
+    """The kept run of benchmarks/bench_hot_keys.py, None when there is none."""
+    target = Path(path) if path else HOT_KEYS
+    return json.loads(target.read_text()) if target.is_file() else None
+
+
 def is_full_run(data: dict) -> bool:
     """A run of every part that BENCHMARKS.md leads with (what scripts/bench.sh runs without arguments)."""
     benches = data.get("benchmarks", [])
@@ -97,6 +115,10 @@ def keep(data: dict[str, Any], results: Path = RESULTS) -> list[Path]:
     many = [b for b in data.get("benchmarks", []) if is_many_tables(b)]
     if many and all(isinstance(b.get("extra_info", {}).get("many_tables"), dict) for b in many):
         written.append(_write(results / MANY_TABLES.name, dict(data, benchmarks=many)))
+    hot = [b for b in data.get("benchmarks", []) if is_hot_keys(b)]
+    if all(isinstance(b.get("extra_info", {}).get("hot_keys"), dict) for b in hot) \
+            and {b["extra_info"]["hot_keys"].get("kind") for b in hot} >= HOT_KEYS_KINDS:
+        written.append(_write(results / HOT_KEYS.name, dict(data, benchmarks=hot)))
     return written
 
 

@@ -6,7 +6,7 @@
 # Builds the extension in place, captures the workloads on first use (cached under out/bench-cache/), runs
 # benchmarks/bench_*.py with pytest-benchmark into out/bench.json and keeps the run in benchmarks/results/
 # (benchmarks/runs.py: a full run as bench_run.json, the pipeline's measurements as pipeline_run.json, the
-# many-tables benchmark's as many_tables_run.json); then
+# many-tables benchmark's as many_tables_run.json, the hot-keys benchmark's as hot_keys.json); then
 # benchmarks/report.py writes BENCHMARKS.md and benchmarks/charts.py the SVG charts in docs/images/, both from the
 # kept runs (a run of some benchmarks only, with PYTEST ARGS, updates only what it holds: the pipeline, e.g.
 # `scripts/bench.sh -k bench_pipeline` -- a path among the ARGS adds to benchmarks/ instead of narrowing it; a run

@@ -36,6 +36,8 @@ SNAPSHOT = _bench("benchmarks/bench_snapshot.py::test_read[adbc]", snapshot_read
 PIPELINE = _bench("benchmarks/bench_pipeline.py::test_snapshot", pipeline={"key": "snapshot", "measured": 1.0})
 MANY = _bench("benchmarks/bench_many_tables.py::test_many_tables_under_pgbench",
               many_tables={"key": "many_tables", "measured": 1.0})
+HOT_UNIFORM = _bench("benchmarks/bench_hot_keys.py::test_hot_keys[uniform]", hot_keys={"kind": "uniform"})
+HOT = _bench("benchmarks/bench_hot_keys.py::test_hot_keys[hot]", hot_keys={"kind": "hot"})
 
 
 def test_a_full_run_is_kept_and_its_pipeline_apart(runs, tmp_path):
@@ -72,3 +74,10 @@ def test_the_many_tables_run_is_kept_apart_from_the_pipeline(runs, tmp_path):
     written = runs.keep({"datetime": "2026-01-07", "benchmarks": [PIPELINE, MANY]}, tmp_path)
     assert sorted(p.name for p in written) == ["many_tables_run.json", "pipeline_run.json"]
     assert json.loads((tmp_path / "pipeline_run.json").read_text())["benchmarks"] == [PIPELINE]
+
+
+def test_the_hot_keys_run_is_kept_with_both_batches_only(runs, tmp_path):
+    assert runs.keep({"datetime": "2026-01-08", "benchmarks": [HOT]}, tmp_path) == []      # no uniform to compare
+    written = runs.keep({"datetime": "2026-01-09", "benchmarks": [PEER, HOT_UNIFORM, HOT]}, tmp_path)
+    assert [p.name for p in written] == ["hot_keys.json"]
+    assert runs.load_hot_keys(tmp_path / "hot_keys.json")["benchmarks"] == [HOT_UNIFORM, HOT]
