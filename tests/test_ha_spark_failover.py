@@ -27,6 +27,16 @@ def _delta_rows(path: Path) -> dict:
         columns=["id", "v", "note"]).to_pylist()}
 
 
+def _start_job(dsn: str, target: Path, tmp_path: Path) -> subprocess.Popen:
+    """`spockwire pipeline --failover-slot` of ``items`` on `dsn` (snapshot, then changes), its output in files
+    (a full pipe would stall it)."""
+    return subprocess.Popen([sys.executable, "-m", "spockwire", "pipeline", "--dsn", dsn, "--slot", "cdc",
+                             "--publication", "pub", "--table", "public.items", "--create-slot", "--failover-slot",
+                             "--starting-position", "snapshot", "--target", str(target), "--checkpoint",
+                             str(tmp_path / "ck"), "--trigger-seconds", "0.5", "--no-maintenance"],
+                            cwd=ROOT, stdout=open(tmp_path / "job.out", "w"), stderr=open(tmp_path / "job.err", "w"))
+
+
 @pytest.mark.timeout(900)
 def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
     """`spockwire pipeline --failover-slot` on a multi-host DSN (snapshot, then changes) while a writer runs;
@@ -40,11 +50,7 @@ def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
         primary, standby = ha_clusters(ports, clusters)
         dsn = _multi_dsn(ports, "ha")
         target = tmp_path / "delta"
-        job = subprocess.Popen([sys.executable, "-m", "spockwire", "pipeline", "--dsn", dsn, "--slot", "cdc",
-                                "--publication", "pub", "--table", "public.items", "--create-slot", "--failover-slot",
-                                "--starting-position", "snapshot", "--target", str(target), "--checkpoint",
-                                str(tmp_path / "ck"), "--trigger-seconds", "0.5", "--no-maintenance"],
-                               cwd=ROOT, stdout=open(tmp_path / "job.out", "w"), stderr=open(tmp_path / "job.err", "w"))
+        job = _start_job(dsn, target, tmp_path)
         job_err = lambda: (tmp_path / "job.err").read_text()[-3000:]  # noqa: E731 - (files: a full pipe stalls it)
         deadline = time.monotonic() + 300
         while len(_delta_rows(target / "public.items")) < 2000:
@@ -96,29 +102,14 @@ def test_the_spark_job_stays_behind_its_standby_and_stops_on_a_divergence(tmp_pa
     standby; the standby promoted, the job's query, started again on it, finds that the new timeline left the old
     one before the job's committed position and the job stops with that one line (exit 1), its Delta table left
     as it was: it never goes on silently."""
-    from tests.test_high_availability import _primary
-
     ports = _ports(2)
     clusters: list[PostgresCluster] = []
     job = None
     try:
-        primary = _primary(ports[0])
-        clusters.append(primary)
-        primary.execute("CREATE DATABASE ha")
-        primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note text); "
-                        "INSERT INTO items SELECT g, 1, 'start' FROM generate_series(1, 100) g; "
-                        "CREATE PUBLICATION pub FOR TABLE items", dbname="ha")
-        standby = primary.standby("sb", port=ports[1])
-        clusters.append(standby)
-        primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'sb'")
-        primary.execute("SELECT pg_reload_conf()")
+        primary, standby = ha_clusters(ports, clusters)
         dsn = _multi_dsn(ports, "ha")
         target = tmp_path / "delta"
-        job = subprocess.Popen([sys.executable, "-m", "spockwire", "pipeline", "--dsn", dsn, "--slot", "cdc",
-                                "--publication", "pub", "--table", "public.items", "--create-slot", "--failover-slot",
-                                "--starting-position", "snapshot", "--target", str(target), "--checkpoint",
-                                str(tmp_path / "ck"), "--trigger-seconds", "0.5", "--no-maintenance"],
-                               cwd=ROOT, stdout=open(tmp_path / "job.out", "w"), stderr=open(tmp_path / "job.err", "w"))
+        job = _start_job(dsn, target, tmp_path)
         job_err = lambda: (tmp_path / "job.err").read_text()[-3000:]  # noqa: E731
 
         def wait_rows(n: int) -> None:
@@ -127,32 +118,33 @@ def test_the_spark_job_stays_behind_its_standby_and_stops_on_a_divergence(tmp_pa
                 assert job.poll() is None and time.monotonic() < deadline, job_err()
                 time.sleep(0.5)
 
-        wait_rows(100)
-        primary.execute("INSERT INTO items SELECT g, 2, 'confirmed' FROM generate_series(101, 150) g", dbname="ha")
-        wait_rows(150)
+        wait_rows(2000)
+        primary.execute("INSERT INTO items SELECT g, 2, 'confirmed' FROM generate_series(2001, 2050) g", dbname="ha")
+        wait_rows(2050)
         _wait_synced(primary, standby, "cdc", "ha", consumer=(job, tmp_path / "job.err"))
         # the standby stops receiving WAL: what the primary commits now waits for it
         standby.execute("ALTER SYSTEM SET primary_conninfo = ''")
         standby.execute("SELECT pg_reload_conf()")
         time.sleep(1.0)
-        primary.execute("INSERT INTO items SELECT g, 3, 'ahead' FROM generate_series(151, 250) g", dbname="ha")
+        primary.execute("INSERT INTO items SELECT g, 3, 'ahead' FROM generate_series(2051, 2150) g", dbname="ha")
         time.sleep(5.0)                                    # ten triggers
         assert job.poll() is None, job_err()
-        assert len(_delta_rows(target / "public.items")) == 150
+        assert len(_delta_rows(target / "public.items")) == 2050
         # without the setting nothing holds the job back: it reads what the standby never received
         primary.execute("ALTER SYSTEM RESET synchronized_standby_slots")
         primary.execute("SELECT pg_reload_conf()")
-        wait_rows(250)
+        wait_rows(2150)
         primary.stop(mode="immediate")
         standby.promote()
         job.wait(240)
         err = (tmp_path / "job.err").read_text()
         assert job.returncode == 1, err[-3000:]
         last = [ln for ln in err.splitlines() if ln.strip()][-1]
-        assert re.search(r"is on timeline 2, which left timeline 1 at [0-9A-F]+/[0-9A-F]+, but changes up to "
-                         r"[0-9A-F]+/[0-9A-F]+ of timeline 1 were already acknowledged", last), err[-3000:]
-        assert len(_delta_rows(target / "public.items")) == 250            # left as it was, not continued
-        assert standby.query("SELECT count(*) FROM items", dbname="ha")[0][0] == 150
+        assert re.search(rf"the server \(127\.0\.0\.1:{ports[1]}\) is on timeline 2, which left timeline 1 at "
+                         r"[0-9A-F]+/[0-9A-F]+, but changes up to [0-9A-F]+/[0-9A-F]+ of timeline 1 were already "
+                         r"acknowledged", last), err[-3000:]
+        assert len(_delta_rows(target / "public.items")) == 2150           # left as it was, not continued
+        assert standby.query("SELECT count(*) FROM items", dbname="ha")[0][0] == 2050
     finally:
         if job is not None and job.poll() is None:
             job.kill()
