@@ -27,13 +27,13 @@ def _delta_rows(path: Path) -> dict:
         columns=["id", "v", "note"]).to_pylist()}
 
 
-def _start_job(dsn: str, target: Path, tmp_path: Path) -> subprocess.Popen:
+def _start_job(dsn: str, target: Path, tmp_path: Path, *more: str) -> subprocess.Popen:
     """`spockwire pipeline --failover-slot` of ``items`` on `dsn` (snapshot, then changes), its output in files
     (a full pipe would stall it)."""
     return subprocess.Popen([sys.executable, "-m", "spockwire", "pipeline", "--dsn", dsn, "--slot", "cdc",
                              "--publication", "pub", "--table", "public.items", "--create-slot", "--failover-slot",
                              "--starting-position", "snapshot", "--target", str(target), "--checkpoint",
-                             str(tmp_path / "ck"), "--trigger-seconds", "0.5", "--no-maintenance"],
+                             str(tmp_path / "ck"), "--trigger-seconds", "0.5", "--no-maintenance", *more],
                             cwd=ROOT, stdout=open(tmp_path / "job.out", "w"), stderr=open(tmp_path / "job.err", "w"))
 
 
@@ -96,12 +96,15 @@ def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_the_spark_job_stays_behind_its_standby_and_stops_on_a_divergence(tmp_path):
+@pytest.mark.parametrize("on_divergence", ["repair", "stop"])
+def test_the_spark_job_stays_behind_its_standby_and_repairs_a_divergence(tmp_path, on_divergence):
     """The job reads a failover slot no further than the standbys the primary's synchronized_standby_slots names
     have confirmed: with its standby cut off, changes wait. Once the setting is emptied the job runs ahead of that
-    standby; the standby promoted, the job's query, started again on it, finds that the new timeline left the old
-    one before the job's committed position and the job stops with that one line (exit 1), its Delta table left
-    as it was: it never goes on silently."""
+    standby, which is then promoted: the job's query, started again on it, finds that the new timeline left the old
+    one before the job's committed position. By default it says so in one line and reads the table again (a
+    snapshot on the new primary replaces it), and goes on: its Delta table comes to equal the new primary's, the
+    changes only the old primary had gone. With onDivergence=stop it stops with that one line (exit 1), its Delta
+    table left as it was. It never goes on silently."""
     ports = _ports(2)
     clusters: list[PostgresCluster] = []
     job = None
@@ -109,7 +112,7 @@ def test_the_spark_job_stays_behind_its_standby_and_stops_on_a_divergence(tmp_pa
         primary, standby = ha_clusters(ports, clusters)
         dsn = _multi_dsn(ports, "ha")
         target = tmp_path / "delta"
-        job = _start_job(dsn, target, tmp_path)
+        job = _start_job(dsn, target, tmp_path, *(["--option", "onDivergence=stop"] if on_divergence == "stop" else []))
         job_err = lambda: (tmp_path / "job.err").read_text()[-3000:]  # noqa: E731
 
         def wait_rows(n: int) -> None:
@@ -126,7 +129,8 @@ def test_the_spark_job_stays_behind_its_standby_and_stops_on_a_divergence(tmp_pa
         standby.execute("ALTER SYSTEM SET primary_conninfo = ''")
         standby.execute("SELECT pg_reload_conf()")
         time.sleep(1.0)
-        primary.execute("INSERT INTO items SELECT g, 3, 'ahead' FROM generate_series(2051, 2150) g", dbname="ha")
+        primary.execute("INSERT INTO items SELECT g, 3, 'ahead' FROM generate_series(2051, 2150) g; "
+                        "UPDATE items SET note = 'ahead' WHERE id <= 10", dbname="ha")
         time.sleep(5.0)                                    # ten triggers
         assert job.poll() is None, job_err()
         assert len(_delta_rows(target / "public.items")) == 2050
@@ -136,15 +140,39 @@ def test_the_spark_job_stays_behind_its_standby_and_stops_on_a_divergence(tmp_pa
         wait_rows(2150)
         primary.stop(mode="immediate")
         standby.promote()
-        job.wait(240)
+        said = r"is on timeline 2, which left timeline 1 at [0-9A-F]+/[0-9A-F]+, but changes up to " \
+               r"[0-9A-F]+/[0-9A-F]+ of timeline 1 were already acknowledged"
+        if on_divergence == "stop":
+            job.wait(240)
+            err = (tmp_path / "job.err").read_text()
+            assert job.returncode == 1, err[-3000:]
+            last = [ln for ln in err.splitlines() if ln.strip()][-1]
+            assert re.search(rf"the server \(127\.0\.0\.1:{ports[1]}\) {said}", last), err[-3000:]
+            assert len(_delta_rows(target / "public.items")) == 2150           # left as it was, not continued
+            return
+        standby.execute("INSERT INTO items SELECT g, 4, 'new timeline' FROM generate_series(2041, 2080) g "
+                        "ON CONFLICT (id) DO UPDATE SET v = 4; DELETE FROM items WHERE id = 5", dbname="ha")
+        want = {r[0]: (r[1], r[2]) for r in standby.query("SELECT id, v, note FROM items", dbname="ha")}
+        assert len(want) == 2079
+        deadline = time.monotonic() + 240
+        while _delta_rows(target / "public.items") != want:
+            assert job.poll() is None, job_err()
+            assert time.monotonic() < deadline, "the Delta table did not come to equal the new primary's table"
+            time.sleep(1.0)
+        # and changes after the repair flow as before
+        standby.execute("UPDATE items SET note = 'after' WHERE id = 1", dbname="ha")
+        want[1] = (want[1][0], "after")
+        deadline = time.monotonic() + 120
+        while _delta_rows(target / "public.items") != want:
+            assert job.poll() is None and time.monotonic() < deadline, job_err()
+            time.sleep(0.5)
+        job.send_signal(15)
+        job.wait(180)
         err = (tmp_path / "job.err").read_text()
-        assert job.returncode == 1, err[-3000:]
-        last = [ln for ln in err.splitlines() if ln.strip()][-1]
-        assert re.search(rf"the server \(127\.0\.0\.1:{ports[1]}\) is on timeline 2, which left timeline 1 at "
-                         r"[0-9A-F]+/[0-9A-F]+, but changes up to [0-9A-F]+/[0-9A-F]+ of timeline 1 were already "
-                         r"acknowledged", last), err[-3000:]
-        assert len(_delta_rows(target / "public.items")) == 2150           # left as it was, not continued
-        assert standby.query("SELECT count(*) FROM items", dbname="ha")[0][0] == 2050
+        assert job.returncode == 0, err[-3000:]
+        assert len(re.findall(rf"spockwire: the server \(127\.0\.0\.1:{ports[1]}\) {said}.*; reading the tables "
+                              r"again \(a snapshot at [0-9A-F]+/[0-9A-F]+ on timeline 2 replaces them\)", err)) == 1, \
+            err[-3000:]
     finally:
         if job is not None and job.poll() is None:
             job.kill()

@@ -45,9 +45,12 @@ FAILOVER_SLOT = Setting("failover_slot", "make the slot a failover slot (Postgre
 REQUIRE_FAILOVER_SAFETY = Setting("require_failover_safety", "with --failover-slot: refuse to run (exit 1) while no "
                                   "standby would hold the slot after a failover, instead of a warning",
                                   is_flag=True, default=False)
+ON_DIVERGENCE = Setting("on_divergence", "when a promoted standby never had changes already staged (it lagged): "
+                        "repair (read every replicated table again into the staging, then stream on) or stop (exit "
+                        "1 with one line)", choices=("repair", "stop"), default="repair")
 SETTINGS = (*COMMON_SETTINGS, COLUMN_TYPE, ON_UNREPRESENTABLE, *STREAM_SETTINGS, *STAGING_SETTINGS, FLUSH_SECONDS,
             SPILL_BYTES, METRICS_PORT, METRICS_HOST, PROGRESS, LOG_FORMAT, MAX_RUNTIME, IDLE_EXIT, HEARTBEAT_INTERVAL,
-            SNAPSHOT, SNAPSHOT_WORKERS, SNAPSHOT_CHUNK_ROWS, FAILOVER_SLOT, REQUIRE_FAILOVER_SAFETY)
+            SNAPSHOT, SNAPSHOT_WORKERS, SNAPSHOT_CHUNK_ROWS, FAILOVER_SLOT, REQUIRE_FAILOVER_SAFETY, ON_DIVERGENCE)
 
 
 def register(subparsers: Any) -> None:
@@ -84,5 +87,5 @@ def run(args: argparse.Namespace) -> int:
         max_runtime=cfg.max_runtime, idle_exit=cfg.idle_exit, impl=cfg.impl, transport=cfg.transport,
         heartbeat_interval=cfg.heartbeat_interval, snapshot=cfg.snapshot, snapshot_workers=cfg.snapshot_workers,
         snapshot_chunk_rows=cfg.snapshot_chunk_rows, failover_slot=cfg.failover_slot,
-        require_failover_safety=cfg.require_failover_safety)
+        require_failover_safety=cfg.require_failover_safety, on_divergence=cfg.on_divergence)
     return IngestWorker(config).run()

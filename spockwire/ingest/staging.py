@@ -167,6 +167,14 @@ class StagingWriter:
         return self.state.committed_lsn
 
     @property
+    def newest_lsn(self) -> int:
+        """The highest position this writer holds anything at: the log's LSN, the commit being written, and the
+        `_commit_lsn` of every row, truncate and message staged or buffered (a commit inside a large drain
+        stages rows ahead of the log's LSN)."""
+        keys = [k for k in (*self._hwm.values(), self._msg_hwm) if k is not None]
+        return max([self.state.committed_lsn, self._sealed_lsn, self._nontx_hwm or 0, *(k[0] for k in keys)])
+
+    @property
     def buffered_rows(self) -> int:
         return self._rows
 

@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Mapping, TextIO
 
+from ..connection.errors import TimelineDiverged
 from ..errors import SpockwireError
 from ..model import ChangeBatch
 from .source import read_source
@@ -82,6 +83,7 @@ class IngestConfig:
     snapshot_chunk_rows: int = 10_000     # rows per chunk of a table snapshotted while the stream goes on
     failover_slot: bool = False           # a failover slot (PostgreSQL 17+), checked to survive a promotion
     require_failover_safety: bool = False  # refuse to run while no standby would hold the slot
+    on_divergence: str = "repair"         # a promoted standby never had staged changes: "repair" | "stop"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -342,6 +344,12 @@ class IngestWorker:
         #: the decoder module and the process's buffer pool limit before the worker lowered it (restored by run())
         self._pool_before: tuple[Any, int] | None = None
 
+    @property
+    def protocol(self) -> str:
+        """The wire protocol of the configured plugin (what the staging records)."""
+        return {"pgoutput": "pgoutput", "pglogical": "pglogical", "pglogical_output": "pglogical",
+                "spock": "spock", "spock_output": "spock"}.get(self.config.plugin, self.config.plugin)
+
     def stop(self, *_: Any) -> None:
         """Ask the worker to finish: it flushes, acknowledges what it wrote and returns from `run()`."""
         self._stop.set()
@@ -358,7 +366,20 @@ class IngestWorker:
         if self.progress_line is not None:
             self.progress_line.attach(log)
         try:
-            return self._run()
+            repaired: set[tuple[int, int]] = set()
+            while True:
+                try:
+                    return self._run()
+                except TimelineDiverged as exc:
+                    # the staging holds changes the new primary never had: read every table again
+                    # (ingest/divergence.py), then stream on from there -- once per divergence
+                    if cfg.on_divergence != "repair" or (exc.timeline, exc.switch_point) in repaired:
+                        raise
+                    repaired.add((exc.timeline, exc.switch_point))
+                    log.warning("%s; reading the tables again", exc)
+                    from .divergence import repair_divergence
+
+                    repair_divergence(self, exc)
         finally:
             if self._pool_before is not None:
                 impl, limit = self._pool_before
@@ -428,8 +449,7 @@ class IngestWorker:
     def _run(self) -> int:
         cfg = self.config
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
-        protocol = {"pgoutput": "pgoutput", "pglogical": "pglogical", "pglogical_output": "pglogical",
-                    "spock": "spock", "spock_output": "spock"}.get(cfg.plugin, cfg.plugin)
+        protocol = self.protocol
         # the folder must hold this source's changes only (refused with both named otherwise)
         source = read_source(cfg.dsn, slot=cfg.slot, plugin=cfg.plugin, publication=cfg.publication,
                              replication_sets=cfg.replication_sets, connect_kwargs=cfg.extra.get("connect_kwargs"))
@@ -448,11 +468,21 @@ class IngestWorker:
         log.info(json.dumps({"event": "start", "slot": cfg.slot, "plugin": cfg.plugin, "out": cfg.out,
                              # null: nothing staged yet, the stream starts at the slot's confirmed position
                              "resume_lsn": _format_lsn(resume) if resume else None}))
-        incremental_wanted = bool(writer.state.snapshots) and cfg.snapshot != "never"
+        # (a divergence's repair is a snapshot too, but not one that asks for the snapshots of later tables)
+        incremental_wanted = any(r.get("kind") != "repair" for r in writer.state.snapshots) and \
+            cfg.snapshot != "never"
         # pgoutput (PostgreSQL 14 or later) forwards logical messages; pglogical and spock get a watermark table
         self._watermarks = incremental_wanted and (cfg.plugin != "pgoutput" or self._server_version() >= 140000)
-        stream = self._open_stream(resume)
-        self.stream = stream
+        stream = None
+        try:
+            stream = self._open_stream(resume)
+            self.stream = stream
+            read_on = self._check_timeline(stream, writer.state.timeline)
+        except BaseException:
+            if stream is not None:
+                stream.close()
+            writer.close()
+            raise
         self._start_position(resume)
         incremental = None
         if incremental_wanted:
@@ -472,6 +502,8 @@ class IngestWorker:
         try:
             while not self._stop.is_set():
                 events = stream.read(timeout=0.5)
+                if getattr(stream, "timeline", read_on) != read_on:     # a reconnect reached a promoted standby
+                    read_on = self._check_timeline(stream, read_on)
                 now = time.monotonic()
                 # idle means nothing arrived: a large transaction that is still coming has no events yet
                 before, received = received, self._messages_received()
@@ -548,6 +580,25 @@ class IngestWorker:
                 writer.close()
                 if self.type_catalog is not None:
                     self.type_catalog.close()
+
+    def _check_timeline(self, stream: Any, read_on: int | None) -> int | None:
+        """The stream reached a server on another timeline than the one what the writer holds was read on: the
+        stream checked its own acknowledged position, but the staging may hold more (a commit that became durable
+        after the connection broke, rows staged ahead of the log's LSN, events still buffered). TimelineDiverged
+        when the new timeline's history left `read_on` before the newest of them; returns the stream's timeline."""
+        now = getattr(stream, "timeline", None)
+        if read_on is None or now is None or now == read_on:
+            return now if now is not None else read_on
+        from ..connection.failover import diverged_at, diverged_message, replication_timeline_history
+
+        self.writer.wait()
+        newest = self.writer.newest_lsn
+        history, server = replication_timeline_history(self.config.dsn, now, self.config.extra.get("connect_kwargs"))
+        switch = diverged_at(history, read_on, newest)
+        if switch is not None:
+            raise TimelineDiverged(diverged_message(f"the server ({server})", newest, read_on, switch, now),
+                                   acked=newest, switch_point=switch, timeline=now)
+        return now
 
     # ------------------------------------------------------------------ initial snapshot
     def _snapshot_wanted(self) -> bool:

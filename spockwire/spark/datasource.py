@@ -33,6 +33,7 @@ Options (all strings, as Spark passes them):
 | maxWalBytesPerBatch | streaming: at most this many bytes of WAL per micro-batch (with maxChangesPerBatch: the smaller) |
 | idleAdvanceBytes | streaming: move the slot over this much WAL without output for the tables (default 16 MiB) |
 | idleAdvanceSeconds | streaming: ... or over any WAL without output found by this many seconds of plannings (default 10) |
+| onDivergence | streaming: ``repair`` (default: a snapshot reads the tables again) or ``stop``, when a promoted standby never had changes already read |
 | splitWalBytes | a range over at least this much WAL is read as two partitions side by side (default 16 MiB; 0: never) |
 | startingLsn / endingLsn | batch reads: the range (default: the slot's position / the server's flush LSN) |
 | startingPosition | streaming: ``slot`` (default, the slot's position) or ``snapshot`` (rows first: snapshot.py) |

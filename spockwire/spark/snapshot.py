@@ -101,8 +101,10 @@ def _truncate_batch(table: str, lsn: int, ts_us: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(change_fields()))
 
 
-def read_chunk(spec: SlotSpec, chunk: SnapshotChunk, columns: Sequence[str]) -> Iterator[tuple[str, pa.RecordBatch]]:
-    """(table, change batch) of the chunk's rows, read under its snapshot; the truncate rows first, if any."""
+def read_chunk(spec: SlotSpec, chunk: SnapshotChunk,
+               columns: Sequence[str] | None) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """(table, change batch) of the chunk's rows, read under its snapshot (`columns`: None, all of them); the
+    truncate rows first, if any."""
     import spockwire
     from ..export.arrow import change_fields, int64_sequence
 
@@ -112,7 +114,7 @@ def read_chunk(spec: SlotSpec, chunk: SnapshotChunk, columns: Sequence[str]) -> 
     base = SNAPSHOT_SEQ_BASE + 1 + chunk.index * _CHUNK_SEQ
     types = "typed" if spec.types == "auto" else spec.types
     for values in spockwire.iter_table_batches(spec.conninfo, chunk.source, snapshot=chunk.snapshot,
-                                               columns=list(columns), types=types, where=chunk.where(),
+                                               columns=None if columns is None else list(columns), types=types, where=chunk.where(),
                                                on_unrepresentable=spec.on_unrepresentable,
                                                column_types=dict(spec.column_types) or None):
         n = values.num_rows
@@ -165,6 +167,8 @@ class SnapshotDriver:
         self.task_slots = max(1, min(int(task_slots), self.chunks_per_batch))
         self.exported: Any = None
         self.voided: set[str] = set()    # snapshots whose micro-batch this process replayed as empty
+        #: read every table the publications / replication sets replicate, the named ones and any other
+        self.all_replicated = False
 
     def alive(self, name: str) -> bool:
         return bool(name) and self.exported is not None and self.exported.open and self.exported.name == name
@@ -184,9 +188,11 @@ class SnapshotDriver:
         if self.alive(start["snapshot"]) and start["snapshot"] not in self.voided:
             done = min(start["done"] + self.chunks_per_batch, len(start["chunks"]))
             return {**start, "first": start["done"], "done": done}
-        return self._new_snapshot(int(start.get("epoch", 0)) + 1)
+        return self.new_snapshot(int(start.get("epoch", 0)) + 1)
 
-    def _new_snapshot(self, epoch: int) -> dict:
+    def new_snapshot(self, epoch: int = 1) -> dict:
+        """Drop the slot, make it again with an exported snapshot, and return the offset of the snapshot's first
+        micro-batch (its chunks: every table cut into block ranges)."""
         from ..snapshot.initial import create_slot_with_snapshot, replicated_tables, snapshot_time
 
         self.close()
@@ -202,6 +208,8 @@ class SnapshotDriver:
         found = {t.name: t for t in replicated_tables(
             self.spec.conninfo, self.spec.plugin, publication=list(self.spec.publication) or None,
             replication_sets=list(self.spec.replication_sets) or None, snapshot=name)}
+        if self.all_replicated:
+            self.tables = tuple(dict.fromkeys([*self.tables, *sorted(found)]))
         chunks: list[list[Any]] = []
         with _connect(self.spec.conninfo, autocommit=False) as conn, conn.cursor() as cur:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")

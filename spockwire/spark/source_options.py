@@ -7,10 +7,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .slot import SlotSpec
 
-__all__ = ["STARTING_POSITIONS", "flag", "names", "options_to_spec", "staging_path"]
+__all__ = ["STARTING_POSITIONS", "ON_DIVERGENCE", "flag", "names", "options_to_spec", "staging_path"]
 
 #: values of the streaming option startingPosition
 STARTING_POSITIONS = ("slot", "snapshot")
+#: what the stream reader does when a promoted standby's timeline left the one its position was read on before
+#: that position: read every table again (a snapshot replaces them), or stop with that one line
+ON_DIVERGENCE = ("repair", "stop")
 
 
 def flag(value: Any, default: bool = False) -> bool:

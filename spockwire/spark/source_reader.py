@@ -4,6 +4,7 @@ chunks), planning on the driver, decoding on the executors, the rows in the quer
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Iterator, Sequence
 
@@ -11,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
-from ..connection.failover import check_position, sql_identify_system
+from ..connection.failover import TimelineDiverged, check_position, sql_identify_system
 from ..connection.slots import format_lsn, parse_lsn
 from ..export.arrow import repeated
 from ..model import Relation
@@ -21,7 +22,7 @@ from .slot import IDLE_ADVANCE_BYTES, IDLE_ADVANCE_SECONDS, SPLIT_WAL_BYTES, Reu
     make_failover_slot, plan_end, read_range, slot_position, split_range
 from .memory import release_memory
 from .snapshot import is_snapshot_offset
-from .source_options import STARTING_POSITIONS, flag, names, staging_path
+from .source_options import ON_DIVERGENCE, STARTING_POSITIONS, flag, names, staging_path
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python streaming sources
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -145,10 +146,11 @@ def _deliver(staging: str | None, layout_args: tuple, partition: Any, pairs: Ite
     release_memory()
 
 
-def _table_columns(layout: _Layout, table: str) -> list[str]:
-    """The table's columns in the query's schema (what a snapshot task reads)."""
+def _table_columns(layout: _Layout, table: str) -> list[str] | None:
+    """The table's columns in the query's schema (what a snapshot task reads); None (all of them) for a table the
+    query does not name (allTables: one that joined the publications later)."""
     if layout.multi:
-        return [f.name for f in layout.struct_types[table]]
+        return [f.name for f in layout.struct_types[table]] if table in layout.struct_types else None
     return [f.name for f in layout.target if f.name not in S.CHANGE_COLUMNS]
 
 
@@ -223,13 +225,15 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         position = str(opts.get("startingposition") or "slot").lower()
         if position not in STARTING_POSITIONS:
             raise ValueError(f"startingPosition must be one of {', '.join(STARTING_POSITIONS)}, not {position!r}")
-        self.snapshot = None
+        self.all_tables = flag(opts.get("alltables"))
+        self.on_divergence = str(opts.get("ondivergence") or "repair").lower()
+        if self.on_divergence not in ON_DIVERGENCE:
+            raise ValueError(f"onDivergence must be one of {', '.join(ON_DIVERGENCE)}, not {self.on_divergence!r}")
+        self._snapshot_args = (tables, opts.get("snapshotchunkpages"), opts.get("snapshotchunksperbatch"),
+                               opts.get("snapshottaskslots"))
+        self.snapshot: Any = None
         if position == "snapshot":
-            from .snapshot import CHUNK_PAGES, CHUNKS_PER_BATCH, SnapshotDriver
-
-            self.snapshot = SnapshotDriver(spec, tables, int(opts.get("snapshotchunkpages") or CHUNK_PAGES),
-                                           int(opts.get("snapshotchunksperbatch") or CHUNKS_PER_BATCH),
-                                           int(opts.get("snapshottaskslots") or 1))
+            self.snapshot = self._snapshot_driver()
         self._until: int | None = None
         self._known_start: int | None = None
         # planning and committing on the driver: one connection for the query's life (opened again if it broke)
@@ -244,6 +248,18 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._timeline: int | None = None
         self._in_history: set[tuple[int, str]] = set()
 
+    def _snapshot_driver(self, all_replicated: bool = False) -> Any:
+        """The driver of this query's snapshots (made on first need: a checkpoint that holds a snapshot -- an
+        initial one, or the one that repaired a divergence -- needs it whatever startingPosition says)."""
+        if self.snapshot is None:
+            from .snapshot import CHUNK_PAGES, CHUNKS_PER_BATCH, SnapshotDriver
+
+            tables, pages, per_batch, slots = self._snapshot_args
+            self.snapshot = SnapshotDriver(self.spec, tables, int(pages or CHUNK_PAGES),
+                                           int(per_batch or CHUNKS_PER_BATCH), int(slots or 1))
+        self.snapshot.all_replicated = self.snapshot.all_replicated or all_replicated
+        return self.snapshot
+
     # offsets ---------------------------------------------------------------------------------------------------
     def _offset(self, lsn: int) -> dict:
         if self._timeline is None:
@@ -257,16 +273,35 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
         self._timeline = self._conn.run(timeline)
 
-    def _check_timeline(self, offset: dict) -> None:
+    def _diverged(self, offset: dict) -> TimelineDiverged | None:
         """TimelineDiverged when `offset` was read on a timeline the server's history left before its LSN: the
-        changes up to it are applied, but past the switch point the new primary never had them."""
+        changes up to it may be applied, but past the switch point the new primary never had them (raised at
+        once with onDivergence=stop)."""
         read_on = offset.get("timeline")
         if read_on is None or self._timeline is None or read_on == self._timeline:
-            return
+            return None
         key = (int(read_on), offset["lsn"])
-        if key not in self._in_history:
+        if key in self._in_history:
+            return None
+        try:
             check_position(self.spec.conninfo, parse_lsn(offset["lsn"]), int(read_on), self._timeline)
-            self._in_history.add(key)
+        except TimelineDiverged as exc:
+            if self.on_divergence == "stop":
+                raise
+            return exc
+        self._in_history.add(key)
+        return None
+
+    def _repair(self, diverged: TimelineDiverged) -> dict:
+        """The offset of a snapshot that reads every table of the query again on the new primary (the slot is
+        made again with it: the snapshot holds every change up to its consistent point); its first micro-batch
+        truncates each table, so what the old timeline left in the targets past the switch point is gone."""
+        driver = self._snapshot_driver(all_replicated=self.all_tables)
+        offset = driver.new_snapshot()
+        self._failover_done = not self.failover        # the slot made again: a failover slot once it is read
+        print(f"spockwire: {diverged}; reading the tables again (a snapshot at {offset['lsn']} on timeline "
+              f"{self._timeline} replaces them)", file=sys.stderr, flush=True)
+        return offset
 
     def initialOffset(self) -> dict:
         if self.snapshot is not None:
@@ -311,7 +346,8 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         Spark calls this only once every earlier batch is committed in the checkpoint, so the slot may move to
         `start` first. Without `start` (Spark before 4.2) the slot's own position is used.
         """
-        if self.snapshot is not None and start is not None and is_snapshot_offset(start):
+        if start is not None and is_snapshot_offset(start):
+            self._snapshot_driver()
             if not self.snapshot.complete(start):
                 return self.snapshot.next_offset(start)
             if self.snapshot.alive(start["snapshot"]):
@@ -323,7 +359,9 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             self._failover_done = self._conn.run(lambda conn: make_failover_slot(self.spec, conn))
         self._read_timeline()
         if start is not None:
-            self._check_timeline(start)
+            diverged = self._diverged(start)
+            if diverged is not None:
+                return self._repair(diverged)
             begin = parse_lsn(start["lsn"])
         elif self._known_start is not None:
             begin = self._known_start
@@ -368,13 +406,13 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         if is_snapshot_offset(end):
-            if self.snapshot is None:
-                raise ValueError("this checkpoint holds a snapshot: run the query with startingPosition=snapshot")
-            return self.snapshot.partitions(end)
+            return self._snapshot_driver().partitions(end)
         if self._timeline is None:          # a micro-batch of the checkpoint read again, before any planning
             self._read_timeline()
-        # a range planned on the old timeline may have been applied already (the checkpoint had not recorded it)
-        self._check_timeline(end)
+        # a range planned on the old timeline, maybe applied already (the checkpoint had not recorded it): not read
+        # on the new one; the next planning, from its end, repairs the divergence
+        if self._diverged(end) is not None:
+            return []
         lo, hi = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
         if hi <= lo or (lo, hi) in self._empty:
             return []
