@@ -170,6 +170,8 @@ def test_the_spark_job_stays_behind_its_standby_and_repairs_a_divergence(tmp_pat
         job.wait(180)
         err = (tmp_path / "job.err").read_text()
         assert job.returncode == 0, err[-3000:]
+        # the new primary has no standby: said once the slot is back as a failover slot
+        assert "slot 'cdc' would not survive a failover" in err.split("reading the tables again")[-1], err[-3000:]
         assert len(re.findall(rf"spockwire: the server \(127\.0\.0\.1:{ports[1]}\) {said}.*; reading the tables "
                               r"again \(a snapshot at [0-9A-F]+/[0-9A-F]+ on timeline 2 replaces them\)", err)) == 1, \
             err[-3000:]
@@ -178,3 +180,87 @@ def test_the_spark_job_stays_behind_its_standby_and_repairs_a_divergence(tmp_pat
             job.kill()
         for c in clusters:
             c.stop()
+
+
+@pytest.mark.timeout(300)
+def test_the_spark_job_refuses_a_failover_slot_no_standby_would_hold(tmp_path):
+    """`spockwire pipeline --failover-slot --require-failover-safety` on a primary without a standby and without
+    synchronized_standby_slots: once the slot is a failover slot the job stops with the FailoverUnsafe line (exit
+    1), naming what is missing; without --require-failover-safety it is a warning and the job goes on."""
+    from tests.test_high_availability import _primary
+
+    ports = _ports(1)
+    primary = _primary(ports[0])
+    job = None
+    try:
+        primary.execute("CREATE DATABASE ha")
+        primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note text); "
+                        "INSERT INTO items VALUES (1, 1, 'a'); CREATE PUBLICATION pub FOR TABLE items", dbname="ha")
+        dsn = _multi_dsn(ports, "ha")
+        job = _start_job(dsn, tmp_path / "delta", tmp_path, "--require-failover-safety")
+        job.wait(240)
+        err = (tmp_path / "job.err").read_text()
+        assert job.returncode == 1, err[-3000:]
+        last = [ln for ln in err.splitlines() if ln.strip()][-1]
+        assert re.search(r"FailoverUnsafe: slot 'cdc' would not survive a failover: .*synchronized_standby_slots is "
+                         r"empty", last), err[-3000:]
+        assert _delta_rows(tmp_path / "delta" / "public.items") == {1: (1, "a")}     # the snapshot came first
+    finally:
+        if job is not None and job.poll() is None:
+            job.kill()
+        primary.stop()
+
+
+@pytest.mark.timeout(600)
+def test_the_spark_job_stays_exact_through_terminated_backends_and_restarts(tmp_path):
+    """With a writer running, the job's server backends are terminated (pg_terminate_backend) and the primary is
+    restarted (immediate shutdown), each in the middle of the stream, twice: the job goes on by itself and its
+    Delta table equals the source."""
+    from tests.test_high_availability import _primary
+
+    ports = _ports(1)
+    primary = _primary(ports[0])
+    job = None
+    try:
+        primary.execute("CREATE DATABASE ha")
+        primary.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note text); "
+                        "INSERT INTO items SELECT g, g % 13, 'start' FROM generate_series(1, 2000) g; "
+                        "CREATE PUBLICATION pub FOR TABLE items", dbname="ha")
+        dsn = _multi_dsn(ports, "ha")
+        target = tmp_path / "delta"
+        job = _start_job(dsn, target, tmp_path)
+        job_err = lambda: (tmp_path / "job.err").read_text()[-3000:]  # noqa: E731
+        deadline = time.monotonic() + 240
+        while len(_delta_rows(target / "public.items")) < 2000:
+            assert job.poll() is None and time.monotonic() < deadline, job_err()
+            time.sleep(0.5)
+        writer = Writer(dsn, 17)
+        writer.start()
+        terminated = 0
+        try:
+            for r in range(2):
+                time.sleep(random.Random(r).uniform(1.0, 2.0))
+                terminated += primary.query(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = 'ha' AND "
+                    "application_name LIKE 'spockwire%%' AND pid <> pg_backend_pid()", dbname="ha")[0][0]
+                time.sleep(random.Random(r).uniform(1.0, 2.0))
+                assert job.poll() is None, job_err()
+                primary.restart(mode="immediate")
+            time.sleep(2.0)
+        finally:
+            writer.stop.set()
+            writer.join(30)
+        assert terminated >= 2 and writer.commits > 100, (terminated, writer.commits)
+        want = {r[0]: (r[1], r[2]) for r in primary.query("SELECT id, v, note FROM items", dbname="ha")}
+        deadline = time.monotonic() + 240
+        while _delta_rows(target / "public.items") != want:
+            assert job.poll() is None, job_err()
+            assert time.monotonic() < deadline, "the Delta table did not come to equal the source"
+            time.sleep(1.0)
+        job.send_signal(15)
+        job.wait(180)
+        assert job.returncode == 0, job_err()
+    finally:
+        if job is not None and job.poll() is None:
+            job.kill()
+        primary.stop()

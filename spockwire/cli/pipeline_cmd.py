@@ -71,6 +71,9 @@ MAINTENANCE = Setting("maintenance", "state collection, OPTIMIZE and VACUUM afte
                       "none)", is_flag=True, default=True)
 FAILOVER_SLOT = Setting("failover_slot", "make the slot a failover slot (PostgreSQL 17+: created so, or switched "
                         "over; docs/high-availability.md)", is_flag=True, default=False)
+REQUIRE_FAILOVER_SAFETY = Setting("require_failover_safety", "with --failover-slot: fail (exit 1) while no standby "
+                                  "would hold the slot after a failover, instead of a warning (checked once the "
+                                  "slot is a failover slot, and after each promotion)", is_flag=True, default=False)
 RECONNECT_TIMEOUT = Setting("reconnect_timeout", "when the source database goes away (a restart, a failover), wait "
                             "this long for a primary to answer through the dsn (a multi-host dsn finds a promoted "
                             "standby) and go on from the checkpoint", type=float, default=300.0, metavar="SECONDS")
@@ -78,7 +81,7 @@ TAKE_OVER = Setting("take_over", "write Delta tables another streaming query wri
                     "a new checkpoint), making this job their writer: only once the other one is stopped",
                     is_flag=True, default=False)
 SETTINGS = (CONFIG, IMPL, DSN, PASSWORD, PASSWORD_FILE, SLOT, PUBLICATION, CREATE_SLOT, FAILOVER_SLOT,
-            RECONNECT_TIMEOUT, TAKE_OVER, TABLE, EXCLUDE_TABLE, TARGET,
+            REQUIRE_FAILOVER_SAFETY, RECONNECT_TIMEOUT, TAKE_OVER, TABLE, EXCLUDE_TABLE, TARGET,
             CHECKPOINT, STARTING_POSITION, MAX_CHANGES_PER_BATCH, TRIGGER_SECONDS, OPTION, HISTORY, MASTER, SPARK_CONF,
             UNTIL_CAUGHT_UP, TIMEOUT, OPTIMIZE_EVERY, OPTIMIZE_SMALL_FILES, OPTIMIZE_MODE, VACUUM_RETENTION_HOURS,
             MAINTENANCE, METRICS_PORT, METRICS_HOST, PROGRESS, LOG_FORMAT)
@@ -137,6 +140,7 @@ def job_config(cfg: Any) -> Any:
                      max_changes_per_batch=cfg.max_changes_per_batch, trigger_seconds=cfg.trigger_seconds,
                      create_slot=cfg.create_slot, extra_options=options, history=cfg.history,
                      failover_slot=cfg.failover_slot, reconnect_timeout=cfg.reconnect_timeout,
+                     require_failover_safety=cfg.require_failover_safety,
                      take_over=cfg.take_over,
                      password=_password(cfg),
                      maintenance=MaintenanceOptions(optimize_every=cfg.optimize_every,

@@ -29,6 +29,7 @@ Options (all strings, as Spark passes them):
 | types | auto (default: typed values when the decoder has them) / typed / raw |
 | createSlot | true: create the slot when it does not exist (default false) |
 | failoverSlot | streaming: true: make the slot a failover slot (PostgreSQL 17+: created so, or switched over) |
+| requireFailoverSafety | streaming, with failoverSlot: fail while no standby would hold the slot after a failover (default: a warning) |
 | maxChangesPerBatch | streaming: about this many plugin messages per micro-batch, estimated from a sample at its start |
 | maxWalBytesPerBatch | streaming: at most this many bytes of WAL per micro-batch (with maxChangesPerBatch: the smaller) |
 | idleAdvanceBytes | streaming: move the slot over this much WAL without output for the tables (default 16 MiB) |

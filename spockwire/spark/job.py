@@ -79,6 +79,7 @@ class JobConfig:
     # high availability (docs/high-availability.md): a failover slot (PostgreSQL 17+), and how long the job tries
     # to reach a primary again (a multi-host dsn finds the promoted one) before it gives up
     failover_slot: bool = False
+    require_failover_safety: bool = False   # with failover_slot: fail (not warn) while no standby would hold the slot
     reconnect_timeout: float = 300.0
     # write tables another streaming query owns (spark/ownership.py), recording this one as their writer
     take_over: bool = False
@@ -199,6 +200,8 @@ def _reader(spark: Any, cfg: JobConfig) -> Any:
         reader = reader.option("createSlot", "true")
     if cfg.failover_slot:
         reader = reader.option("failoverSlot", "true")
+        if cfg.require_failover_safety:
+            reader = reader.option("requireFailoverSafety", "true")
     if cfg.follow:
         reader = reader.option("allTables", "true")     # tables that join the publications later come through
     if cfg.ddl_capture:

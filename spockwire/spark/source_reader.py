@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
-from ..connection.failover import TimelineDiverged, check_position, sql_identify_system
+from ..connection.failover import TimelineDiverged, check_failover_safety, check_position, sql_identify_system
 from ..connection.slots import format_lsn, parse_lsn
 from ..export.arrow import repeated
 from ..model import Relation
@@ -212,6 +212,8 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.create_slot = flag(opts.get("createslot"))
         self.failover = flag(opts.get("failoverslot"))
         self._failover_done = not self.failover
+        self.require_failover_safety = flag(opts.get("requirefailoversafety"))
+        self._safety_checked_on: int | None = None     # the timeline failover safety was last checked on
         self.max_messages = int(opts["maxchangesperbatch"]) if opts.get("maxchangesperbatch") else None
         self.max_wal_bytes = int(opts["maxwalbytesperbatch"]) if opts.get("maxwalbytesperbatch") else None
         idle = opts.get("idleadvancebytes")
@@ -362,6 +364,12 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             diverged = self._diverged(start)
             if diverged is not None:
                 return self._repair(diverged)
+        if self.failover and self._failover_done and self._safety_checked_on != self._timeline:
+            # once the slot is a failover slot, and again after each promotion: would a standby hold it? A warning
+            # on stderr, or FailoverUnsafe (the query fails with it) with requireFailoverSafety
+            self._safety_checked_on = self._timeline
+            check_failover_safety(self.spec.conninfo, self.spec.slot, require=self.require_failover_safety)
+        if start is not None:
             begin = parse_lsn(start["lsn"])
         elif self._known_start is not None:
             begin = self._known_start
