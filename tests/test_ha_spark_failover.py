@@ -9,11 +9,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from spockwire.testing import PostgresCluster
-from tests.test_high_availability import ROOT, ROUNDS, Writer, _multi_dsn, _ports, _wait_synced, ha_clusters, new_standby
+from tests.test_high_availability import (DIVERGED, ROOT, ROUNDS, Writer, _as_standby_of, _multi_dsn, _ports,
+                                          _wait_synced, ha_clusters, new_standby)
 
 pytestmark = [pytest.mark.pg, pytest.mark.slow]
 
@@ -25,6 +27,16 @@ def _delta_rows(path: Path) -> dict:
         return {}
     return {r["id"]: (r["v"], r["note"]) for r in deltalake.DeltaTable(str(path)).to_pyarrow_table(
         columns=["id", "v", "note"]).to_pylist()}
+
+
+def _wait_for_table(job: subprocess.Popen, tmp_path: Path, check: Callable[[dict], bool], timeout: float,
+                    what: str = "the Delta table") -> None:
+    """Until `check` holds for the job's Delta table ``public.items`` ({id: (v, note)}), the job still running."""
+    deadline = time.monotonic() + timeout
+    while not check(_delta_rows(tmp_path / "delta" / "public.items")):
+        assert job.poll() is None, (tmp_path / "job.err").read_text()[-3000:]
+        assert time.monotonic() < deadline, f"{what} did not come: {(tmp_path / 'job.err').read_text()[-2000:]}"
+        time.sleep(0.5)
 
 
 def _start_job(dsn: str, target: Path, tmp_path: Path, *more: str) -> subprocess.Popen:
@@ -40,7 +52,8 @@ def _start_job(dsn: str, target: Path, tmp_path: Path, *more: str) -> subprocess
 @pytest.mark.timeout(900)
 def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
     """`spockwire pipeline --failover-slot` on a multi-host DSN (snapshot, then changes) while a writer runs;
-    five times the primary is stopped at once and its standby promoted. The job goes on by itself (its query
+    five times the primary is stopped at once and its standby promoted; the first old primary comes back as a
+    standby, first in the host list, and is never read from. The job goes on by itself (its query
     started again from the checkpoint once the new primary answers, each time said in a JSON line), and its Delta
     table equals the last primary's table."""
     ports = _ports(ROUNDS + 2)
@@ -52,10 +65,7 @@ def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
         target = tmp_path / "delta"
         job = _start_job(dsn, target, tmp_path)
         job_err = lambda: (tmp_path / "job.err").read_text()[-3000:]  # noqa: E731 - (files: a full pipe stalls it)
-        deadline = time.monotonic() + 300
-        while len(_delta_rows(target / "public.items")) < 2000:
-            assert job.poll() is None and time.monotonic() < deadline, job_err()
-            time.sleep(0.5)
+        _wait_for_table(job, tmp_path, lambda rows: len(rows) >= 2000, 300, "the snapshot")
         writer = Writer(dsn, 11)
         writer.start()
         try:
@@ -63,8 +73,10 @@ def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
                 _wait_synced(primary, standby, "cdc", "ha", consumer=(job, tmp_path / "job.err"))
                 time.sleep(random.Random(r).uniform(0.5, 2.0))
                 assert job.poll() is None, job_err()
-                primary.stop(mode="immediate")
+                primary.stop(mode="immediate") if r else primary._shutdown("immediate")
                 standby.promote()
+                if not r:      # the old primary comes back as a standby (read-only): never read from
+                    _as_standby_of(primary, standby)
                 primary, standby = standby, new_standby(standby, r, ports, clusters)
             time.sleep(2.0)
         finally:
@@ -72,11 +84,7 @@ def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
             writer.join(30)
         assert writer.commits > 100 and writer.failures >= ROUNDS, (writer.commits, writer.failures)
         want = {r[0]: (r[1], r[2]) for r in primary.query("SELECT id, v, note FROM items", dbname="ha")}
-        deadline = time.monotonic() + 300
-        while _delta_rows(target / "public.items") != want:
-            assert job.poll() is None, job_err()
-            assert time.monotonic() < deadline, "the Delta table did not come to equal the last primary's table"
-            time.sleep(1.0)
+        _wait_for_table(job, tmp_path, lambda rows: rows == want, 300, "the last primary's table")
         job.send_signal(15)
         job.wait(180)
         out, err = (tmp_path / "job.out").read_text(), (tmp_path / "job.err").read_text()
@@ -116,10 +124,7 @@ def test_the_spark_job_stays_behind_its_standby_and_repairs_a_divergence(tmp_pat
         job_err = lambda: (tmp_path / "job.err").read_text()[-3000:]  # noqa: E731
 
         def wait_rows(n: int) -> None:
-            deadline = time.monotonic() + 180
-            while len(_delta_rows(target / "public.items")) < n:
-                assert job.poll() is None and time.monotonic() < deadline, job_err()
-                time.sleep(0.5)
+            _wait_for_table(job, tmp_path, lambda rows: len(rows) >= n, 180, f"{n} rows")
 
         wait_rows(2000)
         primary.execute("INSERT INTO items SELECT g, 2, 'confirmed' FROM generate_series(2001, 2050) g", dbname="ha")
@@ -140,39 +145,30 @@ def test_the_spark_job_stays_behind_its_standby_and_repairs_a_divergence(tmp_pat
         wait_rows(2150)
         primary.stop(mode="immediate")
         standby.promote()
-        said = r"is on timeline 2, which left timeline 1 at [0-9A-F]+/[0-9A-F]+, but changes up to " \
-               r"[0-9A-F]+/[0-9A-F]+ of timeline 1 were already acknowledged"
         if on_divergence == "stop":
             job.wait(240)
             err = (tmp_path / "job.err").read_text()
             assert job.returncode == 1, err[-3000:]
             last = [ln for ln in err.splitlines() if ln.strip()][-1]
-            assert re.search(rf"the server \(127\.0\.0\.1:{ports[1]}\) {said}", last), err[-3000:]
+            assert re.search(rf"the server \(127\.0\.0\.1:{ports[1]}\) {DIVERGED}", last), err[-3000:]
             assert len(_delta_rows(target / "public.items")) == 2150           # left as it was, not continued
             return
         standby.execute("INSERT INTO items SELECT g, 4, 'new timeline' FROM generate_series(2041, 2080) g "
                         "ON CONFLICT (id) DO UPDATE SET v = 4; DELETE FROM items WHERE id = 5", dbname="ha")
         want = {r[0]: (r[1], r[2]) for r in standby.query("SELECT id, v, note FROM items", dbname="ha")}
         assert len(want) == 2079
-        deadline = time.monotonic() + 240
-        while _delta_rows(target / "public.items") != want:
-            assert job.poll() is None, job_err()
-            assert time.monotonic() < deadline, "the Delta table did not come to equal the new primary's table"
-            time.sleep(1.0)
+        _wait_for_table(job, tmp_path, lambda rows: rows == want, 240, "the new primary's table")
         # and changes after the repair flow as before
         standby.execute("UPDATE items SET note = 'after' WHERE id = 1", dbname="ha")
         want[1] = (want[1][0], "after")
-        deadline = time.monotonic() + 120
-        while _delta_rows(target / "public.items") != want:
-            assert job.poll() is None and time.monotonic() < deadline, job_err()
-            time.sleep(0.5)
+        _wait_for_table(job, tmp_path, lambda rows: rows == want, 120, "the change after the repair")
         job.send_signal(15)
         job.wait(180)
         err = (tmp_path / "job.err").read_text()
         assert job.returncode == 0, err[-3000:]
         # the new primary has no standby: said once the slot is back as a failover slot
         assert "slot 'cdc' would not survive a failover" in err.split("reading the tables again")[-1], err[-3000:]
-        assert len(re.findall(rf"spockwire: the server \(127\.0\.0\.1:{ports[1]}\) {said}.*; reading the tables "
+        assert len(re.findall(rf"spockwire: the server \(127\.0\.0\.1:{ports[1]}\) {DIVERGED}.*; reading the tables "
                               r"again \(a snapshot at [0-9A-F]+/[0-9A-F]+ on timeline 2 replaces them\)", err)) == 1, \
             err[-3000:]
     finally:
@@ -230,10 +226,7 @@ def test_the_spark_job_stays_exact_through_terminated_backends_and_restarts(tmp_
         target = tmp_path / "delta"
         job = _start_job(dsn, target, tmp_path)
         job_err = lambda: (tmp_path / "job.err").read_text()[-3000:]  # noqa: E731
-        deadline = time.monotonic() + 240
-        while len(_delta_rows(target / "public.items")) < 2000:
-            assert job.poll() is None and time.monotonic() < deadline, job_err()
-            time.sleep(0.5)
+        _wait_for_table(job, tmp_path, lambda rows: len(rows) >= 2000, 240, "the snapshot")
         writer = Writer(dsn, 17)
         writer.start()
         terminated = 0
@@ -252,11 +245,7 @@ def test_the_spark_job_stays_exact_through_terminated_backends_and_restarts(tmp_
             writer.join(30)
         assert terminated >= 2 and writer.commits > 100, (terminated, writer.commits)
         want = {r[0]: (r[1], r[2]) for r in primary.query("SELECT id, v, note FROM items", dbname="ha")}
-        deadline = time.monotonic() + 240
-        while _delta_rows(target / "public.items") != want:
-            assert job.poll() is None, job_err()
-            assert time.monotonic() < deadline, "the Delta table did not come to equal the source"
-            time.sleep(1.0)
+        _wait_for_table(job, tmp_path, lambda rows: rows == want, 240, "the source's table")
         job.send_signal(15)
         job.wait(180)
         assert job.returncode == 0, job_err()

@@ -29,6 +29,9 @@ pytestmark = pytest.mark.pg
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 5
+#: the line a divergence is said with (after "the server (host:port) ")
+DIVERGED = (r"is on timeline 2, which left timeline 1 at [0-9A-F]+/[0-9A-F]+, but changes up to [0-9A-F]+/[0-9A-F]+ "
+            r"of timeline 1 were already acknowledged")
 
 
 def _ports(n: int) -> list[int]:

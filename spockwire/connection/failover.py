@@ -66,7 +66,8 @@ def sql_identify_system(cur: Any) -> tuple[str | None, int | None]:
     return system, timeline
 
 
-def replication_timeline_history(dsn: str, timeline: int, connect_kwargs: Any = None) -> tuple[list[tuple[int, int]], str]:
+def replication_timeline_history(dsn: str, timeline: int,
+                                 connect_kwargs: Any = None) -> tuple[list[tuple[int, int]], str]:
     """:func:`timeline_history` over a replication connection of its own (the SQL interface has no TIMELINE_HISTORY;
     a role that may read a logical slot may open one), and the host and port it reached, for messages."""
     import psycopg2

@@ -63,8 +63,8 @@ def repair_divergence(worker: Any, diverged: TimelineDiverged) -> dict[str, Any]
     """Stage the repair of `diverged` into the worker's staging folder (a writer of its own); returns the log
     entry. The worker resumes from its position afterwards."""
     from ..connection.session import pinned_connect
-    from ..snapshot.initial import (SnapshotProgress, create_slot_with_snapshot, iter_snapshot_rows, prefetch,
-                                    replicated_tables, snapshot_rows, snapshot_time)
+    from ..snapshot.initial import (SnapshotProgress, create_slot_with_snapshot, replicated_tables, snapshot_record,
+                                    snapshot_time, stage_snapshot_tables)
     from .source import read_source
     from .staging import StagingWriter
 
@@ -100,21 +100,10 @@ def repair_divergence(worker: Any, diverged: TimelineDiverged) -> dict[str, Any]
                 writer.add(Truncate(relations=tuple(t.relation for t in tables), cascade=False,
                                     restart_identity=False, commit_lsn=point - 1, commit_ts=commit_ts, xid=0, seq=0,
                                     origin=None))
-            progress.tables_total = len(tables)
-            counts: dict[str, int] = {}
-            for table in tables:
-                progress.current = table.name
-                batches = iter_snapshot_rows(cfg.dsn, table, exported.name, workers=cfg.snapshot_workers,
-                                             types=cfg.types, connect_kwargs=ck)
-                counts[table.name] = writer.stage_snapshot_table(
-                    table.relation, prefetch(snapshot_rows(batches, table.relation, point, commit_ts, progress)))
-                progress.tables_done += 1
-            progress.current = None
-            meta = {"kind": "repair", "slot": temp_slot, "consistent_point": point,
-                    "consistent_point_text": exported.consistent_point_text, "snapshot_name": exported.name,
-                    "snapshot_ts": commit_ts.isoformat(), "tables": counts,
-                    "switch_point": diverged.switch_point, "from_timeline": writer.state.timeline,
-                    "replaced_up_to": staged}
+            counts = stage_snapshot_tables(writer, cfg.dsn, exported, tables, commit_ts, workers=cfg.snapshot_workers,
+                                           types=cfg.types, progress=progress, connect_kwargs=ck)
+            meta = snapshot_record("repair", exported, commit_ts, counts, switch_point=diverged.switch_point,
+                                   from_timeline=writer.state.timeline, replaced_up_to=staged)
             writer.timeline = diverged.timeline
             entry = writer.commit(point, snapshot=meta)
         if entry is not None:

@@ -35,8 +35,8 @@ from typing import Any, Iterable
 
 from ..model import ChangeBatch, Truncate
 from .chunked import DEFAULT_CHUNK_ROWS, WATERMARK_TABLE, ChunkedSnapshots, key_columns, order_around_watermarks
-from .initial import (SnapshotError, SnapshotProgress, create_slot_with_snapshot, iter_snapshot_rows, prefetch,
-                      replicated_tables, snapshot_rows, snapshot_time)
+from .initial import (SnapshotError, SnapshotProgress, create_slot_with_snapshot, replicated_tables, snapshot_record,
+                      snapshot_time, stage_snapshot_tables)
 
 __all__ = ["IncrementalSnapshots", "request_snapshot", "REQUESTS_DIR"]
 
@@ -202,24 +202,12 @@ class IncrementalSnapshots:
             log.info(json.dumps({"event": "snapshot_start", "kind": "incremental", "reason": reason,
                                  "tables": [t.name for t in chosen],
                                  "consistent_point": exported.consistent_point_text}))
-            progress.tables_total = len(chosen)
-            progress.estimated_rows = sum(max(t.estimated_rows, 0) for t in chosen)
             commit_ts = snapshot_time(cfg.dsn, exported.name, ck)
-            counts: dict[str, int] = {}
-            for table in chosen:
-                progress.current = table.name
-                batches = iter_snapshot_rows(cfg.dsn, table, exported.name, workers=cfg.snapshot_workers,
-                                             types=cfg.types, connect_kwargs=ck)
-                counts[table.name] = writer.stage_snapshot_table(
-                    table.relation, prefetch(snapshot_rows(batches, table.relation, exported.consistent_point,
-                                                           commit_ts, progress)))
-                progress.tables_done += 1
-            progress.current = None
-            meta = {"kind": "incremental", "slot": temp_slot, "consistent_point": exported.consistent_point,
-                    "consistent_point_text": exported.consistent_point_text, "snapshot_name": exported.name,
-                    "snapshot_ts": commit_ts.isoformat(), "tables": counts}
+            counts = stage_snapshot_tables(writer, cfg.dsn, exported, chosen, commit_ts, workers=cfg.snapshot_workers,
+                                           types=cfg.types, progress=progress, connect_kwargs=ck)
             # the log's LSN stays where the stream's staging has it: the snapshot rows lie ahead of it
-            entry = writer.commit(writer.committed_lsn, snapshot=meta)
+            entry = writer.commit(writer.committed_lsn,
+                                  snapshot=snapshot_record("incremental", exported, commit_ts, counts))
         if entry is not None:
             worker.metrics.record_commit(entry)
         self.known.update(names)

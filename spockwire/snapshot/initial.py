@@ -478,20 +478,16 @@ def prefetch(items: Iterable[Any], depth: int = 4) -> Iterator[Any]:
         thread.join()
 
 
-def stage_initial_snapshot(writer: Any, dsn: str, exported: ExportedSnapshot, tables: Sequence[SnapshotTable], *,
-                           workers: int = 1, types: str = "typed", progress: SnapshotProgress | None = None,
-                           on_progress: Callable[[SnapshotProgress], None] | None = None,
-                           connect_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Read every table under the exported snapshot into `writer` (a StagingWriter) as pending snapshot files and
-    publish them all in one staging commit at the consistent point. Returns that log entry.
-
-    Nothing is visible before that commit: a crash leaves only files no log entry names, which the next writer
-    removes (docs/staging.md, "Snapshot rows").
-    """
+def stage_snapshot_tables(writer: Any, dsn: str, exported: ExportedSnapshot, tables: Sequence[SnapshotTable],
+                          commit_ts: Any, *, workers: int = 1, types: str = "typed",
+                          progress: SnapshotProgress | None = None,
+                          on_progress: Callable[[SnapshotProgress], None] | None = None,
+                          connect_kwargs: dict[str, Any] | None = None) -> dict[str, int]:
+    """Read every table under the exported snapshot into `writer` (a StagingWriter) as pending snapshot files at
+    the consistent point (published by the caller's next commit); returns the rows of each table."""
     progress = progress if progress is not None else SnapshotProgress()
     progress.tables_total = len(tables)
     progress.estimated_rows = sum(max(t.estimated_rows, 0) for t in tables)
-    commit_ts = snapshot_time(dsn, exported.name, connect_kwargs)
     counts: dict[str, int] = {}
     for table in tables:
         progress.current = table.name
@@ -506,11 +502,31 @@ def stage_initial_snapshot(writer: Any, dsn: str, exported: ExportedSnapshot, ta
         if on_progress is not None:
             on_progress(progress)
         log.info("snapshot of %s: %d rows", table.name, rows)
-    meta = {"kind": "initial", "slot": exported.slot, "consistent_point": exported.consistent_point,
+    return counts
+
+
+def snapshot_record(kind: str, exported: ExportedSnapshot, commit_ts: Any, counts: dict[str, int],
+                    **more: Any) -> dict[str, Any]:
+    """The "snapshot" record of a staging commit that publishes snapshot rows (docs/staging.md)."""
+    return {"kind": kind, "slot": exported.slot, "consistent_point": exported.consistent_point,
             "consistent_point_text": exported.consistent_point_text, "snapshot_name": exported.name,
-            "snapshot_ts": commit_ts.isoformat(), "tables": counts}
-    entry = writer.commit(exported.consistent_point, snapshot=meta)
-    return entry
+            "snapshot_ts": commit_ts.isoformat(), "tables": counts, **more}
+
+
+def stage_initial_snapshot(writer: Any, dsn: str, exported: ExportedSnapshot, tables: Sequence[SnapshotTable], *,
+                           workers: int = 1, types: str = "typed", progress: SnapshotProgress | None = None,
+                           on_progress: Callable[[SnapshotProgress], None] | None = None,
+                           connect_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Read every table under the exported snapshot into `writer` (a StagingWriter) as pending snapshot files and
+    publish them all in one staging commit at the consistent point. Returns that log entry.
+
+    Nothing is visible before that commit: a crash leaves only files no log entry names, which the next writer
+    removes (docs/staging.md, "Snapshot rows").
+    """
+    commit_ts = snapshot_time(dsn, exported.name, connect_kwargs)
+    counts = stage_snapshot_tables(writer, dsn, exported, tables, commit_ts, workers=workers, types=types,
+                                   progress=progress, on_progress=on_progress, connect_kwargs=connect_kwargs)
+    return writer.commit(exported.consistent_point, snapshot=snapshot_record("initial", exported, commit_ts, counts))
 
 
 def iter_snapshot_changes(dsn: str, exported: ExportedSnapshot, tables: Sequence[SnapshotTable] | None = None, *,

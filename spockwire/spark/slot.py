@@ -30,7 +30,8 @@ from . import schema as S
 
 __all__ = ["SlotSpec", "SlotAheadError", "make_decoder", "read_range", "advance_slot", "slot_position",
            "plan_end", "Plan", "ReusedConnection", "pooled_connection", "decoder_types_supported",
-           "IDLE_ADVANCE_BYTES", "IDLE_ADVANCE_SECONDS", "PLAN_WINDOW_BYTES", "SPLIT_WAL_BYTES", "split_range", "drop_stale_range_copies",
+           "IDLE_ADVANCE_BYTES", "IDLE_ADVANCE_SECONDS", "PLAN_WINDOW_BYTES", "SPLIT_WAL_BYTES", "split_range",
+           "drop_stale_range_copies",
            "with_password", "refuse_password_in_dsn"]
 
 #: rows fetched from the server per round trip while reading a range (kept for the signature; the read is a COPY)

@@ -17,8 +17,8 @@ from ..connection.slots import format_lsn, parse_lsn
 from ..export.arrow import repeated
 from ..model import Relation
 from . import schema as S
-from .slot import IDLE_ADVANCE_BYTES, IDLE_ADVANCE_SECONDS, SPLIT_WAL_BYTES, ReusedConnection, SlotSpec, _catalog, _connect, \
-    advance_slot, decodable_wal_end, decoder_types_supported, drop_stale_range_copies, ensure_slot, \
+from .slot import IDLE_ADVANCE_BYTES, IDLE_ADVANCE_SECONDS, SPLIT_WAL_BYTES, ReusedConnection, SlotSpec, _catalog, \
+    _connect, advance_slot, decodable_wal_end, decoder_types_supported, drop_stale_range_copies, ensure_slot, \
     make_failover_slot, plan_end, read_range, slot_position, split_range
 from .memory import release_memory
 from .snapshot import is_snapshot_offset
