@@ -22,7 +22,7 @@ from .slots import FAILOVER_MIN_VERSION, format_lsn, parse_lsn, require_failover
 
 __all__ = ["FailoverNotSupported", "TimelineDiverged", "FailoverUnsafe", "FailoverSafety", "FAILOVER_MIN_VERSION",
            "identify_system", "timeline_history", "diverged_at", "set_failover", "failover_safety",
-           "sql_identify_system", "replication_timeline_history", "check_position",
+           "sql_identify_system", "replication_timeline_history", "check_position", "move_wal_past",
            "check_failover_safety", "require_failover_version"]
 
 def identify_system(cur: Any) -> tuple[str, int, int]:
@@ -94,6 +94,32 @@ def check_position(dsn: str, position: int, timeline: int, now: int, connect_kwa
     if switch is not None:
         raise TimelineDiverged(diverged_message(f"the server ({server})", position, timeline, switch, now),
                                acked=position, switch_point=switch, timeline=now)
+
+
+#: the largest logical message written at a time to move the WAL on
+_FILL_BYTES = 8 << 20
+
+
+def move_wal_past(cur: Any, lsn: int) -> int:
+    """Write WAL on the server of `cur` (autocommit) until its insert position is past `lsn`; returns it. A repair
+    after a divergence does so before it takes its snapshot: its position is then past every position read on the
+    old timeline, so whatever orders changes by position orders the repair after what it replaces."""
+    can_switch = True
+    while True:
+        cur.execute("SELECT pg_current_wal_insert_lsn()::text")
+        insert = parse_lsn(cur.fetchone()[0])
+        if insert > lsn:
+            return insert
+        gap = lsn - insert + 1
+        if can_switch and gap > _FILL_BYTES:
+            # a segment at a time: the switch needs WAL in the segment, which the empty message gives
+            try:
+                cur.execute("SELECT pg_logical_emit_message(false, 'spockwire', ''), pg_switch_wal()")
+                continue
+            except Exception:  # noqa: BLE001 - a role without the right to switch: messages only
+                can_switch = False
+        cur.execute("SELECT pg_logical_emit_message(false, 'spockwire', repeat(' ', %s))",
+                    (int(min(gap + 64, _FILL_BYTES)),))
 
 
 def diverged_at(history: list[tuple[int, int]], timeline: int, position: int) -> int | None:

@@ -26,38 +26,13 @@ import os
 from typing import Any
 
 from ..connection.errors import TimelineDiverged
+from ..connection.failover import move_wal_past
 from ..connection.slots import format_lsn
 from ..model import Truncate
 
-__all__ = ["repair_divergence", "move_wal_past"]
+__all__ = ["repair_divergence"]
 
 log = logging.getLogger("spockwire.ingest")
-
-#: the largest logical message written at a time to move the WAL on
-_FILL_BYTES = 8 << 20
-
-
-def move_wal_past(cur: Any, lsn: int) -> int:
-    """Write WAL on the server of `cur` (autocommit) until its insert position is past `lsn`; returns it."""
-    from ..connection.slots import parse_lsn
-
-    can_switch = True
-    while True:
-        cur.execute("SELECT pg_current_wal_insert_lsn()::text")
-        insert = parse_lsn(cur.fetchone()[0])
-        if insert > lsn:
-            return insert
-        gap = lsn - insert + 1
-        if can_switch and gap > _FILL_BYTES:
-            # a segment at a time: the switch needs WAL in the segment, which the empty message gives
-            try:
-                cur.execute("SELECT pg_logical_emit_message(false, 'spockwire', ''), pg_switch_wal()")
-                continue
-            except Exception:  # noqa: BLE001 - a role without the right to switch: messages only
-                can_switch = False
-        cur.execute("SELECT pg_logical_emit_message(false, 'spockwire', repeat(' ', %s))",
-                    (int(min(gap + 64, _FILL_BYTES)),))
-
 
 def repair_divergence(worker: Any, diverged: TimelineDiverged) -> dict[str, Any] | None:
     """Stage the repair of `diverged` into the worker's staging folder (a writer of its own); returns the log

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
-from ..connection.failover import TimelineDiverged, check_failover_safety, check_position, sql_identify_system
+from ..connection.failover import (TimelineDiverged, check_failover_safety, check_position, move_wal_past,
+                                   sql_identify_system)
 from ..connection.slots import format_lsn, parse_lsn
 from ..export.arrow import repeated
 from ..model import Relation
@@ -297,7 +298,16 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def _repair(self, diverged: TimelineDiverged) -> dict:
         """The offset of a snapshot that reads every table of the query again on the new primary (the slot is
         made again with it: the snapshot holds every change up to its consistent point); its first micro-batch
-        truncates each table, so what the old timeline left in the targets past the switch point is gone."""
+        truncates each table, so what the old timeline left in the targets past the switch point is gone. The new
+        primary's WAL is first moved past the diverged offset, so the snapshot's position is past every row the
+        targets hold."""
+        def past(conn: Any) -> int:
+            with conn.cursor() as cur:
+                return move_wal_past(cur, diverged.acked + 1)
+
+        # the snapshot's position past everything read on the old timeline: its truncate and rows come after every
+        # row the targets hold, whatever position those had (apply_changes orders by position)
+        self._conn.run(past)
         driver = self._snapshot_driver(all_replicated=self.all_tables)
         offset = driver.new_snapshot()
         self._failover_done = not self.failover        # the slot made again: a failover slot once it is read
