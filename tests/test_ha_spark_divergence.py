@@ -9,7 +9,7 @@ import time
 import pytest
 
 from spockwire.testing import PostgresCluster
-from tests.test_ha_spark_failover import _delta_rows, _start_job, _wait_for_table
+from tests.test_ha_spark_failover import _delta_rows, _end, _start_job, _wait_for_table
 from tests.test_high_availability import DIVERGED, _multi_dsn, _ports, _wait_synced, ha_clusters
 
 pytestmark = [pytest.mark.pg, pytest.mark.slow]
@@ -86,10 +86,7 @@ def test_the_spark_job_stays_behind_its_standby_and_repairs_a_divergence(tmp_pat
                               r"again \(a snapshot at [0-9A-F]+/[0-9A-F]+ on timeline 2 replaces them\)", err)) == 1, \
             err[-3000:]
     finally:
-        if job is not None and job.poll() is None:
-            job.kill()
-        for c in clusters:
-            c.stop()
+        _end(job, clusters)
 
 
 @pytest.mark.timeout(300)
@@ -116,6 +113,4 @@ def test_the_spark_job_refuses_a_failover_slot_no_standby_would_hold(tmp_path):
                          r"empty", last), err[-3000:]
         assert _delta_rows(tmp_path / "delta" / "public.items") == {1: (1, "a")}     # the snapshot came first
     finally:
-        if job is not None and job.poll() is None:
-            job.kill()
-        primary.stop()
+        _end(job, [primary])

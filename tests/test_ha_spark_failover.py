@@ -39,6 +39,14 @@ def _wait_for_table(job: subprocess.Popen, tmp_path: Path, check: Callable[[dict
         time.sleep(0.5)
 
 
+def _end(job: subprocess.Popen | None, clusters: list[PostgresCluster]) -> None:
+    """A test's end: the job killed if it still runs, the clusters stopped."""
+    if job is not None and job.poll() is None:
+        job.kill()
+    for c in clusters:
+        c.stop()
+
+
 def _start_job(dsn: str, target: Path, tmp_path: Path, *more: str) -> subprocess.Popen:
     """`spockwire pipeline --failover-slot` of ``items`` on `dsn` (snapshot, then changes), its output in files
     (a full pipe would stall it)."""
@@ -97,10 +105,7 @@ def test_the_spark_job_survives_five_promotions_with_a_writer_running(tmp_path):
         assert err.count("the source database went away") == len(reconnects)
         assert _delta_rows(target / "public.items") == want
     finally:
-        if job is not None and job.poll() is None:
-            job.kill()
-        for c in clusters:
-            c.stop()
+        _end(job, clusters)
 
 
 @pytest.mark.timeout(600)
@@ -146,6 +151,4 @@ def test_the_spark_job_stays_exact_through_terminated_backends_and_restarts(tmp_
         job.wait(180)
         assert job.returncode == 0, job_err()
     finally:
-        if job is not None and job.poll() is None:
-            job.kill()
-        primary.stop()
+        _end(job, [primary])

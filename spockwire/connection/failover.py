@@ -22,7 +22,7 @@ from .slots import FAILOVER_MIN_VERSION, format_lsn, parse_lsn, require_failover
 
 __all__ = ["FailoverNotSupported", "TimelineDiverged", "FailoverUnsafe", "FailoverSafety", "FAILOVER_MIN_VERSION",
            "identify_system", "timeline_history", "diverged_at", "set_failover", "failover_safety",
-           "sql_identify_system", "replication_timeline_history", "check_position", "move_wal_past",
+           "sql_timeline", "sql_identify_system", "replication_timeline_history", "check_position", "move_wal_past",
            "check_failover_safety", "require_failover_version"]
 
 def identify_system(cur: Any) -> tuple[str, int, int]:
@@ -50,14 +50,19 @@ def timeline_history(cur: Any, timeline: int) -> list[tuple[int, int]]:
     return out
 
 
-def sql_identify_system(cur: Any) -> tuple[str | None, int | None]:
-    """(system identifier, timeline) through SQL on an ordinary connection. The timeline is the one a primary
-    writes WAL on now (the first eight hex digits of its current WAL file's name; pg_control's checkpoint timeline
-    stays the old one until the first checkpoint after a promotion); None on a standby, which has no such file.
-    The system identifier is None where the role may not call ``pg_control_system()``."""
+def sql_timeline(cur: Any) -> int | None:
+    """The timeline a primary writes WAL on now, through SQL on an ordinary connection: the first eight hex digits
+    of its current WAL file's name (pg_control's checkpoint timeline stays the old one until the first checkpoint
+    after a promotion); None on a standby, which has no such file."""
     cur.execute("SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_lsn()) END")
     name = cur.fetchone()[0]
-    timeline = None if name is None else int(str(name)[:8], 16)
+    return None if name is None else int(str(name)[:8], 16)
+
+
+def sql_identify_system(cur: Any) -> tuple[str | None, int | None]:
+    """(system identifier, timeline) through SQL on an ordinary connection (:func:`sql_timeline`). The system
+    identifier is None where the role may not call ``pg_control_system()``."""
+    timeline = sql_timeline(cur)
     try:
         cur.execute("SELECT system_identifier::text FROM pg_control_system()")
         system = str(cur.fetchone()[0])

@@ -34,6 +34,7 @@ __all__ = ["repair_divergence"]
 
 log = logging.getLogger("spockwire.ingest")
 
+
 def repair_divergence(worker: Any, diverged: TimelineDiverged) -> dict[str, Any] | None:
     """Stage the repair of `diverged` into the worker's staging folder (a writer of its own); returns the log
     entry. The worker resumes from its position afterwards."""

@@ -589,15 +589,10 @@ class IngestWorker:
         now = getattr(stream, "timeline", None)
         if read_on is None or now is None or now == read_on:
             return now if now is not None else read_on
-        from ..connection.failover import diverged_at, diverged_message, replication_timeline_history
+        from ..connection.failover import check_position
 
         self.writer.wait()
-        newest = self.writer.newest_lsn
-        history, server = replication_timeline_history(self.config.dsn, now, self.config.extra.get("connect_kwargs"))
-        switch = diverged_at(history, read_on, newest)
-        if switch is not None:
-            raise TimelineDiverged(diverged_message(f"the server ({server})", newest, read_on, switch, now),
-                                   acked=newest, switch_point=switch, timeline=now)
+        check_position(self.config.dsn, self.writer.newest_lsn, read_on, now, self.config.extra.get("connect_kwargs"))
         return now
 
     # ------------------------------------------------------------------ initial snapshot

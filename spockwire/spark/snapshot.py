@@ -114,7 +114,8 @@ def read_chunk(spec: SlotSpec, chunk: SnapshotChunk,
     base = SNAPSHOT_SEQ_BASE + 1 + chunk.index * _CHUNK_SEQ
     types = "typed" if spec.types == "auto" else spec.types
     for values in spockwire.iter_table_batches(spec.conninfo, chunk.source, snapshot=chunk.snapshot,
-                                               columns=None if columns is None else list(columns), types=types, where=chunk.where(),
+                                               columns=None if columns is None else list(columns), types=types,
+                                               where=chunk.where(),
                                                on_unrepresentable=spec.on_unrepresentable,
                                                column_types=dict(spec.column_types) or None):
         n = values.num_rows

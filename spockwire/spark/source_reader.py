@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
-from ..connection.failover import (TimelineDiverged, check_failover_safety, check_position, move_wal_past,
-                                   sql_identify_system)
+from ..connection.failover import TimelineDiverged, check_failover_safety, check_position, move_wal_past, \
+    sql_timeline
 from ..connection.slots import format_lsn, parse_lsn
 from ..export.arrow import repeated
 from ..model import Relation
@@ -272,7 +272,7 @@ class SpockwireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def _read_timeline(self) -> None:
         def timeline(conn: Any) -> int | None:
             with conn.cursor() as cur:
-                return sql_identify_system(cur)[1]
+                return sql_timeline(cur)
 
         self._timeline = self._conn.run(timeline)
 
