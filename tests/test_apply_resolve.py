@@ -308,6 +308,56 @@ def test_the_histories_reach_every_path():
     assert state_rows[True] < state_rows[False] / 2, state_rows
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_a_large_batch_resolved_in_parts_by_key_equals_it_resolved_whole(seed, monkeypatch):
+    """A batch above resolve.PARALLEL_CHANGES (here: every batch) of a table with one integer key is resolved in
+    parts by key, side by side; the same histories as above (TOAST values, deletes, truncates, mixed orders, so
+    late changes and tombstones), their key changes left out (a batch holding one is resolved whole), give the
+    same rows batch by batch and the same table and state as the batches resolved whole."""
+    import spockwire.spark.resolve as resolution
+
+    rnd = random.Random(seed)
+    transactions = rnd.randint(8, 20)
+    truncate_at = frozenset({transactions - 2})     # batches before it resolve in parts, later ones against it
+    histories = [workload(rnd.getrandbits(32), transactions, toast=rnd.random() < 0.6, keys=rnd.randint(1, 12),
+                          truncate_at=truncate_at) for _ in range(40)]
+    _one_table(histories)
+    for txs in histories:
+        for rows in txs:
+            rows[:] = [{**r, "k": None if r["id"] is None else r["h"] * 100 + r["id"]} for r in rows
+                       if r["_change_type"] != "update_preimage"]
+    combined = side_by_side([schedule(txs, rnd, rnd.choice(ORDERS), 4) for txs in histories])
+    schema = SCHEMA.append(pa.field("k", pa.int64()))
+    table = ["k", *TABLE]
+    parts: list[int] = []
+    split = resolution._resolve_parts
+
+    def counted(p, *a):
+        parts.append(len(p))
+        return split(p, *a)
+
+    monkeypatch.setattr(resolution, "_resolve_parts", counted)
+    for scd in (1, 2):
+        parts.clear()
+        monkeypatch.setenv("SPOCKWIRE_RESOLVE_THREADS", "1")
+        whole, whole_res = apply_all(combined, scd, ("k",), schema=schema, table=table)
+        assert not parts
+        monkeypatch.setenv("SPOCKWIRE_RESOLVE_THREADS", "3")
+        monkeypatch.setattr(resolution, "PARALLEL_CHANGES", 1)
+        split_target, split_res = apply_all(combined, scd, ("k",), schema=schema, table=table)
+        monkeypatch.setattr(resolution, "PARALLEL_CHANGES", 200_000)
+        assert parts and max(parts) > 1, parts
+        order = [("k", "ascending")] + [(c, "ascending") for c in whole.plan.bookkeeping() if c != "_op"]
+        for a, b in zip(whole_res, split_res):
+            assert b.rows.sort_by(order).equals(a.rows.sort_by(order))
+            assert (b.keys_touched, b.fresh_keys, b.sequential_keys) == (a.keys_touched, a.fresh_keys,
+                                                                         a.sequential_keys)
+        assert split_target.table.sort_by(order).equals(whole.table.sort_by(order))
+        assert (split_target.state is None) == (whole.state is None)
+        if whole.state is not None:
+            assert split_target.state.num_rows == whole.state.num_rows
+
+
 def _bulk(n: int, kind: str = "insert", lsn: int = 10, first_id: int = 0) -> pa.Table:
     ids = np.arange(first_id, first_id + n, dtype=np.int32)
     return pa.table({"_change_type": pa.array([kind] * n), "_commit_lsn": pa.array(np.full(n, lsn, np.int64)),

@@ -28,15 +28,16 @@ every value Arrow holds (an infinite timestamp, a huge decimal) goes through unc
 """
 from __future__ import annotations
 
-from typing import Sequence
+import os
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .resolve_frame import (DEFAULT_SEQUENCE, DELETE, OP, UPSERT, VERSION, _NO, Plan, Resolution, Stored, _Events,
-                            _Frame, _Refs, _events, _group_bounds, _sk, _take_or_null, _truncates, make_plan,
-                            scd2_columns)
+                            _Frame, _Refs, _as_int64, _events, _group_bounds, _integer_backed, _sk, _take_or_null,
+                            _truncates, make_plan, scd2_columns)
 from .resolve_sequential import _moved_keys, _sequential
 
 __all__ = ["Plan", "Stored", "Resolution", "make_plan", "resolve", "scd2_columns", "first_position",
@@ -59,13 +60,99 @@ def resolve(changes: pa.Table, plan: Plan, stored: Stored, table_cols: Sequence[
     appended = _appended(ev, plan, stored, batch_truncates, table_cols, out_types or {})
     if appended is not None:
         return Resolution(appended, batch_truncates, ev.table.num_rows, ev.table.num_rows, 0)
+    parts = _key_parts(changes, ev, plan, stored, batch_truncates)
+    if parts is not None:
+        return _resolve_parts(parts, plan, stored, table_cols, out_types or {})
+    return _resolve_events(ev, plan, stored, batch_truncates, table_cols, out_types or {})
+
+
+def _resolve_events(ev: _Events, plan: Plan, stored: Stored, batch_truncates: list, table_cols: Sequence[str],
+                    out_types: dict[str, pa.DataType]) -> Resolution:
     fr = _Frame(ev, stored, batch_truncates, plan)
     refs = _Refs()
     touched = int(np.count_nonzero(np.bincount(fr.ev_key, minlength=fr.n_keys))) if len(fr.ev_key) else 0
     if len(fr.ev_key):
         (_resolve_scd1 if plan.scd == 1 else _resolve_scd2)(fr, refs)
-    rows = _gather(fr, refs, table_cols, out_types or {})
+    rows = _gather(fr, refs, table_cols, out_types)
     return Resolution(rows, batch_truncates, touched, refs.fresh, refs.sequential)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# large batches: the keys in parts, resolved side by side
+
+#: a batch of at least this many changes is resolved in parts by key (when it can be: _key_parts)
+PARALLEL_CHANGES = 200_000
+#: the most parts (threads) a batch is split into
+MAX_PARTS = 4
+
+
+def resolve_parts() -> int:
+    """How many parts a large batch is resolved in: the cores this process may run on (SPOCKWIRE_RESOLVE_THREADS
+    overrides; 1 resolves every batch whole)."""
+    setting = os.environ.get("SPOCKWIRE_RESOLVE_THREADS")
+    if setting:
+        return max(1, int(setting))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_PARTS, cores))
+
+
+def _key_parts(changes: pa.Table, ev: _Events, plan: Plan, stored: Stored, batch_truncates: list
+               ) -> list[tuple[_Events, Stored]] | None:
+    """The batch's events and the stored state split by key into parts that resolve independently, or None to
+    resolve it whole. Every key's changes and stored rows land in one part (by the key's integer value modulo
+    the parts), so each part is a batch of its own against the same truncates. Only a large batch of a table with
+    one integer-backed key, without truncates or key changes (a preimage: its old and new keys may fall in two
+    parts), is split."""
+    n = resolve_parts()
+    if n < 2 or ev.table.num_rows < PARALLEL_CHANGES or len(plan.keys) != 1 or batch_truncates:
+        return None
+    key = plan.keys[0]
+    if pc.any(pc.equal(changes.column("_change_type"), "update_preimage")).as_py():
+        return None
+    columns = [ev.table.column(key)] + [t.column(key) for t in (stored.rows, stored.tombstones)
+                                          if t is not None and t.num_rows]
+    if any(not _integer_backed(c.type) or c.null_count for c in columns):
+        return None
+    ev_part, *stored_parts = [_part_of(c, n) for c in columns]
+    rows = stored.rows if stored.rows is not None and stored.rows.num_rows else None
+    tombs = stored.tombstones if stored.tombstones is not None and stored.tombstones.num_rows else None
+    row_part = stored_parts.pop(0) if rows is not None else None
+    tomb_part = stored_parts.pop(0) if tombs is not None else None
+    out = []
+    for i in range(n):
+        mine = ev_part == i
+        if not mine.any():
+            continue
+        events = _Events(ev.table.filter(pa.array(mine)), ev.op[mine], {c: m[mine] for c, m in ev.carried.items()})
+        out.append((events, Stored(_rows_of(rows, row_part, i), _rows_of(tombs, tomb_part, i), stored.truncates,
+                                   stored.collected)))
+    return out
+
+
+def _part_of(col: Any, n: int) -> np.ndarray:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return _as_int64(arr).to_numpy() % n
+
+
+def _rows_of(table: pa.Table | None, part: np.ndarray | None, i: int) -> pa.Table | None:
+    return None if table is None or part is None else table.filter(pa.array(part == i))
+
+
+def _resolve_parts(parts: list[tuple[_Events, Stored]], plan: Plan, stored: Stored, table_cols: Sequence[str],
+                   out_types: dict[str, pa.DataType]) -> Resolution:
+    """Each part resolved in a thread of its own (the sorts, ranks and gathers run in numpy and Arrow, outside the
+    interpreter's lock), their rows concatenated."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="spockwire-resolve") as pool:
+        done = list(pool.map(lambda part: _resolve_events(part[0], plan, part[1], [], table_cols, out_types),
+                             parts))
+    rows = [r.rows for r in done]
+    schema = rows[0].schema
+    if any(not r.schema.equals(schema) for r in rows[1:]):
+        rows = [r.cast(schema) if r.num_rows else schema.empty_table() for r in rows]
+    return Resolution(pa.concat_tables(rows), [], sum(r.keys_touched for r in done), sum(r.fresh_keys for r in done),
+                      sum(r.sequential_keys for r in done))
 
 
 def _appended(ev: _Events, plan: Plan, stored: Stored, batch_truncates: list, table_cols: Sequence[str],
@@ -202,12 +289,21 @@ def _prior(fr: _Frame, cut: int) -> tuple[np.ndarray, np.ndarray]:
 def _sorted_events(fr: _Frame, keep: np.ndarray) -> np.ndarray:
     """The kept event rows sorted by (key, position), a repeated position of a key dropped (the first counts)."""
     rows = np.nonzero(keep)[0]
-    order = rows[np.lexsort((fr.ev_pos[rows], fr.ev_key[rows]))]
-    if len(order) > 1:
-        k, p = fr.ev_key[order], fr.ev_pos[order]
-        dup = np.concatenate([[False], (k[1:] == k[:-1]) & (p[1:] == p[:-1])])
-        order = order[~dup]
-    return order
+    if len(rows) < 2:
+        return rows
+    key, pos = fr.ev_key[rows], fr.ev_pos[rows]
+    width = int(pos.max()) + 1
+    if (int(key.max()) + 1) * width < 1 << 62:
+        # ranks packed into one int64 each: one unstable sort, then of each repeated (key, position) its first row
+        packed = key * width + pos
+        at = np.argsort(packed)
+        packed, order = packed[at], rows[at]
+        new = np.concatenate([[True], packed[1:] != packed[:-1]])
+        return order if new.all() else np.minimum.reduceat(order, np.flatnonzero(new))
+    order = rows[np.lexsort((pos, key))]
+    k, p = fr.ev_key[order], fr.ev_pos[order]
+    dup = np.concatenate([[False], (k[1:] == k[:-1]) & (p[1:] == p[:-1])])
+    return order[~dup]
 
 
 def _carried_sources(key: np.ndarray, src: np.ndarray, op: np.ndarray, carries: dict[str, np.ndarray],

@@ -165,6 +165,9 @@ def _dense_rank(parts: Sequence[pa.Table]) -> tuple[list[np.ndarray], pa.Table, 
     n = both.num_rows
     if n == 0:
         return [np.zeros(0, np.int64) for _ in parts], both, np.zeros(0, np.int64)
+    packed = _packed_integers(both)
+    if packed is not None:
+        return _split(_rank_packed(both, *packed), sizes)
     order = pc.sort_indices(both, options=pc.SortOptions([(c, "ascending", "at_start") for c in both.column_names])
                             ).to_numpy()
     ordered = both.take(order)
@@ -177,12 +180,77 @@ def _dense_rank(parts: Sequence[pa.Table]) -> tuple[list[np.ndarray], pa.Table, 
     rank_sorted = np.cumsum(new) - 1
     ranks = np.empty(n, np.int64)
     ranks[order] = rank_sorted
+    return _split((ranks, ordered.filter(pa.array(new)), order[new]), sizes)
+
+
+def _split(ranked: tuple[np.ndarray, pa.Table, np.ndarray], sizes: Sequence[int]
+           ) -> tuple[list[np.ndarray], pa.Table, np.ndarray]:
+    ranks, distinct, first = ranked
     out = []
     at = 0
     for s in sizes:
         out.append(ranks[at:at + s])
         at += s
-    return out, ordered.filter(pa.array(new)), order[new]
+    return out, distinct, first
+
+
+def _integer_backed(t: pa.DataType) -> bool:
+    """Whether values of `t` order as their int64 (a position's LSN and sequence, most keys)."""
+    return (pa.types.is_integer(t) and t.bit_width <= 64) or pa.types.is_timestamp(t) or pa.types.is_date(t) \
+        or pa.types.is_time(t) or pa.types.is_duration(t)
+
+
+def _packed_integers(table: pa.Table) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
+    """The rows of `table` as one int64 each that sorts as the rows do, when every column is integer-backed, holds
+    no NULL and the columns' ranges fit in 63 bits together (e.g. an LSN and a sequence within a batch); with each
+    column's (minimum, span) to unpack them. None otherwise: the general ranking (a sort of the table) applies."""
+    packed: np.ndarray | None = None
+    ranges: list[tuple[int, int]] = []
+    room = 1
+    for col in table.columns:
+        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        if not _integer_backed(arr.type) or arr.null_count:
+            return None
+        if pa.types.is_unsigned_integer(arr.type) and arr.type.bit_width == 64:
+            if len(arr) and pc.max(arr).as_py() >= 1 << 63:
+                return None
+        v = _as_int64(arr).to_numpy()
+        lo, hi = int(v.min()), int(v.max())
+        span = hi - lo + 1
+        room *= span
+        if room >= 1 << 62:
+            return None
+        shifted = v - lo
+        packed = shifted if packed is None else packed * span + shifted
+        ranges.append((lo, span))
+    return packed, ranges
+
+
+def _as_int64(arr: pa.Array) -> pa.Array:
+    if pa.types.is_integer(arr.type):
+        return arr.cast(pa.int64())
+    return arr.view(pa.int64()) if arr.type.bit_width == 64 else arr.view(pa.int32()).cast(pa.int64())
+
+
+def _from_int64(arr: pa.Array, t: pa.DataType) -> pa.Array:
+    if pa.types.is_integer(t):
+        return arr.cast(t)
+    return arr.view(t) if t.bit_width == 64 else arr.cast(pa.int32()).view(t)
+
+
+def _rank_packed(table: pa.Table, packed: np.ndarray, ranges: list[tuple[int, int]]
+                 ) -> tuple[np.ndarray, pa.Table, np.ndarray]:
+    """_dense_rank of integer rows packed into one int64 each (_packed_integers): one sort of a numpy array."""
+    distinct, first, ranks = np.unique(packed, return_index=True, return_inverse=True)
+    cols = []
+    rest = distinct
+    parts: list[np.ndarray] = []
+    for lo, span in reversed(ranges):
+        parts.append(rest % span + lo)
+        rest = rest // span
+    for f, values in zip(table.schema, reversed(parts)):
+        cols.append(_from_int64(pa.array(values, pa.int64()), f.type))
+    return ranks.reshape(-1).astype(np.int64, copy=False), pa.table(cols, schema=table.schema), first
 
 
 def _cast_table(t: pa.Table, schema: pa.Schema) -> pa.Table:
