@@ -363,3 +363,81 @@ def test_batch_wal_bytes_reads_the_span_from_the_checkpoint_offsets(tmp_path):
     started[target].rows_for(None, [])     # no table there: nothing read, so unused
     policy.finished(started)
     assert policy.start(3, [target]) == {}     # a miss: the next large batches read as usual
+
+
+def _keyed_bulk(n: int, kind: str = "insert", lsn: int = 10, keep: np.ndarray | None = None) -> pa.Table:
+    batch = _bulk(n, kind, lsn=lsn)
+    if keep is not None:
+        batch = batch.filter(pa.array(keep))
+    return batch.append_column("k", batch.column("id").cast(pa.int64()))
+
+
+def _held_paths(path: str) -> set[str]:
+    return {os.path.abspath(os.path.join(path, f)) for f in _data_files(deltalake.DeltaTable(path))}
+
+
+def test_files_held_in_memory_serve_the_next_batch_and_leave_with_their_files(tmp_path, monkeypatch):
+    """The files a batch writes stay in memory (spark/file_rows.py): the next batch touching them reads none from
+    disk and writes the table a batch with nothing held writes; a file the rewrite removed is no longer held, and
+    nothing beyond the limit is."""
+    from spockwire.spark import file_rows as held_rows
+
+    monkeypatch.setattr(delta_target, "TARGET_FILE_BYTES", 256 << 10)
+    monkeypatch.setattr(held_rows, "_FILE_ROWS", None)
+    n = 60_000
+    held, plain = str(tmp_path / "held"), str(tmp_path / "plain")
+    monkeypatch.setenv("SPOCKWIRE_FILE_ROWS_MB", "0")
+    apply_changes(_keyed_bulk(n), plain, keys=["k"], engine="delta-rs")
+    monkeypatch.setenv("SPOCKWIRE_FILE_ROWS_MB", "64")
+    apply_changes(_keyed_bulk(n), held, keys=["k"], engine="delta-rs")
+    cache = held_rows.file_rows()
+    files = _held_paths(held)
+    assert len(files) >= 3 and all(cache.get(f) is not None for f in files)
+    for lsn, keep in ((20, np.arange(n) % 2 == 0), (30, np.arange(n) % 3 == 0)):
+        batch = _keyed_bulk(n, "update_postimage", lsn, keep)
+        misses = cache.misses
+        m = apply_changes(batch, held, keys=["k"], engine="delta-rs")
+        assert m.merge["rewritten"] and cache.misses == misses      # every file it read was held
+        monkeypatch.setenv("SPOCKWIRE_FILE_ROWS_MB", "0")
+        apply_changes(batch, plain, keys=["k"], engine="delta-rs")
+        monkeypatch.setenv("SPOCKWIRE_FILE_ROWS_MB", "64")
+        assert _rows(held, 1) == _rows(plain, 1)
+        now = _held_paths(held)
+        assert all(cache.get(f) is None for f in files - now) and all(cache.get(f) is not None for f in now)
+        files = now
+    order = sorted(files)
+    small = held_rows.FileRows(limit=max(cache.get(f).nbytes for f in order) * 2)
+    for f in order:
+        small.put(f, cache.get(f))
+    assert small.bytes <= small.limit and small.get(order[-1]) is not None     # the least recently used go first
+    assert small.get(order[0]) is None
+
+
+def test_a_table_kept_open_sees_other_writers_and_a_table_made_again_at_its_path(tmp_path):
+    """A batch's table is kept open for the next (file_rows.open_table): the next batch still sees what another
+    writer committed in between, and a table deleted and made again at the same path is the new table."""
+    import shutil
+
+    from spockwire.spark import file_rows
+
+    path = str(tmp_path / "t")
+    apply_changes(_keyed_bulk(1000), path, keys=["k"], engine="delta-rs")
+    apply_changes(_keyed_bulk(1, "update_postimage", lsn=40), path, keys=["k"], engine="delta-rs")
+    assert path in file_rows._TABLES                 # kept open (a table created by the batch is opened next time)
+    # another writer adds key 5000 (its rows in the table's own columns)
+    row = deltalake.DeltaTable(path).to_pyarrow_table().slice(0, 1)
+    row = row.set_column(row.schema.get_field_index("k"), "k", pa.array([5000], pa.int64()))
+    deltalake.write_deltalake(path, row, mode="append")
+    update = _keyed_bulk(1, "update_postimage", lsn=50)
+    update = update.set_column(update.schema.get_field_index("k"), "k", pa.array([5000], pa.int64()))
+    m = apply_changes(update, path, keys=["k"], engine="delta-rs")
+    assert m.commit_retries == 0                     # read at the version the other writer left, not before it
+    table = deltalake.DeltaTable(path).to_pyarrow_table()
+    mine = table.filter(pc.equal(table.column("k"), 5000))
+    assert table.num_rows == 1001 and mine.column("_commit_lsn").to_pylist() == [50]
+    assert path in file_rows._TABLES
+    shutil.rmtree(path)
+    apply_changes(_keyed_bulk(10, lsn=70), path, keys=["k"], engine="delta-rs")
+    apply_changes(_keyed_bulk(10, "update_postimage", lsn=80), path, keys=["k"], engine="delta-rs")
+    table = deltalake.DeltaTable(path).to_pyarrow_table()
+    assert table.num_rows == 10 and set(table.column("_commit_lsn").to_pylist()) == {80}

@@ -312,6 +312,7 @@ def _apply_delta_rs_once(changes: "DataFrame | pa.Table", path: str, plan: Any,
         check_history("Delta", path, pa.schema(target.dt.schema().to_arrow()).names, plan)
     if target.applied(idempotence):
         metrics.skipped = True
+        target.release()
         return metrics
     batch = _arrow(changes)
     existing, types = target.columns()
@@ -325,6 +326,7 @@ def _apply_delta_rs_once(changes: "DataFrame | pa.Table", path: str, plan: Any,
     append_only = stored.rows is None or stored.rows.num_rows == 0
     target.write(res, table_cols, idempotence, metrics, append_only)
     metrics.seconds.update(stored=t1 - t0, resolve=t2 - t1, write=time.perf_counter() - t2)
+    target.release()
     return metrics
 
 

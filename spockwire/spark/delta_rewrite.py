@@ -35,10 +35,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .arrow_target import keys_in, unify
+from .file_rows import file_rows
 
 __all__ = ["FILE_COLUMN", "STATS_COLUMNS", "StoredFiles", "append_files", "arrow_schema", "exact_values",
-           "file_sizes", "delta_stats_json", "keep_stats_exact", "plain_type", "rewritable", "rewrite_supported",
-           "rewrite_files", "stats_configuration"]
+           "file_sizes", "delta_stats_json", "keep_stats_exact", "local_root", "plain_type", "rewritable",
+           "rewrite_supported", "rewrite_files", "stats_configuration"]
 
 #: the column giving each stored row's data file, by its index among the files read (a pyarrow dataset field)
 FILE_COLUMN = "__fragment_index"
@@ -124,7 +125,8 @@ def rewrite_files(dt: Any, stored: StoredFiles, match: pa.Table, match_by: Seque
     removed = [stored.names[i] for i in replaced]
     sizes = [stored.sizes[i] for i in replaced]
     rows_per_file = _rows_per_file(sum(sizes), old_rows, written, target_file_size)
-    adds = _write(_local_root(dt), source, rows_per_file, _key_order(source, keys, picked))
+    root = local_root(dt)
+    adds = _write(root, source, rows_per_file, _key_order(source, keys, picked))
     now = int(time.time() * 1000)
     from deltalake.transaction import RemoveAction
 
@@ -132,6 +134,9 @@ def rewrite_files(dt: Any, stored: StoredFiles, match: pa.Table, match_by: Seque
                       for p, s in zip(removed, sizes)]
     if actions or commit is not None:
         dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=commit)
+    held = file_rows()
+    if held is not None:
+        held.drop(os.path.abspath(os.path.join(root, p)) for p in removed)     # no longer in the table
     return {"num_target_files_removed": len(removed), "num_target_files_added": len(adds),
             "num_target_rows_copied": copied, "num_target_rows_replaced": replaced_rows,
             "num_output_rows": int(picked.size), "execution_time_ms": int((time.perf_counter() - started) * 1000),
@@ -236,6 +241,7 @@ def _write(root: str, table: pa.Table, rows_per_file: int, order: pa.Array | Non
     # dictionaries only where values repeat as a rule (strings): for numbers they cost more than they save
     dictionary = [f.name for f in table.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
                   or pa.types.is_binary(f.type)]
+    held = file_rows()
 
     def one(i: int) -> Any:
         part = table.slice(i * step, step) if order is None else table.take(order.slice(i * step, step))
@@ -243,6 +249,8 @@ def _write(root: str, table: pa.Table, rows_per_file: int, order: pa.Array | Non
         path = os.path.join(root, name)
         pq.write_table(part, path, compression="snappy", row_group_size=max(part.num_rows, 1),
                        use_dictionary=dictionary)
+        if held is not None:
+            held.put(os.path.abspath(path), part)           # file_rows.py: the next batch that needs this file whole has it
         st = os.stat(path)
         return AddAction(name, st.st_size, {}, int(st.st_mtime * 1000), True, delta_stats_json(part))
 
@@ -250,7 +258,8 @@ def _write(root: str, table: pa.Table, rows_per_file: int, order: pa.Array | Non
         return list(pool.map(one, range(n)))
 
 
-def _local_root(dt: Any) -> str:
+def local_root(dt: Any) -> str:
+    """The folder of the local Delta table `dt` (ValueError: not a local table)."""
     uri = dt.table_uri
     if uri.startswith("file://"):
         uri = uri[len("file://"):]

@@ -22,14 +22,16 @@ import os
 import time
 from typing import Any, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrow_target import (COLLECTED, STATE_KIND, collected_position, key_values, keys_in, state_rows,
                            truncate_positions, truncated, unify)
 from .delta_rewrite import (FILE_COLUMN, StoredFiles, append_files, arrow_schema, exact_values, file_sizes,
-                            keep_stats_exact, plain_type, rewritable, rewrite_files, rewrite_supported,
+                            keep_stats_exact, local_root, plain_type, rewritable, rewrite_files, rewrite_supported,
                             stats_configuration)
+from .file_rows import file_rows, keep_table, open_table
 from .resolve import DELETE, OP, UPSERT, Plan, Resolution, Stored
 
 __all__ = ["DeltaTarget", "STATE_DIR", "delta_dataset", "deltalake_module", "open_delta"]
@@ -172,10 +174,11 @@ def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table, whole_files: bool
     whole_files = whole_files and set(ds.files) <= set(sizes)
     cols = ds.schema.names
     with_file = cols + [FILE_COLUMN] if whole_files else cols
-    if touched.num_rows > FILTER_IN_MEMORY_KEYS:
+    held = _held_rows(dt, ds) if whole_files else None
+    if touched.num_rows > FILTER_IN_MEMORY_KEYS or held is not None and held.complete:
         rows = read_ahead.rows_for(dt, ds.files) if read_ahead is not None and whole_files else None
         if rows is None:
-            rows = ds.to_table(columns=with_file)
+            rows = held.read(ds) if held is not None else ds.to_table(columns=with_file)
         hit = keys_in(rows, keys, touched)
         found = rows.filter(pa.array(hit)).select(cols)
         return found, files, total, _stored_files(rows, hit, ds.files, sizes) if whole_files else None
@@ -189,7 +192,7 @@ def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table, whole_files: bool
         holding = {ds.files[i] for i in pc.unique(found.column(FILE_COLUMN)).to_pylist()}
         frags = [f for f in ds.get_fragments() if f.path in holding]
         sub = pds.FileSystemDataset(frags, ds.schema, ds.format, ds.filesystem)
-        whole = sub.to_table(columns=with_file)
+        whole = held.read(sub) if held is not None else sub.to_table(columns=with_file)
         hit = keys_in(whole, keys, found.select(list(keys)))
         return whole.filter(pa.array(hit)).select(cols), files, total, _stored_files(whole, hit, sub.files, sizes)
     if found.num_rows == 0:
@@ -198,6 +201,49 @@ def read_keys(dt: Any, keys: Sequence[str], touched: pa.Table, whole_files: bool
     if len(keys) > 1:
         rows = rows.filter(pa.array(keys_in(rows, keys, found)))
     return rows, files, total, None
+
+
+class _HeldRows:
+    """The files of a table read whole through file_rows.FileRows: those held taken from memory, the others
+    read (side by side) and then held."""
+
+    def __init__(self, root: str, ds: Any, held: Any) -> None:
+        self.root = os.path.abspath(root)
+        self.cache = held
+        self.complete = all(held.get(os.path.join(self.root, f)) is not None for f in ds.files)
+
+    def read(self, ds: Any) -> pa.Table:
+        """Every row of `ds`'s files in its schema, with FILE_COLUMN (the index of each row's file in ds.files)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        schema = ds.schema
+        frags = list(ds.get_fragments())
+
+        def one(frag: Any) -> pa.Table:
+            path = os.path.join(self.root, frag.path)
+            rows = self.cache.get(path)
+            if rows is None or not rows.schema.equals(schema):
+                rows = frag.to_table(schema=schema) if rows is None else unify(rows, schema)
+                self.cache.put(path, rows)
+            return rows
+
+        with ThreadPoolExecutor(max_workers=min(len(frags), os.cpu_count() or 2) or 1) as pool:
+            parts = list(pool.map(one, frags))
+        if not parts:
+            return schema.empty_table().append_column(FILE_COLUMN, pa.array([], pa.int32()))
+        index = pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), [p.num_rows for p in parts]))
+        return pa.concat_tables(parts).append_column(FILE_COLUMN, index)
+
+
+def _held_rows(dt: Any, ds: Any) -> "_HeldRows | None":
+    held = file_rows()
+    if held is None:
+        return None
+    try:
+        root = local_root(dt)
+    except ValueError:
+        return None
+    return _HeldRows(root, ds, held)
 
 
 def _scan(ds: Any, columns: list[str], expr: Any) -> pa.Table:
@@ -309,11 +355,16 @@ class DeltaTarget:
         self.path = path
         self.plan = plan
         self.read_ahead = read_ahead
-        self.dt = open_delta(path)
+        self.dt = open_table(path, open_delta)            # file_rows.py: the table as the last batch left it
         self.state_path = os.path.join(path, STATE_DIR)
-        self.state = open_delta(self.state_path)
+        self.state = open_table(self.state_path, open_delta)
         self.known_truncates: set[tuple] = set()
         self.stored_files: StoredFiles | None = None    # the files holding a touched key, when they can be rewritten
+
+    def release(self) -> None:
+        """The batch is done with the tables: kept open for the next one (file_rows.keep_table)."""
+        keep_table(self.path, self.dt)
+        keep_table(self.state_path, self.state)
 
     def applied(self, token: tuple[str, int] | None) -> bool:
         """Whether the table already holds the batch of this idempotence token."""
