@@ -441,3 +441,32 @@ def test_a_table_kept_open_sees_other_writers_and_a_table_made_again_at_its_path
     apply_changes(_keyed_bulk(10, "update_postimage", lsn=80), path, keys=["k"], engine="delta-rs")
     table = deltalake.DeltaTable(path).to_pyarrow_table()
     assert table.num_rows == 10 and set(table.column("_commit_lsn").to_pylist()) == {80}
+
+
+def test_the_apply_warm_up_leaves_nothing_for_the_first_resolution_to_import():
+    """The job's warm-up of its driver (warmup.start_apply_warm_up, started beside the JVM's start) imports what
+    the first apply would: afterwards, in a fresh interpreter, resolving a batch loads no module."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from spockwire.spark.warmup import start_apply_warm_up
+warm = start_apply_warm_up()
+warm.join(60)
+assert not warm.is_alive()
+import pyarrow as pa
+from spockwire.spark.resolve import DEFAULT_SEQUENCE, Stored, make_plan, resolve
+from tests.test_apply_resolve import SCHEMA, TABLE, _bulk
+before = set(sys.modules)
+batch = _bulk(50, "update_postimage", lsn=30)
+plan = make_plan(SCHEMA.names, ["id"], DEFAULT_SEQUENCE, 1, TABLE)
+stored = _bulk(100).select(["id", "h", "name", "doc", "_commit_lsn", "_seq"])
+res = resolve(batch, plan, Stored(rows=stored), TABLE)
+assert res.rows.num_rows == 50
+print(sorted(set(sys.modules) - before))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

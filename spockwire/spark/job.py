@@ -966,6 +966,10 @@ def run(cfg: JobConfig, *, master: str = "local[2]", until_caught_up: bool = Fal
     target = flush_lsn(conninfo(cfg)) if until_caught_up else None
     checking = None
     if own_session:
+        if not remote:
+            from .warmup import start_apply_warm_up
+
+            start_apply_warm_up()                    # warmup.py: the driver's first apply, beside the JVM's start
         # the workers are checked while the query starts (WorkerCheck), their error raised before any batch ends
         spark = spark_session(master, app="spockwire-job", conf=spark_conf, remote=remote, check_workers=False)
         from .signals import reclaim_signals
