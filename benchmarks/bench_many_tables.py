@@ -29,7 +29,9 @@ resident size of its process tree). Then:
    there and changed one row of each pgbench table; the writer's from its own commits) -- the same counting as
    bench_pipeline's lag test, since a micro-batch holds whole transactions in commit order; then SIGTERM, and every
    Delta table compared with its source (bench_pipeline's ``check_equal``, every column): a table that differs
-   fails the benchmark.
+   fails the benchmark. Before the SIGTERM, with the writers stopped: SPOCKWIRE_BENCH_MANY_SPREAD_ROUNDS (5) rounds
+   of one transaction of 1,000 updates in small_000, then one of 10 updates in each small table, each waited for
+   in its micro-batch: the ratio of the two micro-batches' median seconds (target: at most 1.5).
 
 Measured from the job's JSON lines of the micro-batches after the warm-up: the median and p95 of their
 ``seconds``; the median and max of their ``lag_p95`` (the job's own: from each change's commit timestamp to the
@@ -235,6 +237,38 @@ def _timings(log: str, skip: int, batches: int) -> dict[str, Any]:
                                                               and k.count(".") == 1) for r in rows]) if rows else 0}
 
 
+#: rounds of the comparison of a micro-batch over 100 tables with one over a single table (_spread)
+SPREAD_ROUNDS = int(_env("SPREAD_ROUNDS", "5"))
+#: changes of each of its micro-batches (1,000 rows of small_000; 10 rows of each small table)
+SPREAD_CHANGES = 1000
+
+
+def _spread(job: Job, pg: Any, db: str, want: dict[str, int]) -> dict[str, Any]:
+    """With the writers stopped and the job caught up: micro-batches of SPREAD_CHANGES changes in one transaction,
+    alternately all in small_000 and spread evenly over every small table, one at a time (each waited for); the
+    seconds of each (the job's own), their medians and the ratio of the spread one's to the single table's
+    (the target: at most 1.5). `want` gets their rows."""
+    per = max(SPREAD_CHANGES // TABLES, 1)
+    kinds = {"one table": {small(0): min(SPREAD_CHANGES, SMALL_ROWS)},
+             f"{TABLES} tables": {small(k): per for k in range(TABLES)}}
+    seconds: dict[str, list[float]] = {k: [] for k in kinds}
+    for _r in range(SPREAD_ROUNDS):
+        for kind, counts in kinds.items():
+            at = len(job.lines)
+            pg.execute("BEGIN; " + "; ".join(f"UPDATE {t} SET qty = qty + 1 WHERE id <= {n}"
+                                             for t, n in counts.items()) + "; COMMIT", dbname=db)
+            for t, n in counts.items():
+                want[t] += n
+            _wait(job, lambda: all(_totals(job.lines).get(f"public.{t}", 0) >= want[t] for t in counts), 300,
+                  f"a micro-batch over {kind}")
+            seconds[kind].append(sum(float(r["seconds"]) for _t, r in job.lines[at:]
+                                     if "batch" in r and sum(r.get("rows", {}).values())))
+    one, many = (statistics.median(v) for v in seconds.values())
+    return {"changes": SPREAD_CHANGES, "tables": TABLES, "rounds": SPREAD_ROUNDS, "seconds": seconds,
+            "one_table_median_s": round(one, 3), "tables_median_s": round(many, 3), "ratio": round(many / one, 3),
+            "target_ratio": 1.5}
+
+
 def _processes() -> dict[int, tuple[int, float]]:
     """Every process: pid -> (parent pid, its own CPU seconds: user + system)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -426,6 +460,7 @@ def test_many_tables_under_pgbench(benchmark, many, monkeypatch):
         _wait(job, caught_up, JOB_TIMEOUT, "every change written")
         caught_s = time.time() - caught_t0
         end_idx = len(job.lines)
+        spread = _spread(job, pg, db, want)
         job.proc.send_signal(signal.SIGTERM)
         job.wait(300)
         have = _totals(job.lines)
@@ -485,7 +520,7 @@ def test_many_tables_under_pgbench(benchmark, many, monkeypatch):
             "snapshot_s": snapshot_done - launched, "snapshot_batches": snapshot_batches,
             "timings": dict(_timings(job.log, sum(1 for _s, r in job.lines[:start_idx] if "batch" in r), len(batches)),
                             maintenance_s=round(maintained, 3)), "loadavg": loads, "job": job.reported(),
-            "other_cpu_s": other.seconds,
+            "other_cpu_s": other.seconds, "spread": spread,
             "other_cores": [[round(t - t_start, 1), round(c, 2)] for t, c in other.series],
         })
 
@@ -511,7 +546,7 @@ def test_many_tables_under_pgbench(benchmark, many, monkeypatch):
             reread=r["reread"], peak_rss_bytes=r["peak_rss"], peak_pss_bytes=r["peak_pss"],
             snapshot_peak_rss_bytes=r["snapshot_peak_rss"], snapshot_s=round(r["snapshot_s"], 3),
             snapshot_batches=r["snapshot_batches"], timings=r["timings"], loadavg=r["loadavg"], job=r["job"],
-            other_cpu_s=round(r["other_cpu_s"], 1), other_cores=r["other_cores"],
+            other_cpu_s=round(r["other_cpu_s"], 1), other_cores=r["other_cores"], spread=r["spread"],
             tables=len(PGBENCH_TABLES) + TABLES, small_tables=TABLES, small_rows=SMALL_ROWS,
             accounts_rows=initial["pgbench_accounts"], server_version=pl.server_version,
             load_s=round(pl.load_s, 3), seconds=r["lag_p95"], source=_source_state())

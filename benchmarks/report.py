@@ -610,6 +610,7 @@ def _many_tables_section(benches: list[dict], own_run: dict | None) -> list[str]
              f"{_num(i.get('batch_seconds_max'))} s | |",
              f"| the re-read of small_007: its micro-batch's seconds, lag_p95 | | {_num(rr.get('seconds'))} s, "
              f"{_num(rr.get('lag_p95'))} s | |",
+             *_spread_row(i.get("spread")),
              f"| peak RSS of the job's processes (PSS) | | {i['peak_rss_bytes'] / 1e9:.2f} GB "
              f"({i['peak_pss_bytes'] / 1e9:.2f} GB) | |",
              f"| pgbench, {i['pgbench_clients']} clients | | {i['pgbench_tps']:,.1f} tps | |",
@@ -643,6 +644,17 @@ def _many_tables_section(benches: list[dict], own_run: dict | None) -> list[str]
              f"GB). After the writers stopped, the job caught up in {_num(i.get('catch_up_s'))} s. "
              + _many_load_note(i), ""]
     return lines
+
+
+def _spread_row(spread: dict | None) -> list[str]:
+    """The micro-batch over every small table against one over a single table (the same changes), when measured."""
+    if not spread:
+        return []
+    ratio = spread["ratio"]
+    return [f"| a micro-batch of {spread['changes']:,} changes over the {spread['tables']} small "
+            f"tables against one of as many in one table (medians of {spread['rounds']}, the job idle otherwise) | "
+            f"<= {spread['target_ratio']:g}x | {ratio:.2f}x ({_num(spread['tables_median_s'])} s against "
+            f"{_num(spread['one_table_median_s'])} s) | {'met' if ratio <= spread['target_ratio'] else 'not met'} |"]
 
 
 def _many_steps(t: dict) -> str:
