@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from .arrow_target import collected_state, unify
 from .delta_rewrite import arrow_schema, keep_stats_exact, plain_type
 from .delta_target import STATE_DIR, TARGET_FILE_BYTES, delta_dataset, open_delta
+from .file_rows import keep_table, open_table
 from .resolve import DEFAULT_SEQUENCE
 
 __all__ = ["collect_state", "optimize", "vacuum", "table_files", "TableFiles", "Maintenance", "MaintenanceOptions",
@@ -208,30 +209,14 @@ class Maintenance:
 
     options: MaintenanceOptions = field(default_factory=MaintenanceOptions)
     batches: dict[str, int] = field(default_factory=dict)
-    # each table's DeltaTable, brought up to date (only its newer commits read) at each look at its files: opening
-    # it again every micro-batch costs several times that, for each table (the job writes with tables of its own)
-    _opened: dict[str, Any] = field(default_factory=dict, repr=False)
-
     def _files(self, path: str) -> TableFiles:
-        # a table removed and made again (a re-read replaces the state) has another first commit
+        # the table as the micro-batch's apply left it open (file_rows.open_table: only its newer commits read;
+        # opening it again every micro-batch costs several times that, for each table)
+        dt = open_table(path, open_delta)
         try:
-            first = os.stat(os.path.join(path, "_delta_log", f"{0:020d}.json"))
-            log: Any = (first.st_ino, first.st_mtime_ns)
-        except FileNotFoundError:
-            if not os.path.isdir(os.path.join(path, "_delta_log")):
-                self._opened.pop(path, None)
-                return TableFiles()
-            log = None          # (its first commit cleaned up: opened each time)
-        held = self._opened.get(path)
-        if held is not None and log is not None and held[0] == log:
-            dt = held[1]
-            dt.update_incremental()
-        else:
-            dt = open_delta(path)
-            if dt is None:
-                return TableFiles()
-            self._opened[path] = (log, dt)
-        return table_files(dt)
+            return table_files(dt)
+        finally:
+            keep_table(path, dt)
 
     def after_batch(self, path: str, keys: Sequence[str], first: tuple | None) -> dict:
         """Maintain the table at `path` after a micro-batch whose first change of it was at `first` (None: no
