@@ -358,6 +358,26 @@ def test_a_large_batch_resolved_in_parts_by_key_equals_it_resolved_whole(seed, m
             assert split_target.state.num_rows == whole.state.num_rows
 
 
+def test_a_large_batch_keyed_beyond_int64_is_resolved_whole(monkeypatch):
+    """An unsigned 64-bit key above int64's range cannot be cut into parts by its int64 value: such a batch is
+    resolved whole (not refused)."""
+    import spockwire.spark.resolve as resolution
+
+    monkeypatch.setattr(resolution, "PARALLEL_CHANGES", 1)
+    monkeypatch.setenv("SPOCKWIRE_RESOLVE_THREADS", "2")
+    n = 10
+    keys = pa.array([2**63 + i for i in range(n)], pa.uint64())
+    batch = pa.table({"_change_type": pa.array(["update_postimage"] * n),
+                      "_commit_lsn": pa.array(np.arange(n) + 100, pa.int64()), "_seq": pa.array(np.zeros(n, np.int64)),
+                      "_commit_ts": pa.array(np.arange(n), pa.timestamp("us", "UTC")), "id": keys,
+                      "v": pa.array(np.arange(n))})
+    stored = pa.table({"id": keys, "v": pa.array(np.zeros(n, np.int64)), "_commit_lsn": pa.array(np.ones(n, np.int64)),
+                       "_seq": pa.array(np.zeros(n, np.int64))})
+    plan = make_plan(batch.column_names, ["id"], DEFAULT_SEQUENCE, 1, ["id", "v"])
+    res = resolve(batch, plan, Stored(rows=stored), ["id", "v"])
+    assert res.rows.sort_by("id").column("v").to_pylist() == list(range(n))
+
+
 def _bulk(n: int, kind: str = "insert", lsn: int = 10, first_id: int = 0) -> pa.Table:
     ids = np.arange(first_id, first_id + n, dtype=np.int32)
     return pa.table({"_change_type": pa.array([kind] * n), "_commit_lsn": pa.array(np.full(n, lsn, np.int64)),

@@ -111,8 +111,8 @@ def _key_parts(changes: pa.Table, ev: _Events, plan: Plan, stored: Stored, batch
         return None
     columns = [ev.table.column(key)] + [t.column(key) for t in (stored.rows, stored.tombstones)
                                           if t is not None and t.num_rows]
-    if any(not _integer_backed(c.type) or c.null_count for c in columns):
-        return None
+    if any(not _integer_backed(c.type) or c.null_count or c.type == pa.uint64() for c in columns):
+        return None                     # (an unsigned 64-bit value need not fit the int64 the parts are cut by)
     ev_part, *stored_parts = [_part_of(c, n) for c in columns]
     rows = stored.rows if stored.rows is not None and stored.rows.num_rows else None
     tombs = stored.tombstones if stored.tombstones is not None and stored.tombstones.num_rows else None
